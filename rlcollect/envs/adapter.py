@@ -1,0 +1,172 @@
+"""Adapting foreign envs (torchrl-style TensorDict envs, gymnasium envs, ids) to ``EnvBase``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from rlcollect.envs.base import DONE_KEYS, ArraySpec, EnvBase, numpy_dtype
+
+_NOT_OBS = {*DONE_KEYS, "reward", "action"}
+
+
+def _leaf_key_ok(key) -> bool:
+    parts = (key,) if isinstance(key, str) else key
+    return not any(p.startswith("_") for p in parts) and parts[0] not in _NOT_OBS and parts[0] not in ("next", "collector")
+
+
+class TensorDictEnvAdapter(EnvBase):
+    """Gives a torchrl-style env (``reset``/``step``/``rand_action`` on TensorDicts) the array
+    interface the collector's hot loop uses.  Only duck typing: torchrl is never imported.
+
+    The observation keys are the leaves of the first ``reset()`` output other than the done
+    family, ``"reward"``, ``"action"`` and private ``_`` keys.
+
+    Example:
+        >>> from rlcollect.envs.adapter import TensorDictEnvAdapter
+        >>> from rlcollect import CountingEnv
+        >>> TensorDictEnvAdapter(CountingEnv()).obs_layout["observation"].shape
+        (1,)
+    """
+
+    def __init__(self, env: Any):
+        for attr in ("reset", "step", "batch_size"):
+            if not hasattr(env, attr):
+                raise TypeError(f"env {type(env).__name__} lacks {attr!r}: not a TensorDict env")
+        self.env = env
+        self.batch_size = torch.Size(env.batch_size)
+        self.device = torch.device(getattr(env, "device", None) or "cpu")
+        root = env.reset()
+        self._root = root
+        nb = len(self.batch_size)
+        self.obs_layout = {
+            k: ArraySpec(tuple(v.shape[nb:]), numpy_dtype(v.dtype))
+            for k, v in root.items(include_nested=True, leaves_only=True)
+            if _leaf_key_ok(k)
+        }
+        if not self.obs_layout:
+            raise TypeError(f"env {type(env).__name__}: reset() returned no observation keys ({list(root.keys())})")
+        action = self._rand_action_tensor()
+        self.action_layout = ArraySpec(tuple(action.shape[nb:]), numpy_dtype(action.dtype))
+        self.has_truncated = "truncated" in root.keys()
+
+    def _rand_action_tensor(self) -> torch.Tensor:
+        if hasattr(self.env, "rand_action"):
+            return self.env.rand_action(self._root.clone()).get("action")
+        spec = getattr(self.env, "action_spec", None)
+        if spec is None:
+            raise TypeError(f"env {type(self.env).__name__} has neither rand_action nor action_spec")
+        return spec.rand()
+
+    def _read_rows(self, td: TensorDict, rows, obs_out) -> None:
+        n = self.num_rows
+        for key, out in obs_out.items():
+            value = td.get(key).detach().cpu().numpy().reshape(n, *out.shape[1:])
+            if rows is None:
+                out[:] = value
+            else:
+                out[rows] = value[rows]
+
+    def _reset_rows(self, rows, obs_out) -> None:
+        if rows is None or not self.batch_size:
+            td = self.env.reset()
+            self._read_rows(td, None, obs_out)
+            self._root = td
+            return
+        mask = np.zeros(self.num_rows, np.bool_)
+        mask[rows] = True
+        request = self._root.clone()
+        request.set("_reset", torch.from_numpy(mask).reshape(*self.batch_size, 1).to(self.device))
+        td = self.env.reset(request)
+        self._read_rows(td, rows, obs_out)
+        for key in self.obs_layout:
+            self._root.get(key)[torch.from_numpy(mask).reshape(self.batch_size)] = td.get(key)[
+                torch.from_numpy(mask).reshape(self.batch_size)
+            ]
+
+    def _step_rows(self, action, obs_out, reward, terminated, truncated) -> None:
+        td = self._root
+        td.set("action", torch.from_numpy(action).reshape(*self.batch_size, *self.action_layout.shape).to(self.device))
+        td = self.env.step(td)
+        nxt = td.get("next")
+        self._read_rows(nxt, None, obs_out)
+        n = self.num_rows
+        reward[:] = nxt.get("reward").detach().cpu().numpy().reshape(n)
+        done = nxt.get("done").detach().cpu().numpy().reshape(n)
+        term = nxt.get("terminated", None)
+        terminated[:] = done if term is None else term.detach().cpu().numpy().reshape(n)
+        trunc = nxt.get("truncated", None)
+        truncated[:] = False if trunc is None else trunc.detach().cpu().numpy().reshape(n)
+        self._root = nxt.exclude("reward", *DONE_KEYS).clone()
+
+    def _sample_actions(self, out) -> None:
+        out[:] = self._rand_action_tensor().detach().cpu().numpy().reshape(out.shape)
+
+    def _seed(self, seed: int) -> None:
+        self.env.set_seed(seed)
+
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        return self.env.set_seed(seed, static_seed=static_seed)
+
+    def state_dict(self) -> dict:
+        fn = getattr(self.env, "state_dict", None)
+        return fn() if fn is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        fn = getattr(self.env, "load_state_dict", None)
+        if fn is not None:
+            fn(state)
+        elif state:
+            raise ValueError(f"env {type(self.env).__name__} has no load_state_dict")
+
+    def close(self) -> None:
+        close = getattr(self.env, "close", None)
+        if close is not None:
+            close()
+
+
+def as_env(env: Any) -> EnvBase:
+    """Turn what a user gave into an ``EnvBase``: ours as is, gymnasium envs and ids through
+    ``GymEnv``, TensorDict envs through ``TensorDictEnvAdapter``."""
+    import gymnasium as gym
+
+    from rlcollect.envs.gym import GymEnv
+
+    if isinstance(env, EnvBase):
+        return env
+    if isinstance(env, str):
+        return GymEnv(env)
+    if isinstance(env, gym.Env):
+        return GymEnv(env)
+    return TensorDictEnvAdapter(env)
+
+
+def make_env(create_env_fn: Any, kwargs: dict | None = None) -> EnvBase:
+    """Build the env a collector was given: an instance, a gymnasium id or a factory."""
+    kwargs = kwargs or {}
+    if isinstance(create_env_fn, str):
+        from rlcollect.envs.gym import GymEnv
+
+        return GymEnv(create_env_fn, **kwargs)
+    if isinstance(create_env_fn, EnvBase) or hasattr(create_env_fn, "step") or _is_gym(create_env_fn):
+        if kwargs:
+            raise ValueError("create_env_kwargs cannot be used with an env instance; pass a factory instead")
+        return as_env(create_env_fn)
+    if callable(create_env_fn):
+        return as_env(create_env_fn(**kwargs))
+    raise TypeError(
+        f"create_env_fn must be an env, a gymnasium id or a callable returning an env, got {type(create_env_fn).__name__}"
+    )
+
+
+def _is_gym(obj: Any) -> bool:
+    import gymnasium as gym
+
+    return isinstance(obj, gym.Env)
+
+
+EnvFactory = Callable[..., Any]

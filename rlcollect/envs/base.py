@@ -1,0 +1,184 @@
+"""The environment protocol and the base class of rlcollect's native environments.
+
+A native environment works on *rows*: ``n = prod(batch_size)`` independent copies (``n = 1``
+for an unbatched env).  The collector's hot loop talks to it through a small array interface
+(``_reset_rows``, ``_step_rows``, ``_sample_actions``) that writes into preallocated numpy
+buffers, so that no TensorDict is built per step.  The torchrl-style TensorDict interface
+(``reset``, ``step``, ``rand_action``, ...) is built on top of it for users and for
+compatibility; foreign envs that only have the TensorDict interface are adapted the other way
+round by :mod:`rlcollect.envs.adapter`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+NestedKey = str | tuple[str, ...]
+
+DONE_KEYS = ("done", "terminated", "truncated")
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """Shape and dtype of one field of one env row (the batch dims are not included)."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    def empty(self, rows: int) -> np.ndarray:
+        return np.zeros((rows, *self.shape), dtype=self.dtype)
+
+
+def torch_dtype(dtype: np.dtype) -> torch.dtype:
+    """The torch dtype of a numpy dtype (``np.bool_`` -> ``torch.bool`` and so on)."""
+    return torch.from_numpy(np.zeros((), dtype=dtype)).dtype
+
+
+def numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    return torch.zeros((), dtype=dtype).numpy().dtype
+
+
+class EnvBase:
+    """Base class of rlcollect's environments.
+
+    Subclasses set ``batch_size``, ``obs_layout`` (``{key: ArraySpec}``), ``action_layout``
+    (an ``ArraySpec``) and ``has_truncated``, and implement ``_reset_rows``, ``_step_rows``,
+    ``_sample_actions`` and ``_seed``.  Everything else (the TensorDict interface) comes from
+    here.
+
+    Example:
+        >>> from rlcollect import CountingEnv
+        >>> env = CountingEnv(max_steps=3)
+        >>> td = env.reset()
+        >>> td = env.step(env.rand_action(td))
+        >>> td["next", "observation"].tolist()
+        [1.0]
+    """
+
+    batch_size: torch.Size = torch.Size([])
+    device = torch.device("cpu")
+    obs_layout: dict[NestedKey, ArraySpec]
+    action_layout: ArraySpec
+    has_truncated: bool = True
+    action_key: NestedKey = "action"
+
+    # -- array interface (the collector's hot path) ----------------------------------------
+    @property
+    def num_rows(self) -> int:
+        return math.prod(self.batch_size)
+
+    def _reset_rows(self, rows: np.ndarray | None, obs_out: dict[NestedKey, np.ndarray]) -> None:
+        """Reset ``rows`` (all when None) and write their first observation into ``obs_out``."""
+        raise NotImplementedError
+
+    def _step_rows(
+        self,
+        action: np.ndarray,
+        obs_out: dict[NestedKey, np.ndarray],
+        reward: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+    ) -> None:
+        """Step every row with ``action`` and write the outcome into the given buffers."""
+        raise NotImplementedError
+
+    def _sample_actions(self, out: np.ndarray) -> None:
+        """Write one uniformly random action per row into ``out``."""
+        raise NotImplementedError
+
+    def _seed(self, seed: int) -> None:
+        raise NotImplementedError
+
+    # -- torchrl-style interface --------------------------------------------------------------
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        """Seed every row (``seed``, ``seed + 1``, ...) and return the next unused seed."""
+        self._seed(int(seed))
+        return int(seed) if static_seed else int(seed) + self.num_rows
+
+    def _new_obs_buffers(self) -> dict[NestedKey, np.ndarray]:
+        return {k: spec.empty(self.num_rows) for k, spec in self.obs_layout.items()}
+
+    def _to_td(self, arrays: dict[NestedKey, np.ndarray]) -> TensorDict:
+        td = TensorDict({}, batch_size=self.batch_size)
+        for key, arr in arrays.items():
+            td.set(key, torch.from_numpy(arr.copy()).reshape(*self.batch_size, *arr.shape[1:]))
+        return td
+
+    def _rows_of(self, td: TensorDict | None, key: NestedKey, spec: ArraySpec) -> np.ndarray:
+        value = td.get(key)
+        return np.ascontiguousarray(value.detach().cpu().numpy().reshape(self.num_rows, *spec.shape))
+
+    def reset(self, td: TensorDict | None = None) -> TensorDict:
+        """Reset all rows, or those flagged by a boolean ``"_reset"`` entry of ``td``."""
+        rows = None
+        if td is not None and "_reset" in td.keys():
+            mask = td.get("_reset").reshape(self.num_rows, -1).any(-1).cpu().numpy()
+            rows = np.flatnonzero(mask)
+        obs = getattr(self, "_td_obs", None)
+        if obs is None or rows is None:
+            obs = self._new_obs_buffers()
+        self._reset_rows(rows, obs)
+        self._td_obs = obs
+        out = self._to_td(obs)
+        for key in DONE_KEYS:
+            out.set(key, torch.zeros(*self.batch_size, 1, dtype=torch.bool))
+        return out
+
+    def rand_action(self, td: TensorDict | None = None) -> TensorDict:
+        """Write a random ``"action"`` into ``td`` (a new TensorDict when None) and return it."""
+        if td is None:
+            td = TensorDict({}, batch_size=self.batch_size)
+        action = self.action_layout.empty(self.num_rows)
+        self._sample_actions(action)
+        td.set(self.action_key, torch.from_numpy(action).reshape(*self.batch_size, *self.action_layout.shape))
+        return td
+
+    def step(self, td: TensorDict) -> TensorDict:
+        """Step with ``td["action"]``; the outcome goes under ``td["next"]``. No reset happens."""
+        action = self._rows_of(td, self.action_key, self.action_layout).astype(self.action_layout.dtype, copy=False)
+        obs = self._new_obs_buffers()
+        n = self.num_rows
+        reward = np.zeros(n, np.float32)
+        terminated = np.zeros(n, np.bool_)
+        truncated = np.zeros(n, np.bool_)
+        self._step_rows(action, obs, reward, terminated, truncated)
+        nxt = self._to_td(obs)
+        shape = (*self.batch_size, 1)
+        nxt.set("reward", torch.from_numpy(reward).reshape(shape))
+        nxt.set("terminated", torch.from_numpy(terminated).reshape(shape))
+        nxt.set("truncated", torch.from_numpy(truncated).reshape(shape))
+        nxt.set("done", torch.from_numpy(terminated | truncated).reshape(shape))
+        td.set("next", nxt)
+        return td
+
+    def step_and_maybe_reset(self, td: TensorDict) -> tuple[TensorDict, TensorDict]:
+        """Step, then reset the rows that ended; returns ``(td, root of the next step)``."""
+        td = self.step(td)
+        nxt = td.get("next")
+        done = nxt.get("done")
+        root = nxt.exclude("reward").clone()
+        if done.any():
+            reset = self.reset(TensorDict({"_reset": done}, batch_size=self.batch_size))
+            mask = done.reshape(*self.batch_size) if self.batch_size else done.reshape(())
+            for key in reset.keys(include_nested=True, leaves_only=True):
+                root.get(key)[mask] = reset.get(key)[mask]
+        return td, root
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            raise ValueError(f"{type(self).__name__} has no state to load, got keys {sorted(state)}")
+
+    def close(self) -> None:
+        """Release the env's resources. Idempotent."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(batch_size={list(self.batch_size)})"

@@ -1,0 +1,217 @@
+"""``GymEnv``: gymnasium environments, one or several copies stepped in-process."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable
+from typing import Any
+
+import cloudpickle
+import gymnasium as gym
+import numpy as np
+import torch
+
+from rlcollect.envs.base import ArraySpec, EnvBase, NestedKey
+
+
+def _box_dtype(dtype: np.dtype) -> np.dtype:
+    # float64 observations are stored as float32: that is what networks consume.
+    return np.dtype(np.float32) if np.dtype(dtype) == np.float64 else np.dtype(dtype)
+
+
+def _observation_layout(space: gym.Space, prefix: tuple[str, ...] = ()) -> dict[NestedKey, ArraySpec]:
+    """Map an observation space to ``{key: ArraySpec}``; Dict/Tuple spaces become nested keys."""
+    if isinstance(space, gym.spaces.Dict):
+        layout: dict[NestedKey, ArraySpec] = {}
+        for name, sub in space.spaces.items():
+            layout.update(_observation_layout(sub, (*prefix, str(name))))
+        return layout
+    if isinstance(space, gym.spaces.Tuple):
+        layout = {}
+        base = prefix or ("observation",)
+        for i, sub in enumerate(space.spaces):
+            layout.update(_observation_layout(sub, (*base, str(i))))
+        return layout
+    key: NestedKey = prefix if len(prefix) > 1 else (prefix[0] if prefix else "observation")
+    return {key: _leaf_spec(space, "observation space")}
+
+
+def _leaf_spec(space: gym.Space, what: str) -> ArraySpec:
+    if isinstance(space, gym.spaces.Box):
+        return ArraySpec(tuple(space.shape), _box_dtype(space.dtype))
+    if isinstance(space, gym.spaces.Discrete):
+        return ArraySpec((), np.dtype(np.int64))
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return ArraySpec(tuple(space.shape), np.dtype(np.int64))
+    if isinstance(space, gym.spaces.MultiBinary):
+        return ArraySpec(tuple(space.shape), np.dtype(np.int8))
+    raise TypeError(
+        f"GymEnv: unsupported {what} {space!r}; accepted: Box, Discrete, MultiDiscrete, "
+        "MultiBinary, and Dict/Tuple of those (observations only)"
+    )
+
+
+def _obs_writer(space: gym.Space, layout: dict[NestedKey, ArraySpec]) -> Callable:
+    """A function ``write(obs, row, out)`` storing one gym observation into row ``row``."""
+    if len(layout) == 1 and not isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
+        (key,) = layout
+
+        def write_single(obs: Any, row: int, out: dict) -> None:
+            out[key][row] = obs
+
+        return write_single
+
+    paths: list[tuple[NestedKey, tuple]] = []
+
+    def collect(sp: gym.Space, path: tuple) -> None:
+        if isinstance(sp, gym.spaces.Dict):
+            for name, sub in sp.spaces.items():
+                collect(sub, (*path, name))
+        elif isinstance(sp, gym.spaces.Tuple):
+            for i, sub in enumerate(sp.spaces):
+                collect(sub, (*path, i))
+        else:
+            paths.append(path)
+
+    collect(space, ())
+    keys = list(layout)
+    routes = list(zip(keys, paths))
+
+    def write_nested(obs: Any, row: int, out: dict) -> None:
+        for key, path in routes:
+            value = obs
+            for part in path:
+                value = value[part]
+            out[key][row] = value
+
+    return write_nested
+
+
+class GymEnv(EnvBase):
+    """A gymnasium environment (or ``num_envs`` copies of it, stepped in-process).
+
+    Args:
+        env: a gymnasium id such as ``"CartPole-v1"``, a ``gymnasium.Env`` instance, or a
+            zero-argument callable returning one.
+        num_envs: ``None`` for an unbatched env (batch size ``[]``); ``K`` for ``K`` copies
+            with batch size ``[K]``.  Each copy is reset the moment it ends (the collector
+            stores the true final observation under ``"next"`` and the reset observation in
+            the next row).
+        **make_kwargs: passed to ``gymnasium.make`` when ``env`` is an id.
+
+    Box observations are stored as float32 when the space says float64.
+
+    Example:
+        >>> env = GymEnv("CartPole-v1", num_envs=4)
+        >>> env.batch_size
+        torch.Size([4])
+        >>> env.reset()["observation"].shape
+        torch.Size([4, 4])
+    """
+
+    def __init__(self, env: str | gym.Env | Callable[[], gym.Env], num_envs: int | None = None, **make_kwargs: Any):
+        if num_envs is not None and (not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1):
+            raise ValueError(f"GymEnv: num_envs must be None or a positive int, got {num_envs!r}")
+        copies = 1 if num_envs is None else num_envs
+        if isinstance(env, str):
+            self._envs = [gym.make(env, **make_kwargs) for _ in range(copies)]
+            self.env_id = env
+        elif isinstance(env, gym.Env):
+            if copies > 1:
+                raise ValueError(
+                    "GymEnv: num_envs > 1 needs an env id or a callable to build each copy; "
+                    "got a single gymnasium.Env instance"
+                )
+            if make_kwargs:
+                raise ValueError(f"GymEnv: make kwargs {sorted(make_kwargs)} only apply to an env id")
+            self._envs = [env]
+            self.env_id = getattr(env.spec, "id", None)
+        elif callable(env):
+            self._envs = [env(**make_kwargs) for _ in range(copies)]
+            if not all(isinstance(e, gym.Env) for e in self._envs):
+                raise TypeError(f"GymEnv: the callable must return a gymnasium.Env, got {type(self._envs[0]).__name__}")
+            self.env_id = getattr(self._envs[0].spec, "id", None)
+        else:
+            raise TypeError(f"GymEnv: env must be a gymnasium id, a gymnasium.Env or a callable, got {type(env).__name__}")
+        self.batch_size = torch.Size([] if num_envs is None else [num_envs])
+        first = self._envs[0]
+        self.observation_space = first.observation_space
+        self.action_space = first.action_space
+        self.obs_layout = _observation_layout(self.observation_space)
+        self.action_layout = _leaf_spec(self.action_space, "action space")
+        self._write_obs = _obs_writer(self.observation_space, self.obs_layout)
+        self._rng = np.random.default_rng()
+        self._pending_seeds: list[int | None] = [None] * copies
+        self._closed = False
+
+    # -- array interface ----------------------------------------------------------------
+    def _reset_rows(self, rows: np.ndarray | None, obs_out: dict[NestedKey, np.ndarray]) -> None:
+        indices = range(len(self._envs)) if rows is None else rows
+        for i in indices:
+            seed = self._pending_seeds[i]
+            self._pending_seeds[i] = None
+            obs, _ = self._envs[i].reset(seed=seed)
+            self._write_obs(obs, i, obs_out)
+
+    def _step_rows(self, action, obs_out, reward, terminated, truncated) -> None:
+        write = self._write_obs
+        for i, env in enumerate(self._envs):
+            obs, r, term, trunc, _ = env.step(action[i])
+            write(obs, i, obs_out)
+            reward[i] = r
+            terminated[i] = term
+            truncated[i] = trunc
+
+    def _sample_actions(self, out: np.ndarray) -> None:
+        space, rng, n = self.action_space, self._rng, len(self._envs)
+        if isinstance(space, gym.spaces.Discrete):
+            out[:] = rng.integers(space.start, space.start + space.n, size=n)
+        elif isinstance(space, gym.spaces.MultiDiscrete):
+            out[:] = rng.integers(space.start, space.start + space.nvec, size=(n, *space.shape))
+        elif isinstance(space, gym.spaces.MultiBinary):
+            out[:] = rng.integers(0, 2, size=(n, *space.shape))
+        elif np.issubdtype(space.dtype, np.integer):
+            out[:] = rng.integers(space.low, space.high.astype(np.int64) + 1, size=(n, *space.shape))
+        else:
+            low, high = space.low, space.high
+            bounded = np.isfinite(low) & np.isfinite(high)
+            sample = rng.normal(size=(n, *space.shape))
+            uniform = rng.uniform(np.where(bounded, low, 0.0), np.where(bounded, high, 1.0), size=(n, *space.shape))
+            out[:] = np.clip(np.where(bounded, uniform, sample), low, high)
+
+    def _seed(self, seed: int) -> None:
+        self._pending_seeds = [seed + i for i in range(len(self._envs))]
+        self._rng = np.random.default_rng(seed)
+        for i, env in enumerate(self._envs):
+            env.action_space.seed(seed + i)
+
+    # -- state ----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Pickled copies of the gymnasium envs and the action sampler's RNG state."""
+        return {
+            "envs": [cloudpickle.dumps(e) for e in self._envs],
+            "rng": self._rng.bit_generator.state,
+            "pending_seeds": list(self._pending_seeds),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        missing = {"envs", "rng", "pending_seeds"} - set(state)
+        if missing:
+            raise KeyError(f"GymEnv.load_state_dict: missing keys {sorted(missing)}")
+        if len(state["envs"]) != len(self._envs):
+            raise ValueError(f"GymEnv.load_state_dict: state has {len(state['envs'])} envs, this env has {len(self._envs)}")
+        envs = [pickle.loads(blob) for blob in state["envs"]]
+        for env in self._envs:
+            env.close()
+        self._envs = envs
+        self._rng.bit_generator.state = state["rng"]
+        self._pending_seeds = list(state["pending_seeds"])
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            for env in self._envs:
+                env.close()
+
+    def __repr__(self) -> str:
+        return f"GymEnv({self.env_id!r}, batch_size={list(self.batch_size)})"

@@ -1,0 +1,227 @@
+"""Deterministic envs for tests and benchmarks: ``CountingEnv``, ``BusyEnv``, ``SleepEnv``, ``FaultyEnv``."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from rlcollect._context import current_worker_index
+from rlcollect.envs.base import ArraySpec, EnvBase
+
+
+def _as_batch_size(batch_size: int | Sequence[int] | torch.Size | None) -> torch.Size:
+    if batch_size is None:
+        return torch.Size([])
+    if isinstance(batch_size, int):
+        return torch.Size([batch_size])
+    return torch.Size(batch_size)
+
+
+class CountingEnv(EnvBase):
+    """Observation = steps since the last reset; ends (terminated) after ``max_steps`` steps.
+
+    Each row counts on its own; the observation is float32 with shape ``(obs_dim,)`` (every
+    entry holds the count), the action is a ``Discrete(num_actions)`` int64 index that does
+    not change the dynamics, and the reward is ``1.0`` per step.  With ``max_steps=None`` the
+    env never ends.
+
+    Example:
+        >>> env = CountingEnv(max_steps=2, batch_size=[3])
+        >>> env.reset()["observation"][:, 0].tolist()
+        [0.0, 0.0, 0.0]
+    """
+
+    def __init__(
+        self,
+        max_steps: int | None = 5,
+        batch_size: int | Sequence[int] | None = None,
+        obs_dim: int = 1,
+        num_actions: int = 2,
+    ):
+        if max_steps is not None and max_steps < 1:
+            raise ValueError(f"CountingEnv: max_steps must be None or >= 1, got {max_steps!r}")
+        self.max_steps = max_steps
+        self.batch_size = _as_batch_size(batch_size)
+        self.num_actions = num_actions
+        self.obs_layout = {"observation": ArraySpec((obs_dim,), np.dtype(np.float32))}
+        self.action_layout = ArraySpec((), np.dtype(np.int64))
+        self._count = np.zeros(self.num_rows, np.int64)
+        self._rng = np.random.default_rng(0)
+        self.total_steps = 0
+
+    def _reset_rows(self, rows, obs_out) -> None:
+        if rows is None:
+            self._count[:] = 0
+            obs_out["observation"][:] = 0
+        else:
+            self._count[rows] = 0
+            obs_out["observation"][rows] = 0
+
+    def _advance(self, obs_out, reward, terminated, truncated) -> None:
+        self._count += 1
+        self.total_steps += 1
+        obs_out["observation"][:] = self._count[:, None]
+        reward[:] = 1.0
+        truncated[:] = False
+        if self.max_steps is None:
+            terminated[:] = False
+        else:
+            np.greater_equal(self._count, self.max_steps, out=terminated)
+
+    def _step_rows(self, action, obs_out, reward, terminated, truncated) -> None:
+        self._advance(obs_out, reward, terminated, truncated)
+
+    def _sample_actions(self, out) -> None:
+        out[:] = self._rng.integers(0, self.num_actions, size=out.shape)
+
+    def _seed(self, seed: int) -> None:
+        self._rng = np.random.default_rng(seed)
+
+    def state_dict(self) -> dict:
+        return {"count": self._count.copy(), "rng": self._rng.bit_generator.state, "total_steps": self.total_steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._count[:] = state["count"]
+        self._rng.bit_generator.state = state["rng"]
+        self.total_steps = state["total_steps"]
+
+
+class BusyEnv(CountingEnv):
+    """Burns ``step_time`` seconds of CPU per step (per row): a compute-bound simulator.
+
+    Example:
+        >>> env = BusyEnv(step_time=1e-4)
+        >>> env.step(env.rand_action(env.reset()))["next", "reward"].item()
+        1.0
+    """
+
+    def __init__(self, step_time: float = 1e-3, batch_size=None, obs_dim: int = 4, max_steps: int | None = None):
+        super().__init__(max_steps=max_steps, batch_size=batch_size, obs_dim=obs_dim)
+        self.step_time = float(step_time)
+
+    def _step_rows(self, action, obs_out, reward, terminated, truncated) -> None:
+        deadline = time.perf_counter() + self.step_time * self.num_rows
+        while time.perf_counter() < deadline:
+            pass
+        self._advance(obs_out, reward, terminated, truncated)
+
+
+class SleepEnv(CountingEnv):
+    """Sleeps ``step_time`` seconds per step: a simulator waiting on I/O or another process.
+
+    Example:
+        >>> env = SleepEnv(step_time=1e-3)
+        >>> env.step(env.rand_action(env.reset()))["next", "done"].item()
+        False
+    """
+
+    def __init__(self, step_time: float = 1e-3, batch_size=None, obs_dim: int = 4, max_steps: int | None = None):
+        super().__init__(max_steps=max_steps, batch_size=batch_size, obs_dim=obs_dim)
+        self.step_time = float(step_time)
+
+    def _step_rows(self, action, obs_out, reward, terminated, truncated) -> None:
+        time.sleep(self.step_time)
+        self._advance(obs_out, reward, terminated, truncated)
+
+
+FAULTS = ("raise", "hang", "exit", "kill", "segfault")
+
+
+class InjectedFault(RuntimeError):
+    """The exception ``FaultyEnv(fault="raise")`` raises."""
+
+
+class FaultyEnv(CountingEnv):
+    """A ``CountingEnv`` that fails on purpose, for fault-injection tests.
+
+    Args:
+        fault: ``"raise"`` (``InjectedFault``), ``"hang"`` (sleeps forever), ``"exit"``
+            (``os._exit(exit_code)``), ``"kill"`` (SIGKILL of its own process) or
+            ``"segfault"`` (reads address 0 through ctypes).
+        at_step: the fault fires on this step call (1-based, counted over the env's life).
+        where: ``"step"`` or ``"reset"`` (then ``at_step`` counts reset calls).
+        worker_ids: fire only in these collector workers (None: everywhere).
+        times: fire at most this many times in total, counted in ``counter_file`` so that
+            the count survives a restarted worker (None: every time).
+        counter_file: path of the shared fire counter (required with ``times``).
+        start_delay: seconds to sleep in the constructor (a slow start).
+
+    Example:
+        >>> env = FaultyEnv(fault="raise", at_step=2)
+        >>> td = env.step(env.rand_action(env.reset()))
+        >>> env.step(env.rand_action(td))
+        Traceback (most recent call last):
+        ...
+        rlcollect.envs.testing.InjectedFault: FaultyEnv: injected fault at step 2 (worker None)
+    """
+
+    def __init__(
+        self,
+        fault: str = "raise",
+        at_step: int = 1,
+        *,
+        where: str = "step",
+        worker_ids: Sequence[int] | None = None,
+        times: int | None = None,
+        counter_file: str | None = None,
+        start_delay: float = 0.0,
+        exit_code: int = 3,
+        max_steps: int | None = None,
+        batch_size=None,
+    ):
+        if fault not in FAULTS:
+            raise ValueError(f"FaultyEnv: fault must be one of {FAULTS}, got {fault!r}")
+        if where not in ("step", "reset"):
+            raise ValueError(f"FaultyEnv: where must be 'step' or 'reset', got {where!r}")
+        if times is not None and counter_file is None:
+            raise ValueError("FaultyEnv: times needs counter_file (the count must survive restarts)")
+        super().__init__(max_steps=max_steps, batch_size=batch_size)
+        if start_delay:
+            time.sleep(start_delay)
+        self.fault, self.at_step, self.where = fault, at_step, where
+        self.worker_ids = None if worker_ids is None else set(worker_ids)
+        self.times, self.counter_file, self.exit_code = times, counter_file, exit_code
+        self.worker_index = current_worker_index()
+        self._calls = {"step": 0, "reset": 0}
+
+    def _armed(self) -> bool:
+        if self.worker_ids is not None and self.worker_index not in self.worker_ids:
+            return False
+        if self.times is None:
+            return True
+        fired = os.path.getsize(self.counter_file) if os.path.exists(self.counter_file) else 0
+        if fired >= self.times:
+            return False
+        with open(self.counter_file, "ab") as f:
+            f.write(b"x")
+        return True
+
+    def _maybe_fail(self, where: str) -> None:
+        self._calls[where] += 1
+        if where != self.where or self._calls[where] != self.at_step or not self._armed():
+            return
+        if self.fault == "raise":
+            raise InjectedFault(f"FaultyEnv: injected fault at {where} {self.at_step} (worker {self.worker_index})")
+        if self.fault == "hang":
+            while True:
+                time.sleep(3600)
+        if self.fault == "exit":
+            os._exit(self.exit_code)
+        if self.fault == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.fault == "segfault":
+            ctypes.string_at(0)
+
+    def _reset_rows(self, rows, obs_out) -> None:
+        self._maybe_fail("reset")
+        super()._reset_rows(rows, obs_out)
+
+    def _step_rows(self, action, obs_out, reward, terminated, truncated) -> None:
+        self._maybe_fail("step")
+        self._advance(obs_out, reward, terminated, truncated)
