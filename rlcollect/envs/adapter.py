@@ -90,7 +90,7 @@ class TensorDictEnvAdapter(EnvBase):
 
     def _step_rows(self, action, obs_out, reward, terminated, truncated) -> None:
         td = self._root
-        td.set("action", torch.from_numpy(action).reshape(*self.batch_size, *self.action_layout.shape).to(self.device))
+        td.set("action", torch.from_numpy(action).reshape((*self.batch_size, *self.action_layout.shape)).to(self.device))
         td = self.env.step(td)
         nxt = td.get("next")
         self._read_rows(nxt, None, obs_out)

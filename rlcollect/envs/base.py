@@ -107,7 +107,7 @@ class EnvBase:
     def _to_td(self, arrays: dict[NestedKey, np.ndarray]) -> TensorDict:
         td = TensorDict({}, batch_size=self.batch_size)
         for key, arr in arrays.items():
-            td.set(key, torch.from_numpy(arr.copy()).reshape(*self.batch_size, *arr.shape[1:]))
+            td.set(key, torch.from_numpy(arr.copy()).reshape((*self.batch_size, *arr.shape[1:])))
         return td
 
     def _rows_of(self, td: TensorDict | None, key: NestedKey, spec: ArraySpec) -> np.ndarray:
@@ -136,7 +136,7 @@ class EnvBase:
             td = TensorDict({}, batch_size=self.batch_size)
         action = self.action_layout.empty(self.num_rows)
         self._sample_actions(action)
-        td.set(self.action_key, torch.from_numpy(action).reshape(*self.batch_size, *self.action_layout.shape))
+        td.set(self.action_key, torch.from_numpy(action).reshape((*self.batch_size, *self.action_layout.shape)))
         return td
 
     def step(self, td: TensorDict) -> TensorDict:
