@@ -1,0 +1,489 @@
+"""``Collector``: steps one env (batched or not) with a policy in this process and yields
+batches of experience."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+from tensordict.nn import set_interaction_type
+
+from rlcollect._context import worker_index
+from rlcollect.config import CollectorConfig
+from rlcollect.data import TRAJ_ID_BLOCK, BatchBuffer, split_trajectories
+from rlcollect.envs.adapter import make_env
+from rlcollect.policy import ExplorationType, has_weights, load_weights, make_runner
+from rlcollect.rollout import Rollout
+from rlcollect.weights.schemes import validate_schemes
+
+logger = logging.getLogger("rlcollect")
+
+_STATE_KEYS = ("frames", "iter", "rollout", "env", "policy", "policy_version", "torch_rng")
+
+
+class Collector:
+    """Collect experience from one env with a policy, in this process.
+
+    Args:
+        create_env_fn: an env instance, a gymnasium id, or a callable returning an env.
+        policy: ``None`` (random actions), a ``TensorDictModule``, an ``nn.Module`` or a callable
+            reading observations and returning the action.
+        policy_factory: builds the policy here instead (``policy``, if given too, is then only
+            the source of weights for ``update_policy_weights_``).
+        frames_per_batch: frames per yielded batch; the batch has shape ``(*env.batch_size, T)``
+            with ``T = ceil(frames_per_batch / prod(env.batch_size))``.
+        total_frames: stop after this many frames (``-1``: never).
+        max_frames_per_traj: truncate trajectories at this length (adds ``"step_count"``).
+        init_random_frames: the first frames (whole batches) act randomly.
+        reset_at_each_iter: reset every env at the start of each batch.
+        postproc: applied to each batch before it is yielded (or written to the buffer).
+        split_trajs: yield ``split_trajectories(batch)``.
+        exploration_type: the ``ExplorationType`` every rollout runs under.
+        set_truncated: mark the last step of each batch truncated and start new trajectories.
+        use_buffers: refill one preallocated batch (yielded as a copy unless
+            ``return_same_td=True``); False allocates a fresh batch each time.
+        replay_buffer: any object with ``extend()``: batches go there and iteration yields None.
+        track_policy_version: add ``("collector", "policy_version")`` to every frame.
+        weight_sync_schemes: ``{"policy": scheme}``; ``NoWeightSyncScheme`` makes updates no-ops.
+        worker_idx: this collector's index when it runs inside a multi-process collector.
+
+    See SPEC section 4 for every argument.
+
+    Example:
+        >>> from rlcollect import Collector
+        >>> collector = Collector("CartPole-v1", frames_per_batch=100, total_frames=300)
+        >>> [batch.shape for batch in collector]
+        [torch.Size([100]), torch.Size([100]), torch.Size([100])]
+        >>> collector.shutdown()
+    """
+
+    def __init__(
+        self,
+        create_env_fn: Any,
+        policy: Any = None,
+        *,
+        policy_factory: Callable[[], Any] | None = None,
+        frames_per_batch: int,
+        total_frames: int = -1,
+        device: Any = None,
+        storing_device: Any = None,
+        env_device: Any = None,
+        policy_device: Any = None,
+        create_env_kwargs: dict | None = None,
+        max_frames_per_traj: int | None = None,
+        init_random_frames: int | None = None,
+        reset_at_each_iter: bool = False,
+        postproc: Callable | None = None,
+        split_trajs: bool = False,
+        exploration_type: Any = ExplorationType.RANDOM,
+        set_truncated: bool = False,
+        use_buffers: bool = True,
+        return_same_td: bool = False,
+        replay_buffer: Any = None,
+        extend_buffer: bool = True,
+        trust_policy: bool | None = None,
+        compile_policy: bool | dict | None = None,
+        cudagraph_policy: bool | dict | None = None,
+        no_cuda_sync: bool = False,
+        weight_sync_schemes: dict | None = None,
+        track_policy_version: bool = False,
+        worker_idx: int | None = None,
+        traj_id_start: int | None = None,
+    ):
+        self._closed = True  # until construction succeeds, shutdown has nothing to do
+        self.config = cfg = CollectorConfig(
+            frames_per_batch=frames_per_batch,
+            total_frames=total_frames,
+            device=device,
+            storing_device=storing_device,
+            env_device=env_device,
+            policy_device=policy_device,
+            create_env_kwargs=create_env_kwargs,
+            max_frames_per_traj=max_frames_per_traj,
+            init_random_frames=init_random_frames,
+            reset_at_each_iter=reset_at_each_iter,
+            postproc=postproc,
+            split_trajs=split_trajs,
+            exploration_type=exploration_type,
+            set_truncated=set_truncated,
+            use_buffers=use_buffers,
+            return_same_td=return_same_td,
+            extend_buffer=extend_buffer,
+            trust_policy=trust_policy,
+            compile_policy=compile_policy,
+            cudagraph_policy=cudagraph_policy,
+            no_cuda_sync=no_cuda_sync,
+            track_policy_version=track_policy_version,
+            worker_idx=worker_idx,
+        )
+        self._schemes = validate_schemes(weight_sync_schemes)
+        if policy_factory is not None and not callable(policy_factory):
+            raise TypeError(f"policy_factory must be a callable returning the policy, got {type(policy_factory).__name__}")
+        if policy_factory is not None and policy is not None and "policy" not in self._schemes:
+            raise ValueError(
+                "policy and policy_factory were both given but weight_sync_schemes has no 'policy' scheme: "
+                "pass weight_sync_schemes={'policy': SharedMemWeightSyncScheme()} (policy is then only the "
+                "source of weights), or give just one of policy / policy_factory"
+            )
+        if replay_buffer is not None and not callable(getattr(replay_buffer, "extend", None)):
+            raise TypeError(f"replay_buffer must have an extend() method, got {type(replay_buffer).__name__}")
+        self.replay_buffer = replay_buffer
+        if cfg.total_frames > 0 and cfg.total_frames % cfg.frames_per_batch:
+            warnings.warn(
+                f"total_frames={cfg.total_frames} is not a multiple of frames_per_batch={cfg.frames_per_batch}: "
+                "the last batch overshoots to a whole batch",
+                stacklevel=2,
+            )
+
+        with worker_index(worker_idx):
+            self.env = make_env(create_env_fn, cfg.create_env_kwargs)
+        try:
+            self._setup(policy, policy_factory, traj_id_start)
+        except BaseException:
+            self.env.close()
+            raise
+        self._closed = False
+
+    def _setup(self, policy: Any, policy_factory: Callable | None, traj_id_start: int | None) -> None:
+        cfg, env = self.config, self.env
+        if cfg.set_truncated and not env.has_truncated:
+            raise RuntimeError(
+                f"set_truncated=True needs an env with a 'truncated' entry; {type(env).__name__} has none"
+            )
+        self.policy = policy_factory() if policy_factory is not None else policy
+        self._weight_source = policy if policy_factory is not None else None
+        self._runner = make_runner(
+            self.policy,
+            list(env.obs_layout),
+            env.batch_size,
+            cfg.policy_device_or_default,
+            cfg.compile_policy,
+            cfg.cudagraph_policy,
+        )
+        rows = env.num_rows
+        self.frames_per_batch = cfg.frames_per_batch
+        self.total_frames = cfg.total_frames
+        if traj_id_start is None:
+            traj_id_start = (cfg.worker_idx or 0) * TRAJ_ID_BLOCK
+        self._rollout = Rollout(
+            env,
+            self._runner,
+            math.ceil(cfg.frames_per_batch / rows),
+            max_frames_per_traj=cfg.max_frames_per_traj,
+            set_truncated=cfg.set_truncated,
+            track_version=cfg.track_policy_version,
+            traj_id_start=traj_id_start,
+        )
+        if cfg.frames_per_batch % rows:
+            warnings.warn(
+                f"frames_per_batch={cfg.frames_per_batch} is not a multiple of the env's {rows} rows: "
+                f"each batch holds {rows * self._rollout.time} frames",
+                stacklevel=3,
+            )
+        with set_interaction_type(cfg.exploration_type):
+            self.layout = self._rollout.discover_layout()
+        self._buffer = BatchBuffer(self.layout) if cfg.use_buffers else None
+        self._frames = 0
+        self._iter = 0
+        self._version = 0
+        self._torch_rng: torch.Tensor | None = None
+        self._iterator: Iterator | None = None
+        self._profile: dict | None = None
+        self._started_at: float | None = None
+        self._last_batch_s = 0.0
+
+    # -- iteration ---------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[TensorDict | None]:
+        self._check_open()
+        while self.total_frames < 0 or self._frames < self.total_frames:
+            yield self._next_batch()
+
+    def __next__(self) -> TensorDict | None:
+        if self._iterator is None:
+            self._iterator = iter(self)
+        return next(self._iterator)
+
+    def __len__(self) -> int:
+        if self.total_frames < 0:
+            raise TypeError("an endless collector (total_frames=-1) has no len()")
+        return math.ceil(self.total_frames / self.frames_per_batch)
+
+    @property
+    def frames(self) -> int:
+        """Frames collected so far."""
+        return self._frames
+
+    @property
+    def policy_version(self) -> int:
+        """The version of the weights acting now (0 until the first update)."""
+        return self._version
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this collector has been shut down")
+
+    @contextlib.contextmanager
+    def _rng_scope(self) -> Iterator[None]:
+        """After ``set_seed``, rollouts draw torch randomness from the collector's own stream."""
+        if self._torch_rng is None:
+            yield
+            return
+        outer = torch.get_rng_state()
+        torch.set_rng_state(self._torch_rng)
+        try:
+            yield
+        finally:
+            self._torch_rng = torch.get_rng_state()
+            torch.set_rng_state(outer)
+
+    def _random_now(self) -> bool:
+        return self._frames < self.config.init_random_frames
+
+    def _next_batch(self) -> TensorDict | None:
+        cfg = self.config
+        if self._started_at is None:
+            self._started_at = time.perf_counter()
+        start = time.perf_counter()
+        buf = self._buffer if self._buffer is not None else BatchBuffer(self.layout)
+        if cfg.reset_at_each_iter:
+            self._rollout.needs_reset = True
+        with self._maybe_profile(), self._rng_scope(), set_interaction_type(cfg.exploration_type), torch.no_grad():
+            self._rollout.fill(buf, random=self._random_now(), version=self._version)
+        batch = buf.td
+        if self._buffer is not None and not cfg.return_same_td:
+            batch = batch.clone()
+        storing = cfg.storing_device_or_default
+        if storing is not None and storing != batch.device:
+            batch = batch.to(storing)
+        self._frames += self.layout.frames
+        self._iter += 1
+        self._last_batch_s = time.perf_counter() - start
+        if cfg.split_trajs:
+            batch = split_trajectories(batch)
+        if cfg.postproc is not None:
+            batch = cfg.postproc(batch)
+        if self.replay_buffer is None:
+            return batch
+        if cfg.extend_buffer:
+            self.replay_buffer.extend(batch)
+        else:
+            for t in range(batch.shape[-1]):
+                self.replay_buffer.extend(batch[..., t])
+        return None
+
+    # -- profiling ---------------------------------------------------------------------------
+    def enable_profile(self, path: str | os.PathLike = "rlcollect_trace.json", *, rollouts=(0,), **profiler_kwargs) -> None:
+        """Record a torch.profiler trace of the chosen rollouts (batch indices counted from the
+        next one) and write it as a Chrome trace to ``path`` (``path`` gets ``.N`` appended
+        before the extension when several rollouts are profiled).
+
+        Example:
+            >>> c = Collector("CartPole-v1", frames_per_batch=50, total_frames=50)
+            >>> c.enable_profile("/tmp/trace.json")
+            >>> _ = list(c); c.shutdown()
+        """
+        rollouts = sorted({int(r) for r in rollouts})
+        if not rollouts or rollouts[0] < 0:
+            raise ValueError(f"rollouts must be non-negative batch indices, got {rollouts!r}")
+        self._profile = {"path": os.fspath(path), "at": {self._iter + r for r in rollouts}, "kwargs": profiler_kwargs,
+                         "many": len(rollouts) > 1}
+
+    @contextlib.contextmanager
+    def _maybe_profile(self) -> Iterator[None]:
+        prof = self._profile
+        if prof is None or self._iter not in prof["at"]:
+            yield
+            return
+        from torch.profiler import profile
+
+        with profile(**prof["kwargs"]) as p:
+            yield
+        path = prof["path"]
+        if prof["many"]:
+            root, ext = os.path.splitext(path)
+            path = f"{root}.{self._iter}{ext or '.json'}"
+        p.export_chrome_trace(path)
+        logger.info("rlcollect: wrote profiler trace of batch %d to %s", self._iter, path)
+        prof["at"].discard(self._iter)
+        if not prof["at"]:
+            self._profile = None
+
+    # -- control -----------------------------------------------------------------------------
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        """Seed the env (and the collector's own torch random stream); returns the next seed.
+
+        The env is reset on the next batch so that the seed takes effect from there.
+
+        Example:
+            >>> c = Collector("CartPole-v1", frames_per_batch=10)
+            >>> c.set_seed(0)
+            1
+        """
+        self._check_open()
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed must be an int, got {seed!r}")
+        next_seed = self.env.set_seed(seed, static_seed=static_seed)
+        self._torch_rng = torch.Generator().manual_seed(seed).get_state()
+        self._rollout.needs_reset = True
+        return next_seed
+
+    def reset(self) -> None:
+        """Reset every env; the next frames start new trajectories.
+
+        Example:
+            >>> c = Collector("CartPole-v1", frames_per_batch=10)
+            >>> c.reset()
+        """
+        self._check_open()
+        self._rollout.needs_reset = True
+
+    def update_policy_weights_(self, weights: Any = None, *, worker_ids: Any = None, model_id: str = "policy") -> None:
+        """Load new weights into the acting policy and bump the policy version.
+
+        ``weights`` may be None (taken from ``policy`` when the acting copy came from
+        ``policy_factory``; otherwise the acting policy is the user's own module and only the
+        version moves), an ``nn.Module``, a TensorDict of parameters or a state dict.
+
+        Example:
+            >>> import torch
+            >>> from rlcollect import CountingEnv
+            >>> class Policy(torch.nn.Module):
+            ...     def __init__(self):
+            ...         super().__init__()
+            ...         self.w = torch.nn.Parameter(torch.zeros(1))
+            ...     def forward(self, observation):
+            ...         return (observation[..., 0] * self.w > 0).long()
+            >>> c = Collector(CountingEnv(), Policy(), frames_per_batch=10)
+            >>> c.update_policy_weights_({"w": torch.ones(1)})
+            >>> c.policy_version
+            1
+        """
+        self._check_open()
+        if model_id != "policy":
+            raise ValueError(f"model_id must be 'policy' (the only model a Collector has), got {model_id!r}")
+        if worker_ids not in (None, 0, [0], (0,)):
+            raise ValueError(f"a single-process Collector has only worker 0; got worker_ids={worker_ids!r}")
+        scheme = self._schemes.get(model_id)
+        if scheme is not None and not scheme.delivers:
+            return
+        module = self._runner.module
+        if not has_weights(module):
+            raise RuntimeError(
+                f"update_policy_weights_: the policy ({type(self.policy).__name__}) has no parameters or buffers, "
+                "so there are no weights to update"
+            )
+        source = weights if weights is not None else self._weight_source
+        if source is not None:
+            load_weights(module, source)
+        self._version += 1
+
+    def shutdown(self) -> None:
+        """Close the env. Idempotent.
+
+        Example:
+            >>> c = Collector("CartPole-v1", frames_per_batch=10)
+            >>> c.shutdown(); c.shutdown()
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self.env.close()
+
+    def __enter__(self) -> Collector:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.shutdown()
+
+    # -- state -------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue the same stream: counters, the env's state, the
+        rollout carry (current observations, trajectory ids), weights, version and RNG.
+
+        Example:
+            >>> c = Collector("CartPole-v1", frames_per_batch=10)
+            >>> sorted(c.state_dict())[:3]
+            ['env', 'frames', 'iter']
+        """
+        module = self._runner.module
+        return {
+            "frames": self._frames,
+            "iter": self._iter,
+            "rollout": self._rollout.state_dict(),
+            "env": self.env.state_dict(),
+            "policy": module.state_dict() if has_weights(module) else None,
+            "policy_version": self._version,
+            "torch_rng": None if self._torch_rng is None else self._torch_rng.clone(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a ``state_dict()``; the collector continues the saved stream. A malformed
+        state raises (KeyError/ValueError/TypeError) and leaves the collector as it was."""
+        self._check_open()
+        if not isinstance(state, dict):
+            raise TypeError(f"load_state_dict expects the dict state_dict() returned, got {type(state).__name__}")
+        missing = [k for k in _STATE_KEYS if k not in state]
+        if missing:
+            raise KeyError(f"Collector.load_state_dict: missing keys {missing}; expected {list(_STATE_KEYS)}")
+        self._rollout.check_state_dict(state["rollout"])
+        module = self._runner.module
+        backup = module.state_dict() if has_weights(module) else None
+        env_backup = self.env.state_dict()
+        try:
+            if state["policy"] is not None:
+                if module is None:
+                    raise ValueError("the state holds policy weights but this collector's policy has none")
+                load_weights(module, state["policy"])
+            self.env.load_state_dict(state["env"])
+        except Exception:
+            if backup is not None:
+                load_weights(module, backup)
+            self.env.load_state_dict(env_backup)
+            raise
+        self._rollout.load_state_dict(state["rollout"])
+        self._frames = int(state["frames"])
+        self._iter = int(state["iter"])
+        self._version = int(state["policy_version"])
+        self._torch_rng = None if state["torch_rng"] is None else state["torch_rng"].clone()
+        self._iterator = None
+
+    # -- observability -----------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """A JSON-serialisable summary: frames, batches, frames per second, policy version.
+
+        Example:
+            >>> c = Collector("CartPole-v1", frames_per_batch=10)
+            >>> c.stats()["frames"]
+            0
+        """
+        elapsed = 0.0 if self._started_at is None else time.perf_counter() - self._started_at
+        recent = self.layout.frames / self._last_batch_s if self._last_batch_s else 0.0
+        return {
+            "frames": self._frames,
+            "batches": self._iter,
+            "elapsed_s": elapsed,
+            "fps": self._frames / elapsed if elapsed else 0.0,
+            "fps_recent": recent,
+            "policy_version": self._version,
+            "workers": [{"index": self.config.worker_idx or 0, "frames": self._frames, "alive": not self._closed,
+                         "restarts": 0, "policy_version": self._version}],
+            "restarts": 0,
+            "mean_policy_lag": 0.0,
+            "wait_s": 0.0,
+        }
+
+    def __repr__(self) -> str:
+        return (f"Collector(env={self.env!r}, frames_per_batch={self.frames_per_batch}, "
+                f"total_frames={self.total_frames}, frames={self._frames})")

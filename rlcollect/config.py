@@ -1,0 +1,121 @@
+"""Argument validation, done once in the main process, with errors that name the argument,
+the value received and what is accepted.  The validated ``CollectorConfig`` is what travels to
+worker processes."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from tensordict.nn import InteractionType
+
+from rlcollect.policy import as_exploration_type
+
+
+def positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def optional_positive_int(name: str, value: Any) -> int | None:
+    return None if value is None else positive_int(name, value)
+
+
+def non_negative_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    return value
+
+
+def total_frames_arg(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and value != -1):
+        raise ValueError(f"total_frames must be a positive int, or -1 for an endless collector; got {value!r}")
+    return value
+
+
+def device_arg(name: str, value: Any) -> torch.device | None:
+    if value is None:
+        return None
+    try:
+        return torch.device(value)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"{name} must be a torch device or a device string like 'cpu' or 'cuda:0', got {value!r}") from err
+
+
+def callable_or_none(name: str, value: Any) -> Callable | None:
+    if value is not None and not callable(value):
+        raise TypeError(f"{name} must be callable or None, got {type(value).__name__}")
+    return value
+
+
+def kwargs_arg(name: str, value: Any) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise TypeError(f"{name} must be a dict (or None), got {type(value).__name__}")
+    return dict(value)
+
+
+def compile_arg(name: str, value: Any) -> bool | dict | None:
+    if value is None or isinstance(value, (bool, dict)):
+        return value
+    raise TypeError(f"{name} must be a bool or a dict of keyword arguments, got {type(value).__name__}")
+
+
+@dataclasses.dataclass
+class CollectorConfig:
+    """Every option of a single-process ``Collector``, validated."""
+
+    frames_per_batch: int
+    total_frames: int = -1
+    device: torch.device | None = None
+    storing_device: torch.device | None = None
+    env_device: torch.device | None = None
+    policy_device: torch.device | None = None
+    create_env_kwargs: dict = dataclasses.field(default_factory=dict)
+    max_frames_per_traj: int | None = None
+    init_random_frames: int = 0
+    reset_at_each_iter: bool = False
+    postproc: Callable | None = None
+    split_trajs: bool = False
+    exploration_type: InteractionType = InteractionType.RANDOM
+    set_truncated: bool = False
+    use_buffers: bool = True
+    return_same_td: bool = False
+    extend_buffer: bool = True
+    trust_policy: bool | None = None
+    compile_policy: bool | dict | None = None
+    cudagraph_policy: bool | dict | None = None
+    no_cuda_sync: bool = False
+    track_policy_version: bool = False
+    worker_idx: int | None = None
+
+    def __post_init__(self) -> None:
+        positive_int("frames_per_batch", self.frames_per_batch)
+        total_frames_arg(self.total_frames)
+        for name in ("device", "storing_device", "env_device", "policy_device"):
+            setattr(self, name, device_arg(name, getattr(self, name)))
+        self.create_env_kwargs = kwargs_arg("create_env_kwargs", self.create_env_kwargs)
+        optional_positive_int("max_frames_per_traj", self.max_frames_per_traj)
+        self.init_random_frames = non_negative_int("init_random_frames", self.init_random_frames or 0)
+        callable_or_none("postproc", self.postproc)
+        self.exploration_type = as_exploration_type(self.exploration_type)
+        self.compile_policy = compile_arg("compile_policy", self.compile_policy)
+        self.cudagraph_policy = compile_arg("cudagraph_policy", self.cudagraph_policy)
+        if self.worker_idx is not None:
+            non_negative_int("worker_idx", self.worker_idx)
+        for name in ("reset_at_each_iter", "split_trajs", "set_truncated", "use_buffers", "return_same_td",
+                     "extend_buffer", "no_cuda_sync", "track_policy_version"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+
+    @property
+    def policy_device_or_default(self) -> torch.device | None:
+        return self.policy_device or self.device
+
+    @property
+    def storing_device_or_default(self) -> torch.device | None:
+        return self.storing_device or self.device

@@ -1,0 +1,139 @@
+"""The batch layout: preallocated batch storage, trajectory ids and ``split_trajectories``.
+
+A batch is stored row-major as ``(n, T, *feature)`` where ``n`` is the number of env rows and
+``T`` the time steps; the TensorDict users see is a view of that storage reshaped to
+``(*batch_size, T)`` with the last dim named ``"time"``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from rlcollect.envs.base import ArraySpec, NestedKey, torch_dtype
+
+TRAJ_IDS = ("collector", "traj_ids")
+POLICY_VERSION = ("collector", "policy_version")
+MASK = ("collector", "mask")
+WORKER_ID = ("collector", "worker_id")
+
+#: Each worker (and each node's worker) draws trajectory ids from its own block of this size,
+#: so ids are unique across the whole run without any coordination.
+TRAJ_ID_BLOCK = 1 << 40
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """What one batch holds: ``{key: ArraySpec}`` per env row and time step."""
+
+    fields: dict[NestedKey, ArraySpec]
+    batch_size: torch.Size
+    time: int
+
+    @property
+    def rows(self) -> int:
+        return math.prod(self.batch_size)
+
+    @property
+    def frames(self) -> int:
+        return self.rows * self.time
+
+
+class BatchBuffer:
+    """A batch allocated once and refilled in place.
+
+    ``arrays[key]`` is the numpy view ``(n, T, *feature)`` the rollout writes into;
+    ``td`` is the user-facing TensorDict view ``(*batch_size, T)`` of the same memory.
+
+    Example:
+        >>> import numpy as np, torch
+        >>> layout = BatchLayout({"x": ArraySpec((2,), np.dtype(np.float32))}, torch.Size([3]), 4)
+        >>> BatchBuffer(layout).td["x"].shape
+        torch.Size([3, 4, 2])
+    """
+
+    def __init__(self, layout: BatchLayout, share_memory: bool = False, tensors: dict | None = None):
+        self.layout = layout
+        n, t = layout.rows, layout.time
+        if tensors is None:
+            tensors = {}
+            for key, spec in layout.fields.items():
+                tensor = torch.zeros((n, t, *spec.shape), dtype=torch_dtype(spec.dtype))
+                tensors[key] = tensor.share_memory_() if share_memory else tensor
+        self.tensors = tensors
+        self.arrays = {key: tensor.numpy() for key, tensor in tensors.items()}
+        shape = (*layout.batch_size, t)
+        td = TensorDict({}, batch_size=shape)
+        for key, tensor in tensors.items():
+            td.set(key, tensor.reshape(*shape, *tensor.shape[2:]))
+        td.names = [None] * len(layout.batch_size) + ["time"]
+        self.td = td
+
+
+def _flat_rows(td: TensorDict) -> TensorDict:
+    """Row-major flattening of every batch dim: ``(*B, T) -> (prod(B) * T,)``."""
+    return td.reshape(-1)
+
+
+def split_trajectories(td: TensorDict) -> TensorDict:
+    """One trajectory per row: ``(num_traj, T_max)``, right-padded with zeros.
+
+    Trajectories are told apart by ``("collector", "traj_ids")``; rows are ordered by first
+    appearance in row-major order, frames keep their order, and a trajectory's frames need not
+    be contiguous.  Frames with id ``-1`` (invalid) are dropped.  ``("collector", "mask")`` is
+    True for real frames.
+
+    Example:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> td = TensorDict({"x": torch.arange(4.), ("collector", "traj_ids"): torch.tensor([7, 7, 3, 7])}, [4])
+        >>> out = split_trajectories(td)
+        >>> out["x"].tolist(), out["collector", "mask"].tolist()
+        ([[0.0, 1.0, 3.0], [2.0, 0.0, 0.0]], [[True, True, True], [True, False, False]])
+    """
+    if TRAJ_IDS not in td.keys(include_nested=True):
+        raise KeyError("split_trajectories needs ('collector', 'traj_ids') in the batch")
+    flat = _flat_rows(td)
+    ids = flat.get(TRAJ_IDS)
+    valid = ids != -1
+    if MASK in flat.keys(include_nested=True):
+        valid &= flat.get(MASK)
+    flat, ids = flat[valid], ids[valid]
+    if ids.numel() == 0:
+        out = flat.reshape(0, 0) if flat.batch_dims == 1 else flat
+        out.set(MASK, torch.zeros(0, 0, dtype=torch.bool))
+        return out
+    uniq, inverse = torch.unique(ids, return_inverse=True)
+    # Order trajectories by their first frame, not by id value.
+    first = torch.full((uniq.numel(),), ids.numel(), dtype=torch.long).scatter_reduce_(
+        0, inverse, torch.arange(ids.numel()), reduce="amin"
+    )
+    rank = torch.empty_like(first)
+    rank[torch.argsort(first)] = torch.arange(first.numel())
+    traj = rank[inverse]
+    order = torch.argsort(traj, stable=True)
+    counts = torch.bincount(traj, minlength=uniq.numel())
+    starts = torch.cumsum(counts, 0) - counts
+    sorted_traj = traj[order]
+    pos = torch.arange(order.numel()) - starts[sorted_traj]
+    num_traj, t_max = uniq.numel(), int(counts.max())
+    out = TensorDict({}, batch_size=[num_traj, t_max])
+    src = flat[order]
+    for key, value in src.items(include_nested=True, leaves_only=True):
+        buf = torch.zeros((num_traj, t_max, *value.shape[1:]), dtype=value.dtype, device=value.device)
+        buf[sorted_traj, pos] = value
+        out.set(key, buf)
+    mask = torch.zeros(num_traj, t_max, dtype=torch.bool)
+    mask[sorted_traj, pos] = True
+    out.set(MASK, mask)
+    out.names = [None, "time"]
+    return out
+
+
+def new_traj_ids(counter: int, count: int) -> tuple[np.ndarray, int]:
+    """``count`` fresh ids starting at ``counter``, and the next counter value."""
+    return np.arange(counter, counter + count, dtype=np.int64), counter + count

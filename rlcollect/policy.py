@@ -1,0 +1,211 @@
+"""Policies: how the rollout calls what the user gave (nothing, a TensorDictModule, an
+``nn.Module`` or a plain callable) on the current observations.
+
+Every policy is turned into a *runner*: ``runner(obs) -> {key: tensor}`` where ``obs`` maps the
+env's observation keys to tensors of shape ``(*batch_size, *feature)`` and the result maps
+``"action"`` (and whatever else the policy writes, e.g. ``"logits"``) to tensors of the same
+leading shape.  The runner is discovered once, at construction, by a dry run on the first
+observation.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+from tensordict.nn import InteractionType, TensorDictModuleBase
+
+from rlcollect.envs.base import NestedKey
+
+#: The exploration settings a rollout can run under (tensordict's interaction types).
+ExplorationType = InteractionType
+
+_EXPLORATION_NAMES = {t.name: t for t in InteractionType} | {t.value: t for t in InteractionType}
+
+
+def as_exploration_type(value: Any) -> InteractionType:
+    if isinstance(value, InteractionType):
+        return value
+    if isinstance(value, str) and value in _EXPLORATION_NAMES:
+        return _EXPLORATION_NAMES[value]
+    accepted = ", ".join(t.name for t in InteractionType)
+    raise ValueError(f"exploration_type must be an ExplorationType ({accepted}) or its name, got {value!r}")
+
+
+def _key_name(key: NestedKey) -> str:
+    return key if isinstance(key, str) else ".".join(key)
+
+
+class RandomRunner:
+    """Marker runner: the rollout samples ``env``'s action space directly (no tensors)."""
+
+    is_random = True
+    module = None
+
+
+class ModuleRunner:
+    """Calls a plain ``nn.Module`` or callable with the observations its forward asks for."""
+
+    is_random = False
+
+    def __init__(self, fn: Callable, in_keys: list[NestedKey], device: torch.device | None):
+        self.fn = fn
+        self.module = fn if isinstance(fn, torch.nn.Module) else None
+        self.in_keys = in_keys
+        self.device = device
+        self.out_keys: list[NestedKey] = ["action"]
+
+    def __call__(self, obs: dict[NestedKey, torch.Tensor]) -> dict[NestedKey, torch.Tensor]:
+        if self.device is None:
+            out = self.fn(*[obs[k] for k in self.in_keys])
+        else:
+            out = self.fn(*[obs[k].to(self.device, non_blocking=True) for k in self.in_keys])
+        if isinstance(out, torch.Tensor):
+            return {"action": out}
+        if isinstance(out, dict) and "action" in out:
+            return out
+        raise TypeError(
+            f"policy {_describe(self.fn)} returned {type(out).__name__}; a plain module or callable must "
+            "return the action tensor (or a dict with an 'action' entry)"
+        )
+
+
+class TensorDictRunner:
+    """Calls a ``TensorDictModuleBase`` on a TensorDict holding the observations."""
+
+    is_random = False
+
+    def __init__(self, module: TensorDictModuleBase, batch_size: torch.Size, device: torch.device | None):
+        self.fn = module
+        self.module = module
+        self.batch_size = batch_size
+        self.device = device
+        self.out_keys: list[NestedKey] = []
+        # One TensorDict reused for every step: only its entries are replaced.
+        self._td = TensorDict({}, batch_size=batch_size, device=device)
+
+    def __call__(self, obs: dict[NestedKey, torch.Tensor]) -> dict[NestedKey, torch.Tensor]:
+        td = self._td
+        for key, value in obs.items():
+            td.set(key, value if self.device is None else value.to(self.device, non_blocking=True))
+        out = self.fn(td)
+        if out is None:
+            out = td
+        if not self.out_keys:
+            self.out_keys = [
+                k
+                for k in out.keys(include_nested=True, leaves_only=True)
+                if k not in obs and not any(p.startswith("_") for p in ((k,) if isinstance(k, str) else k))
+            ]
+            if "action" not in self.out_keys:
+                raise TypeError(
+                    f"policy {_describe(self.fn)} did not write 'action'; it wrote {self.out_keys} "
+                    f"from the keys {list(obs)}"
+                )
+        return {k: out.get(k) for k in self.out_keys}
+
+
+def _describe(fn: Any) -> str:
+    return type(fn).__name__ if isinstance(fn, torch.nn.Module) else getattr(fn, "__name__", repr(fn))
+
+
+def _forward_params(fn: Callable) -> list[inspect.Parameter] | None:
+    target = fn.forward if isinstance(fn, torch.nn.Module) else fn
+    try:
+        sig = inspect.signature(target)
+    except (TypeError, ValueError):
+        return None
+    return [
+        p
+        for p in sig.parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    ]
+
+
+def match_in_keys(fn: Callable, obs_keys: list[NestedKey]) -> list[NestedKey]:
+    """Which observation keys a plain module's forward takes, in the order of its parameters."""
+    available = {_key_name(k): k for k in obs_keys}
+    params = _forward_params(fn)
+    where = f"policy {_describe(fn)}"
+    if params is None:
+        raise TypeError(f"{where}: cannot read its forward signature; wrap it in a TensorDictModule")
+    if not params:
+        raise TypeError(f"{where}: its forward takes no observation argument; available keys: {sorted(available)}")
+    if len(params) == 1:
+        name = params[0].name
+        if name in available:
+            return [available[name]]
+        if "observation" in available:
+            return ["observation"]
+        if len(available) == 1:
+            return list(available.values())
+        raise TypeError(
+            f"{where}: cannot tell which observation its forward argument {name!r} is; "
+            f"available keys: {sorted(available)} (name the argument after one, or use a TensorDictModule)"
+        )
+    unknown = [p.name for p in params if p.name not in available]
+    if unknown:
+        raise TypeError(
+            f"{where}: forward arguments {unknown} match no observation key; available keys: {sorted(available)}"
+        )
+    return [available[p.name] for p in params]
+
+
+def make_runner(
+    policy: Any,
+    obs_keys: list[NestedKey],
+    batch_size: torch.Size,
+    device: torch.device | None,
+    compile_policy: bool | dict | None = None,
+    cudagraph_policy: bool | dict | None = None,
+):
+    """Build the runner for what the user gave as ``policy``."""
+    if policy is None:
+        return RandomRunner()
+    if compile_policy:
+        kwargs = compile_policy if isinstance(compile_policy, dict) else {}
+        policy_fn = torch.compile(policy, **kwargs)
+    else:
+        policy_fn = policy
+    if cudagraph_policy:
+        from tensordict.nn import CudaGraphModule
+
+        if not torch.cuda.is_available():
+            raise RuntimeError("cudagraph_policy needs a CUDA device; none is available")
+        kwargs = cudagraph_policy if isinstance(cudagraph_policy, dict) else {}
+        policy_fn = CudaGraphModule(policy_fn, **kwargs)
+    if isinstance(policy, TensorDictModuleBase):
+        runner = TensorDictRunner(policy_fn, batch_size, device)
+        runner.module = policy
+        return runner
+    if callable(policy):
+        runner = ModuleRunner(policy_fn, match_in_keys(policy, obs_keys), device)
+        runner.module = policy if isinstance(policy, torch.nn.Module) else None
+        return runner
+    raise TypeError(
+        f"policy must be None, a TensorDictModule, an nn.Module or a callable, got {type(policy).__name__}"
+    )
+
+
+def has_weights(module: Any) -> bool:
+    return isinstance(module, torch.nn.Module) and any(True for _ in module.state_dict().values())
+
+
+def load_weights(module: torch.nn.Module, weights: Any) -> None:
+    """Copy ``weights`` (an ``nn.Module``, a TensorDict of parameters or a state dict) into
+    ``module`` in place, parameters and buffers alike."""
+    with torch.no_grad():
+        if isinstance(weights, torch.nn.Module):
+            if weights is not module:
+                module.load_state_dict(weights.state_dict())
+        elif isinstance(weights, TensorDict) or hasattr(weights, "to_module"):
+            TensorDict.from_module(module).update_(weights)
+        elif isinstance(weights, dict):
+            module.load_state_dict(weights)
+        else:
+            raise TypeError(
+                f"weights must be None, an nn.Module, a TensorDict of parameters or a state dict, got {type(weights).__name__}"
+            )

@@ -1,0 +1,19 @@
+"""Weight synchronisation between the trainer's policy and the acting copies."""
+
+from rlcollect.weights.schemes import (
+    DistributedWeightSyncScheme,
+    MultiProcessWeightSyncScheme,
+    NoWeightSyncScheme,
+    SharedMemWeightSyncScheme,
+    WeightSyncScheme,
+    validate_schemes,
+)
+
+__all__ = [
+    "DistributedWeightSyncScheme",
+    "MultiProcessWeightSyncScheme",
+    "NoWeightSyncScheme",
+    "SharedMemWeightSyncScheme",
+    "WeightSyncScheme",
+    "validate_schemes",
+]
