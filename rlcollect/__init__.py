@@ -4,6 +4,7 @@ from rlcollect._context import current_worker_index
 from rlcollect.collector import Collector
 from rlcollect.data import split_trajectories
 from rlcollect.envs import BusyEnv, CountingEnv, EnvBase, FaultyEnv, GymEnv, InjectedFault, SerialEnv, SleepEnv
+from rlcollect.multiprocess import MultiAsyncCollector, MultiCollector, MultiSyncCollector, WorkerError
 from rlcollect.policy import ExplorationType
 from rlcollect.weights import (
     DistributedWeightSyncScheme,
@@ -23,12 +24,16 @@ __all__ = [
     "FaultyEnv",
     "GymEnv",
     "InjectedFault",
+    "MultiAsyncCollector",
+    "MultiCollector",
     "MultiProcessWeightSyncScheme",
+    "MultiSyncCollector",
     "NoWeightSyncScheme",
     "SerialEnv",
     "SharedMemWeightSyncScheme",
     "SleepEnv",
     "WeightSyncScheme",
+    "WorkerError",
     "current_worker_index",
     "split_trajectories",
 ]

@@ -253,18 +253,13 @@ class Collector:
             self._started_at = time.perf_counter()
         start = time.perf_counter()
         buf = self._buffer if self._buffer is not None else BatchBuffer(self.layout)
-        if cfg.reset_at_each_iter:
-            self._rollout.needs_reset = True
-        with self._maybe_profile(), self._rng_scope(), set_interaction_type(cfg.exploration_type), torch.no_grad():
-            self._rollout.fill(buf, random=self._random_now(), version=self._version)
+        self._collect_into(buf, random=self._random_now())
         batch = buf.td
         if self._buffer is not None and not cfg.return_same_td:
             batch = batch.clone()
         storing = cfg.storing_device_or_default
         if storing is not None and storing != batch.device:
             batch = batch.to(storing)
-        self._frames += self.layout.frames
-        self._iter += 1
         self._last_batch_s = time.perf_counter() - start
         if cfg.split_trajs:
             batch = split_trajectories(batch)
@@ -278,6 +273,20 @@ class Collector:
             for t in range(batch.shape[-1]):
                 self.replay_buffer.extend(batch[..., t])
         return None
+
+    def _collect_into(self, buf: BatchBuffer, random: bool = False, stop=None) -> int:
+        """Fill ``buf`` with the next batch (in place); returns the valid frames written.
+        This is what a worker process calls to write straight into shared memory."""
+        self._check_open()
+        cfg = self.config
+        if cfg.reset_at_each_iter:
+            self._rollout.needs_reset = True
+        with self._maybe_profile(), self._rng_scope(), set_interaction_type(cfg.exploration_type), torch.no_grad():
+            steps = self._rollout.fill(buf, random=random, version=self._version, stop=stop)
+        frames = steps * self.layout.rows
+        self._frames += frames
+        self._iter += 1
+        return frames
 
     # -- profiling ---------------------------------------------------------------------------
     def enable_profile(self, path: str | os.PathLike = "rlcollect_trace.json", *, rollouts=(0,), **profiler_kwargs) -> None:
@@ -298,8 +307,8 @@ class Collector:
 
     @contextlib.contextmanager
     def _maybe_profile(self) -> Iterator[None]:
-        prof = self._profile
-        if prof is None or self._iter not in prof["at"]:
+        prof, index = self._profile, self._iter
+        if prof is None or index not in prof["at"]:
             yield
             return
         from torch.profiler import profile
@@ -309,10 +318,10 @@ class Collector:
         path = prof["path"]
         if prof["many"]:
             root, ext = os.path.splitext(path)
-            path = f"{root}.{self._iter}{ext or '.json'}"
+            path = f"{root}.{index}{ext or '.json'}"
         p.export_chrome_trace(path)
-        logger.info("rlcollect: wrote profiler trace of batch %d to %s", self._iter, path)
-        prof["at"].discard(self._iter)
+        logger.info("rlcollect: wrote profiler trace of batch %d to %s", index, path)
+        prof["at"].discard(index)
         if not prof["at"]:
             self._profile = None
 

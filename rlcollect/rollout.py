@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from rlcollect.data import POLICY_VERSION, TRAJ_IDS, BatchBuffer, BatchLayout
+from rlcollect.data import MASK, POLICY_VERSION, TRAJ_IDS, BatchBuffer, BatchLayout
 from rlcollect.envs.base import DONE_KEYS, ArraySpec, EnvBase, NestedKey, numpy_dtype
 
 _BOOL = np.dtype(np.bool_)
@@ -145,8 +145,12 @@ class Rollout:
             raise TypeError(f"the policy's 'action' is {got.dtype} but the env expects integer actions ({want.dtype})")
 
     # -- the loop ----------------------------------------------------------------------------
-    def fill(self, buf: BatchBuffer, *, random: bool = False, version: int = 0) -> None:
-        """Collect ``time`` steps into ``buf`` (in place)."""
+    def fill(self, buf: BatchBuffer, *, random: bool = False, version: int = 0, stop: np.ndarray | None = None) -> int:
+        """Collect ``time`` steps into ``buf`` (in place) and return how many were filled.
+
+        ``stop`` (preemption): a shared flag checked before each step; once it is set the
+        remaining steps are marked invalid (traj id -1, ``("collector", "mask")`` False).
+        """
         if self.needs_reset:
             self.reset_all()
         env, runner, arrays = self.env, self.runner, buf.arrays
@@ -172,7 +176,11 @@ class Rollout:
             for array, _ in out_arrays:
                 array.fill(0)
         self._ids_used = True
+        filled = n_time
         for t in range(n_time):
+            if stop is not None and stop[0]:
+                filled = t
+                break
             cur, nxt = self._cur, self._nxt
             # 1. act
             if random:
@@ -216,6 +224,13 @@ class Rollout:
                 env._reset_rows(ended, nxt.arrays)
                 step_count[ended] = 0
                 self._new_ids(ended)
+        mask = arrays.get(MASK)
+        if mask is not None:
+            mask[:, :filled] = True
+            mask[:, filled:] = False
+        if filled < n_time:
+            ids_arr[:, filled:] = -1
+        return filled
 
     # -- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -152,7 +152,11 @@ def make_env(create_env_fn: Any, kwargs: dict | None = None) -> EnvBase:
         from rlcollect.envs.gym import GymEnv
 
         return GymEnv(create_env_fn, **kwargs)
-    if isinstance(create_env_fn, EnvBase) or hasattr(create_env_fn, "step") or _is_gym(create_env_fn):
+    # An env class (``CountingEnv``) has a ``step`` attribute too, but it is a factory.
+    is_instance = not isinstance(create_env_fn, type) and (
+        isinstance(create_env_fn, EnvBase) or hasattr(create_env_fn, "step") or _is_gym(create_env_fn)
+    )
+    if is_instance:
         if kwargs:
             raise ValueError("create_env_kwargs cannot be used with an env instance; pass a factory instead")
         return as_env(create_env_fn)

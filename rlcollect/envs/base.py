@@ -148,6 +148,9 @@ class EnvBase:
         terminated = np.zeros(n, np.bool_)
         truncated = np.zeros(n, np.bool_)
         self._step_rows(action, obs, reward, terminated, truncated)
+        # A later partial reset starts from these buffers: the rows it does not reset must
+        # report their current observation, not the one from the previous reset.
+        self._td_obs = obs
         nxt = self._to_td(obs)
         shape = (*self.batch_size, 1)
         nxt.set("reward", torch.from_numpy(reward).reshape(shape))

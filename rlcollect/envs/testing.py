@@ -177,6 +177,9 @@ class FaultyEnv(CountingEnv):
     ):
         if fault not in FAULTS:
             raise ValueError(f"FaultyEnv: fault must be one of {FAULTS}, got {fault!r}")
+        if not isinstance(at_step, int) or isinstance(at_step, bool) or at_step < 1:
+            # at_step=0 would never fire and a fault-injection test would pass vacuously.
+            raise ValueError(f"FaultyEnv: at_step must be an int >= 1 (1-based call count), got {at_step!r}")
         if where not in ("step", "reset"):
             raise ValueError(f"FaultyEnv: where must be 'step' or 'reset', got {where!r}")
         if times is not None and counter_file is None:

@@ -1,0 +1,276 @@
+"""The ``rlcollect`` command.
+
+    rlcollect collect --env CartPole-v1 --frames 100000 --frames-per-batch 1000
+    rlcollect bench [--seconds 3] [--only CartPole] [--json results.json]
+
+``collect`` runs a collection with a progress bar (frames, frames/s) on stderr and prints a
+summary on stdout. ``bench`` runs the benchmark suite of ``bench/`` (a source checkout) and
+prints its table. Bad arguments give a one-line error and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+PROG = "rlcollect"
+
+
+class ArgmaxMLP(nn.Module):
+    """A small MLP policy: observation -> hidden tanh layers -> argmax over action logits.
+
+    The CLI's ``--policy mlp`` and the benchmark suite both use it.
+    """
+
+    def __init__(self, obs_dim: int, num_actions: int, hidden: int = 64, depth: int = 2):
+        super().__init__()
+        layers: list[nn.Module] = []
+        width = obs_dim
+        for _ in range(depth):
+            layers += [nn.Linear(width, hidden), nn.Tanh()]
+            width = hidden
+        layers.append(nn.Linear(width, num_actions))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return self.net(observation).argmax(-1)
+
+
+# -- argument parsing --------------------------------------------------------------------------
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argparse parser whose errors are one line (no usage dump) and exit with code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="Collect reinforcement-learning experience.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    collect = commands.add_parser(
+        "collect",
+        help="run a collection and print a summary",
+        description="Step an env with a policy, show progress on stderr and print a summary on stdout.",
+    )
+    collect.add_argument("--env", default="CartPole-v1", help="gymnasium env id (default: %(default)s)")
+    collect.add_argument("--workers", type=positive_int, default=1, help="worker processes (default: %(default)s)")
+    collect.add_argument(
+        "--envs-per-worker", type=positive_int, default=1, help="env copies stepped together (default: %(default)s)"
+    )
+    collect.add_argument(
+        "--mode",
+        choices=("sync", "async"),
+        default="sync",
+        help="how multi-process batches are gathered (default: %(default)s)",
+    )
+    collect.add_argument("--frames", type=positive_int, default=100_000, help="total frames (default: %(default)s)")
+    collect.add_argument(
+        "--frames-per-batch", type=positive_int, default=1000, help="frames per batch (default: %(default)s)"
+    )
+    collect.add_argument(
+        "--policy",
+        choices=("random", "mlp"),
+        default="random",
+        help="random actions, or an untrained 2x64 MLP taking the argmax (default: %(default)s)",
+    )
+    collect.add_argument("--seed", type=int, default=None, help="seed the envs and the policy")
+    collect.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
+
+    # Listed for --help only: main() hands everything after `bench` to the suite's own parser
+    # (argparse.REMAINDER cannot pass options through a subcommand).
+    commands.add_parser("bench", help="run the benchmark suite (bench/) and print its table; see bench --help")
+    return parser
+
+
+# -- collect -----------------------------------------------------------------------------------
+@dataclass
+class EpisodeTracker:
+    """Returns of finished episodes, from batches with ``("next", "reward")``, ``("next", "done")``
+    and ``("collector", "traj_ids")``. A trajectory keeps its id across batch boundaries, so a
+    running sum per id is carried over until that id's done arrives."""
+
+    running: dict[int, float] = field(default_factory=dict)
+    returns: list[float] = field(default_factory=list)
+
+    def update(self, batch) -> None:
+        ids = batch.get(("collector", "traj_ids")).reshape(-1)
+        reward = batch.get(("next", "reward")).reshape(ids.shape[0], -1).sum(-1).double()
+        done = batch.get(("next", "done")).reshape(ids.shape[0], -1).any(-1)
+        unique, inverse = torch.unique(ids, return_inverse=True)
+        sums = torch.zeros(unique.shape[0], dtype=torch.float64).index_add_(0, inverse, reward)
+        for traj, total in zip(unique.tolist(), sums.tolist()):
+            self.running[traj] = self.running.get(traj, 0.0) + total
+        for traj in ids[done].tolist():
+            self.returns.append(self.running.pop(traj))
+
+    @property
+    def mean_return(self) -> float | None:
+        return sum(self.returns) / len(self.returns) if self.returns else None
+
+
+class CliError(Exception):
+    """A bad argument found after parsing (exit code 2)."""
+
+
+def _probe_env(env_id: str):
+    """Build the env once here, to fail early on a bad id and to read its spaces."""
+    import gymnasium as gym
+
+    try:
+        env = gym.make(env_id)
+    except Exception as exc:  # gymnasium raises several types for a bad id
+        raise CliError(f"argument --env: cannot make {env_id!r}: {exc}") from None
+    try:
+        return env.observation_space, env.action_space
+    finally:
+        env.close()
+
+
+def _make_policy(name: str, env_id: str, seed: int | None):
+    if name == "random":
+        return None
+    import gymnasium as gym
+
+    obs_space, action_space = _probe_env(env_id)
+    if not (isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1) or not isinstance(
+        action_space, gym.spaces.Discrete
+    ):
+        raise CliError(
+            f"argument --policy: mlp needs a flat Box observation and a Discrete action space; "
+            f"{env_id} has {obs_space} and {action_space}"
+        )
+    if seed is not None:
+        torch.manual_seed(seed)
+    return ArgmaxMLP(obs_space.shape[0], int(action_space.n))
+
+
+def _make_collector(args, policy):
+    import rlcollect
+    from rlcollect import GymEnv
+
+    if args.envs_per_worker > 1:
+        create_env = functools.partial(GymEnv, args.env, num_envs=args.envs_per_worker)
+    else:
+        create_env = args.env  # the collector wraps a gymnasium id in GymEnv itself
+    kwargs = {"frames_per_batch": args.frames_per_batch, "total_frames": args.frames}
+    if args.workers == 1 and args.mode == "sync":
+        return rlcollect.Collector(create_env, policy, **kwargs)
+
+    class_name = "MultiSyncCollector" if args.mode == "sync" else "MultiAsyncCollector"
+    collector_class = getattr(rlcollect, class_name, None)
+    if collector_class is None:
+        what = "--workers > 1" if args.workers > 1 else "--mode async"
+        raise CliError(f"{what} needs the multi-process collectors (not available in this version)")
+    return collector_class([create_env] * args.workers, policy, **kwargs)
+
+
+def _describe(args) -> str:
+    return (
+        f"{args.env}, {args.workers} worker(s) x {args.envs_per_worker} env(s), {args.mode}, "
+        f"{args.policy} policy, {args.frames} frames in batches of {args.frames_per_batch}"
+    )
+
+
+def run_collect(args) -> int:
+    from tqdm import tqdm
+
+    policy = _make_policy(args.policy, args.env, args.seed)
+    if policy is None:
+        _probe_env(args.env)
+    collector = _make_collector(args, policy)
+    tracker = EpisodeTracker()
+    frames = batches = 0
+    progress = tqdm(
+        total=args.frames,
+        unit="frames",
+        unit_scale=True,
+        file=sys.stderr,
+        disable=args.no_progress,
+        dynamic_ncols=True,
+    )
+    try:
+        if args.seed is not None:
+            collector.set_seed(args.seed)
+        start = time.perf_counter()
+        for batch in collector:
+            if batches == 0:
+                # The batch may hold a few frames more than asked (whole time steps of every env).
+                progress.total = math.ceil(args.frames / args.frames_per_batch) * batch.numel()
+            frames += batch.numel()
+            batches += 1
+            tracker.update(batch)
+            progress.update(batch.numel())
+        seconds = time.perf_counter() - start
+    finally:
+        progress.close()
+        collector.shutdown()
+
+    mean = tracker.mean_return
+    rows = [
+        ("run", _describe(args)),
+        ("frames", f"{frames}"),
+        ("batches", f"{batches}"),
+        ("seconds", f"{seconds:.2f}"),
+        ("frames/s", f"{frames / seconds:,.0f}" if seconds > 0 else "-"),
+        ("episodes finished", f"{len(tracker.returns)}"),
+        ("mean episode return", f"{mean:.2f}" if mean is not None else "- (no episode finished)"),
+    ]
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
+    return 0
+
+
+# -- bench -------------------------------------------------------------------------------------
+def run_bench(bench_args: Sequence[str]) -> int:
+    try:
+        import bench
+    except ImportError:
+        # bench/ is not installed with the package: it lives in the source checkout.
+        sys.path.insert(0, os.getcwd())
+        try:
+            import bench
+        except ImportError:
+            raise CliError(
+                "bench: the benchmark suite lives in the bench/ folder of a source checkout; "
+                "run this from the repository root"
+            ) from None
+    return bench.main(list(bench_args)) or 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    try:
+        if argv[:1] == ["bench"]:
+            return run_bench(argv[1:])
+        return run_collect(parser.parse_args(argv))
+    except CliError as exc:
+        parser.exit(2, f"{PROG}: error: {exc}\n")
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

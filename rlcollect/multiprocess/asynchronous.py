@@ -1,0 +1,116 @@
+"""``MultiAsyncCollector``: batches arrive first-ready-first-served, each from one worker."""
+
+from __future__ import annotations
+
+import collections
+import time
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+
+from rlcollect.data import WORKER_ID
+from rlcollect.multiprocess import protocol as P
+from rlcollect.multiprocess.base import MultiCollectorBase
+
+
+class MultiAsyncCollector(MultiCollectorBase):
+    """Run a collector in each of ``num_workers`` processes and yield each worker's batch as
+    soon as it is ready.
+
+    Each worker has two shared-memory slots: while the main process copies one batch out, the
+    worker is already filling the other, so it never waits for the trainer.  Every yielded
+    batch is one worker's ``frames_per_batch`` frames with ``("collector", "worker_id")``.
+    ``set_seed``, ``reset`` and ``load_state_dict`` discard the batches in flight.
+
+    Example:
+        >>> from rlcollect import MultiAsyncCollector
+        >>> with MultiAsyncCollector("CartPole-v1", num_workers=2, frames_per_batch=100, total_frames=300) as c:
+        ...     shapes = [batch.shape for batch in c]
+        >>> shapes
+        [torch.Size([100]), torch.Size([100]), torch.Size([100])]
+    """
+
+    _sync = False
+    _slots_per_worker = 2
+
+    def _check_cat_results(self, value: Any) -> str:
+        if value is None or value == "stack":
+            return "stack"
+        raise ValueError(f"cat_results must be None or 'stack' for MultiAsyncCollector (it yields one worker's "
+                         f"batch at a time), got {value!r}")
+
+    def _attach(self) -> None:
+        super()._attach()
+        self._ready: collections.deque[tuple[int, dict]] = collections.deque()
+        self._armed = False
+        self._rotation = 0
+
+    def _arm(self) -> None:
+        random = self._random_now()
+        for i in range(self.num_workers):
+            for slot in range(self._slots_per_worker):
+                self._pool.send(i, P.COLLECT, slot, random)
+        self._armed = True
+
+    def _next_batch(self) -> TensorDict | None:
+        with self._guard():
+            if not self._armed:
+                self._arm()
+            started = time.perf_counter()
+            while not self._ready:
+                self._poll()
+            self._wait_s += time.perf_counter() - started
+            index, info = self._ready.popleft()
+            buffer = self._buffers[index][info["slot"]]
+            batch = buffer.td.clone()
+            batch.set(WORKER_ID, torch.full(batch.shape, index, dtype=torch.int64))
+            batch.names = [None] * (batch.batch_dims - 1) + ["time"]
+            self._frames += info["frames"]
+            self._worker_frames[index] += info["frames"]
+            self._worker_versions[index] = info["version"]
+            self._last_lag = float(self._version - info["version"])
+            self._last_batch_frames = info["frames"]
+            self._last_batch_s = time.perf_counter() - started
+            if self.update_at_each_batch and self._weight_source is not None:
+                self._push_to(index)
+            self._pool.send(index, P.COLLECT, info["slot"], self._random_now())
+        self._iter += 1
+        return self._deliver(batch)
+
+    def _push_to(self, index: int) -> None:
+        if self._scheme_backend() == "shared":
+            self.update_policy_weights_()
+        else:
+            self.update_policy_weights_(worker_ids=[index])
+
+    def _poll(self) -> None:
+        """Read one reply from the first worker that has one (rotating for fairness)."""
+        pool, n = self._pool, self.num_workers
+        busy = [i for i in range(n) if pool.handles[i].pending]
+        if not busy:
+            raise RuntimeError("no worker is collecting")
+        ready = pool.ready(busy, self.worker_timeout)
+        if not ready:
+            pool.receive(busy[0], 0.0)  # raises the WorkerError for the late worker
+        ready.sort(key=lambda i: (i - self._rotation) % n)
+        index = ready[0]
+        self._rotation = index + 1
+        command = pool.handles[index].pending[0]
+        value = pool.receive(index)
+        if command == P.COLLECT:
+            self._ready.append((index, value))
+
+    def _send_weights(self, index: int, state: dict, version: int) -> None:
+        # Queued behind the worker's running batches: it applies them between two batches.
+        self._pool.send(index, P.UPDATE_WEIGHTS, state, version)
+
+    def _quiesce(self) -> None:
+        """Collect every reply still owed; finished batches stay queued for delivery."""
+        while any(h.pending for h in self._pool.handles):
+            self._poll()
+
+    def _discard_in_flight(self) -> None:
+        self._quiesce()
+        self._ready.clear()
+        self._armed = False

@@ -1,0 +1,574 @@
+"""What the sync and async multi-process collectors share: argument validation, per-worker
+specs, the worker pool, shared batch slots, weight sync, seeding, state and statistics."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import multiprocessing as mp
+import os
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import cloudpickle
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from rlcollect.collector import Collector
+from rlcollect.config import CollectorConfig, optional_positive_int, positive_int, total_frames_arg
+from rlcollect.data import split_trajectories
+from rlcollect.multiprocess import protocol as P
+from rlcollect.multiprocess.pool import WorkerPool
+from rlcollect.multiprocess.shm import allocate_slot, slot_buffer
+from rlcollect.policy import has_weights
+from rlcollect.weights.schemes import NoWeightSyncScheme, SharedMemWeightSyncScheme, validate_schemes
+from rlcollect.weights.store import SharedWeights, as_state_dict
+
+logger = logging.getLogger("rlcollect")
+
+START_METHODS = ("spawn", "fork", "forkserver")
+FAILURE_POLICIES = ("raise",)
+PER_WORKER_ARGS = ("device", "storing_device", "env_device", "policy_device")
+#: Options forwarded unchanged to each worker's inner collector.
+INNER_OPTIONS = (
+    "max_frames_per_traj", "reset_at_each_iter", "exploration_type", "set_truncated", "trust_policy",
+    "compile_policy", "cudagraph_policy", "no_cuda_sync", "track_policy_version",
+)
+
+
+def _per_worker(name: str, value: Any, n: int) -> list:
+    if isinstance(value, (list, tuple)):
+        if len(value) != n:
+            raise ValueError(f"{name} is a per-worker list of length {len(value)}, but there are {n} workers")
+        return list(value)
+    return [value] * n
+
+
+def resolve_collector_class(value: Any) -> type:
+    from rlcollect.multiprocess.asynchronous import MultiAsyncCollector
+    from rlcollect.multiprocess.sync import MultiSyncCollector
+
+    names = {"single": Collector, "sync": MultiSyncCollector, "async": MultiAsyncCollector}
+    if isinstance(value, str):
+        if value not in names:
+            raise ValueError(f"collector_class must be a collector class or one of {sorted(names)}, got {value!r}")
+        return names[value]
+    if value in names.values():
+        return value
+    if isinstance(value, type) and issubclass(value, (Collector, MultiCollectorBase)):
+        return value
+    raise ValueError(
+        f"collector_class must be Collector, MultiSyncCollector, MultiAsyncCollector (or a subclass), "
+        f"or one of {sorted(names)}; got {value!r}"
+    )
+
+
+def _pickled(name: str, value: Any, hint: str) -> None:
+    try:
+        cloudpickle.dumps(value)
+    except Exception as err:
+        raise TypeError(f"{name} cannot be pickled for the worker processes ({err}); {hint}") from err
+
+
+class MultiCollectorBase:
+    """Shared machinery of ``MultiSyncCollector`` and ``MultiAsyncCollector``."""
+
+    _sync: bool = True
+    _slots_per_worker = 1
+
+    def __init__(
+        self,
+        create_env_fn: Any,
+        policy: Any = None,
+        *,
+        num_workers: int | None = None,
+        policy_factory: Callable | list | None = None,
+        frames_per_batch: int | list[int],
+        total_frames: int = -1,
+        device: Any = None,
+        storing_device: Any = None,
+        env_device: Any = None,
+        policy_device: Any = None,
+        create_env_kwargs: dict | list | None = None,
+        collector_class: Any = Collector,
+        preemptive_threshold: float | None = None,
+        cat_results: str | int | None = None,
+        update_at_each_batch: bool = False,
+        num_threads: int | None = None,
+        num_sub_threads: int = 1,
+        mp_start_method: str = "spawn",
+        worker_timeout: float | None = None,
+        on_worker_failure: str = "raise",
+        max_worker_restarts: int = 3,
+        init_random_frames: int | None = None,
+        postproc: Callable | None = None,
+        split_trajs: bool = False,
+        return_same_td: bool = False,
+        replay_buffer: Any = None,
+        extend_buffer: bool = True,
+        use_buffers: bool = True,
+        weight_sync_schemes: dict | None = None,
+        per_worker_weights: bool = False,
+        **inner_options: Any,
+    ):
+        self._pool = None
+        self._closed = True
+        unknown = set(inner_options) - set(INNER_OPTIONS)
+        if unknown:
+            raise TypeError(f"{type(self).__name__} got unexpected arguments {sorted(unknown)}")
+        # -- workers and per-worker lists -------------------------------------------------------
+        if isinstance(create_env_fn, (list, tuple)):
+            if not create_env_fn:
+                raise ValueError("create_env_fn is an empty list; give one env factory per worker")
+            if num_workers is not None and num_workers != len(create_env_fn):
+                raise ValueError(
+                    f"num_workers={num_workers} but create_env_fn lists {len(create_env_fn)} envs (one per worker)"
+                )
+            env_fns = list(create_env_fn)
+        else:
+            if num_workers is None:
+                raise ValueError("num_workers is required when create_env_fn is not a list (one entry per worker)")
+            env_fns = [create_env_fn] * positive_int("num_workers", num_workers)
+        n = self.num_workers = len(env_fns)
+        total_frames_arg(total_frames)
+        if isinstance(frames_per_batch, (list, tuple)):
+            frames = [positive_int("frames_per_batch", f) for f in _per_worker("frames_per_batch", frames_per_batch, n)]
+        else:
+            positive_int("frames_per_batch", frames_per_batch)
+            if self._sync:
+                if frames_per_batch % n:
+                    warnings.warn(
+                        f"frames_per_batch={frames_per_batch} is not divisible by num_workers={n}: each worker "
+                        f"collects {math.ceil(frames_per_batch / n)} frames", stacklevel=3)
+                frames = [math.ceil(frames_per_batch / n)] * n
+            else:
+                frames = [frames_per_batch] * n
+        self.frames_per_batch = sum(frames) if self._sync else frames_per_batch
+        self.total_frames = total_frames
+        kwargs_list = _per_worker("create_env_kwargs", create_env_kwargs, n)
+        factories = _per_worker("policy_factory", policy_factory, n)
+        devices = {name: _per_worker(name, value, n) for name, value in
+                   zip(PER_WORKER_ARGS, (device, storing_device, env_device, policy_device))}
+        if total_frames > 0 and total_frames % self.frames_per_batch:
+            warnings.warn(f"total_frames={total_frames} is not a multiple of frames_per_batch="
+                          f"{self.frames_per_batch}: the last batch overshoots", stacklevel=3)
+        # -- options of this class ----------------------------------------------------------------
+        if preemptive_threshold is not None:
+            if not self._sync:
+                raise ValueError("preemptive_threshold is only supported by MultiSyncCollector (got it for async)")
+            if isinstance(preemptive_threshold, bool) or not isinstance(preemptive_threshold, (int, float)) \
+                    or not 0.0 <= preemptive_threshold <= 1.0:
+                raise ValueError(f"preemptive_threshold must be a number in [0, 1], got {preemptive_threshold!r}")
+        self.preemptive_threshold = preemptive_threshold
+        self.cat_results = self._check_cat_results(cat_results)
+        if mp_start_method not in START_METHODS:
+            raise ValueError(f"mp_start_method must be one of {START_METHODS}, got {mp_start_method!r}")
+        if on_worker_failure not in FAILURE_POLICIES:
+            raise ValueError(f"on_worker_failure must be one of {FAILURE_POLICIES}, got {on_worker_failure!r}")
+        if worker_timeout is not None and (isinstance(worker_timeout, bool) or not isinstance(worker_timeout, (int, float))
+                                           or worker_timeout <= 0):
+            raise ValueError(f"worker_timeout must be a positive number of seconds or None, got {worker_timeout!r}")
+        self.worker_timeout = None if worker_timeout is None else float(worker_timeout)
+        optional_positive_int("num_threads", num_threads)
+        positive_int("num_sub_threads", num_sub_threads)
+        self.collector_class = resolve_collector_class(collector_class)
+        self._schemes = validate_schemes(weight_sync_schemes)
+        if any(f is not None for f in factories) and policy is not None and "policy" not in self._schemes:
+            raise ValueError(
+                "policy and policy_factory were both given but weight_sync_schemes has no 'policy' scheme: pass "
+                "weight_sync_schemes={'policy': SharedMemWeightSyncScheme()} (policy is then only the source of "
+                "weights), or give just one of policy / policy_factory"
+            )
+        if replay_buffer is not None and not callable(getattr(replay_buffer, "extend", None)):
+            raise TypeError(f"replay_buffer must have an extend() method, got {type(replay_buffer).__name__}")
+        self.replay_buffer, self.extend_buffer = replay_buffer, extend_buffer
+        self.postproc, self.split_trajs, self.return_same_td = postproc, split_trajs, return_same_td
+        self.update_at_each_batch = bool(update_at_each_batch)
+        self.per_worker_weights = bool(per_worker_weights)
+        self.init_random_frames = init_random_frames or 0
+        self.policy = policy
+        self._weight_source = policy if has_weights(policy) else None
+        self._storing_device = devices["storing_device"][0] or devices["device"][0]
+        # -- per-worker specs, validated here before any process starts --------------------------
+        payloads = []
+        for i in range(n):
+            kwargs = {
+                "policy_factory": factories[i],
+                "frames_per_batch": frames[i],
+                "create_env_kwargs": kwargs_list[i],
+                "init_random_frames": None,
+                "use_buffers": True,
+                **{name: devices[name][i] for name in PER_WORKER_ARGS},
+                **inner_options,
+            }
+            if self.collector_class is Collector:
+                kwargs["worker_idx"] = i
+                CollectorConfig(**{k: v for k, v in kwargs.items() if k in CollectorConfig.__dataclass_fields__})
+            else:
+                kwargs.pop("worker_idx", None)
+            if "policy" in self._schemes and factories[i] is not None and policy is not None:
+                kwargs["weight_sync_schemes"] = {"policy": self._schemes["policy"]}
+            sent_policy = None if factories[i] is not None else policy
+            _pickled("create_env_fn", env_fns[i], "pass a module-level factory function (or a gymnasium id) instead "
+                     "of an object that holds unpicklable state")
+            _pickled("policy", sent_policy, "build it inside the workers with policy_factory=<a function>")
+            payloads.append(cloudpickle.dumps({
+                "collector_class": self.collector_class, "create_env_fn": env_fns[i], "policy": sent_policy,
+                "kwargs": kwargs, "preemptive": preemptive_threshold is not None,
+            }))
+        # -- start ---------------------------------------------------------------------------------
+        self._previous_threads = torch.get_num_threads()
+        torch.set_num_threads(num_threads or max(1, (os.cpu_count() or 1) - n))
+        self._frames = 0
+        self._iter = 0
+        self._version = 0
+        self._dropped = 0
+        self._wait_s = 0.0
+        self._started_at = time.perf_counter()
+        self._worker_frames = [0] * n
+        self._worker_versions = [0] * n
+        self._last_lag = 0.0
+        self._last_batch_s = 0.0
+        self._last_batch_frames = 0
+        self._iterator: Iterator | None = None
+        self._pool = WorkerPool(mp.get_context(mp_start_method), payloads, num_sub_threads, self.worker_timeout)
+        self._finalizer = weakref.finalize(self, _shutdown, self._pool, self._previous_threads)
+        self._closed = False
+        try:
+            self._attach()
+        except BaseException:
+            self.shutdown()
+            raise
+
+    # -- set-up ------------------------------------------------------------------------------------
+    def _check_cat_results(self, value: Any) -> str | int:
+        raise NotImplementedError
+
+    def _attach(self) -> None:
+        """Allocate every worker's shared batch slots and weight store and hand them over."""
+        pool = self._pool
+        self.layouts = [h.info["layout"] for h in pool.handles]
+        self._slots = [[allocate_slot(layout) for _ in range(self._slots_per_worker)] for layout in self.layouts]
+        self._buffers = [[slot_buffer(flat, layout) for flat in slots] for slots, layout in zip(self._slots, self.layouts)]
+        self._stops = [torch.zeros(1, dtype=torch.uint8).share_memory_() for _ in range(self.num_workers)]
+        self._stores = self._make_stores()
+        for i in range(self.num_workers):
+            store = None if self._stores is None else self._stores[i]
+            pool.request(i, P.ATTACH, self._slots[i], self._stops[i] if self.preemptive_threshold is not None else None,
+                         store if self._scheme_backend() == "shared" else None)
+
+    def _scheme_backend(self) -> str | None:
+        scheme = self._schemes.get("policy")
+        if scheme is None:
+            return "shared" if self._pool.handles[0].info["weights"] is not None else None
+        return scheme.backend
+
+    def _make_stores(self) -> list | None:
+        if self._scheme_backend() != "shared":
+            return None
+        spec = self._pool.handles[0].info["weights"]
+        if spec is None:
+            return None
+        if self._weight_source is not None:
+            initial = as_state_dict(self._weight_source)
+        else:
+            initial = {k: torch.from_numpy(v) for k, v in self._pool.request(0, P.GET_WEIGHTS).items()}
+        if self.per_worker_weights:
+            return [SharedWeights.like(initial) for _ in range(self.num_workers)]
+        store = SharedWeights.like(initial)
+        return [store] * self.num_workers
+
+    # -- delivery -------------------------------------------------------------------------------
+    def _deliver(self, batch: TensorDict) -> TensorDict | None:
+        if self._storing_device is not None and torch.device(self._storing_device) != batch.device:
+            batch = batch.to(self._storing_device)
+        if self.split_trajs:
+            batch = split_trajectories(batch)
+        if self.postproc is not None:
+            batch = self.postproc(batch)
+        if self.replay_buffer is None:
+            return batch
+        if self.extend_buffer:
+            self.replay_buffer.extend(batch)
+        else:
+            for t in range(batch.shape[-1]):
+                self.replay_buffer.extend(batch[..., t])
+        return None
+
+    def _random_now(self) -> bool:
+        return self._frames < self.init_random_frames
+
+    def __iter__(self) -> Iterator[TensorDict | None]:
+        self._check_open()
+        try:
+            while self.total_frames < 0 or self._frames < self.total_frames:
+                yield self._next_batch()
+        except GeneratorExit:
+            raise
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def __next__(self) -> TensorDict | None:
+        if self._iterator is None:
+            self._iterator = iter(self)
+        return next(self._iterator)
+
+    def __len__(self) -> int:
+        if self.total_frames < 0:
+            raise TypeError("an endless collector (total_frames=-1) has no len()")
+        return math.ceil(self.total_frames / self.frames_per_batch)
+
+    def _next_batch(self) -> TensorDict | None:
+        raise NotImplementedError
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"this {type(self).__name__} has been shut down")
+
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
+        """A control call that fails because a worker died shuts the collector down."""
+        self._check_open()
+        try:
+            yield
+        except P.WorkerError:
+            self.shutdown()
+            raise
+
+    def _quiesce(self) -> None:
+        """Wait for the replies workers still owe (async keeps the batches for delivery)."""
+
+    def _broadcast(self, command: str, *args: Any, workers: list[int] | None = None) -> list:
+        with self._guard():
+            self._quiesce()
+            indices = range(self.num_workers) if workers is None else workers
+            for i in indices:
+                self._pool.send(i, command, *args)
+            return [self._pool.receive(i) for i in indices]
+
+    # -- weights --------------------------------------------------------------------------------
+    def update_policy_weights_(self, weights: Any = None, *, worker_ids: Any = None, model_id: str = "policy") -> None:
+        """Push new weights to the workers (all, or ``worker_ids``) with a new version.
+
+        ``weights``: None (the main ``policy``'s), an ``nn.Module``, a TensorDict of parameters,
+        a state dict, or with ``per_worker_weights=True`` a dict ``{worker_index: weights}``.
+        The workers take them between two batches; every frame records the version that acted
+        in ``("collector", "policy_version")`` when ``track_policy_version=True``.
+
+        Example:
+            >>> import torch
+            >>> from rlcollect import MultiSyncCollector, CountingEnv
+            >>> class Policy(torch.nn.Module):
+            ...     def __init__(self):
+            ...         super().__init__()
+            ...         self.bias = torch.nn.Parameter(torch.zeros(1))
+            ...     def forward(self, observation):
+            ...         return (observation[..., 0] * 0 + self.bias).long()
+            >>> c = MultiSyncCollector(CountingEnv, Policy(), num_workers=2, frames_per_batch=8)
+            >>> c.update_policy_weights_({"bias": torch.ones(1)})
+            >>> c.worker_policy_versions()
+            [1, 1]
+            >>> c.shutdown()
+        """
+        self._check_open()
+        if model_id != "policy":
+            raise ValueError(f"model_id must be 'policy', got {model_id!r}")
+        scheme = self._schemes.get("policy")
+        if isinstance(scheme, NoWeightSyncScheme):
+            return
+        if self._pool.handles[0].info["weights"] is None:
+            raise RuntimeError(
+                "update_policy_weights_: the workers' policy has no parameters or buffers, so there are no weights "
+                "to update (a random policy, or a policy without nn.Module state)"
+            )
+        targets = self._targets(weights, worker_ids)
+        self._version += 1
+        with self._guard():
+            if self._scheme_backend() == "shared":
+                written = set()
+                for i, w in targets.items():
+                    if id(self._stores[i]) not in written:
+                        self._stores[i].write(w, self._version)
+                        written.add(id(self._stores[i]))
+            else:
+                for i, w in targets.items():
+                    state = {k: v.detach().cpu().numpy() for k, v in as_state_dict(w).items()}
+                    self._send_weights(i, state, self._version)
+        for i in targets:
+            self._worker_versions[i] = self._version
+
+    def _send_weights(self, index: int, state: dict, version: int) -> None:
+        self._pool.request(index, P.UPDATE_WEIGHTS, state, version)
+
+    def _targets(self, weights: Any, worker_ids: Any) -> dict[int, Any]:
+        n = self.num_workers
+        if worker_ids is None:
+            ids = list(range(n))
+        else:
+            ids = [worker_ids] if isinstance(worker_ids, int) else list(worker_ids)
+            bad = [i for i in ids if not isinstance(i, int) or not 0 <= i < n]
+            if bad:
+                raise ValueError(f"worker_ids must be indices in [0, {n}), got {bad}")
+        if isinstance(weights, dict) and weights and all(isinstance(k, int) for k in weights):
+            if not self.per_worker_weights and self._scheme_backend() == "shared":
+                raise ValueError("per-worker weights {index: weights} need per_worker_weights=True")
+            return {i: w for i, w in weights.items() if i in ids}
+        if weights is None:
+            if self._weight_source is None:
+                raise RuntimeError("update_policy_weights_() without weights needs a policy with weights in the main "
+                                   "process; pass the weights explicitly")
+            weights = self._weight_source
+        if worker_ids is not None and not self.per_worker_weights and self._scheme_backend() == "shared":
+            raise ValueError("worker_ids needs per_worker_weights=True with shared-memory weights (one copy is shared)")
+        return {i: weights for i in ids}
+
+    def worker_policy_versions(self) -> list[int]:
+        """The weights version each worker acts with (after its next batch starts).
+
+        Example:
+            >>> from rlcollect import MultiSyncCollector
+            >>> c = MultiSyncCollector("CartPole-v1", num_workers=2, frames_per_batch=20)
+            >>> c.worker_policy_versions()
+            [0, 0]
+            >>> c.shutdown()
+        """
+        return list(self._worker_versions)
+
+    # -- control --------------------------------------------------------------------------------
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        """Seed worker 0 with ``seed``, worker 1 with what that returned, and so on; returns the
+        last seed.  Batches collected before the call and not yet delivered are discarded.
+
+        Example:
+            >>> from rlcollect import MultiSyncCollector
+            >>> c = MultiSyncCollector("CartPole-v1", num_workers=2, frames_per_batch=20)
+            >>> c.set_seed(0)
+            2
+            >>> c.shutdown()
+        """
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed must be an int, got {seed!r}")
+        with self._guard():
+            self._discard_in_flight()
+            for i in range(self.num_workers):
+                seed = self._pool.request(i, P.SEED, seed, static_seed)
+        return seed
+
+    def reset(self) -> None:
+        """Reset every worker's envs; the next frames start new trajectories."""
+        with self._guard():
+            self._discard_in_flight()
+            for i in range(self.num_workers):
+                self._pool.request(i, P.RESET)
+
+    def _discard_in_flight(self) -> None:
+        self._quiesce()
+
+    def getattr_policy(self, name: str) -> Any:
+        """An attribute of worker 0's policy."""
+        return self._broadcast(P.GETATTR_POLICY, name, workers=[0])[0]
+
+    def getattr_env(self, name: str) -> Any:
+        """An attribute of worker 0's env."""
+        return self._broadcast(P.GETATTR_ENV, name, workers=[0])[0]
+
+    def getattr_rb(self, name: str) -> Any:
+        """An attribute of the replay buffer."""
+        if self.replay_buffer is None:
+            raise RuntimeError("getattr_rb: this collector has no replay_buffer")
+        return getattr(self.replay_buffer, name)
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"worker0": ..., ..., "frames", "iter", "traj_pool"}``."""
+        states = self._broadcast(P.STATE_DICT)
+        out: dict[str, Any] = {f"worker{i}": s for i, s in enumerate(states)}
+        out["frames"] = self._frames
+        out["iter"] = self._iter
+        out["traj_pool"] = [s.get("rollout", {}).get("next_traj_id") for s in states]
+        out["policy_version"] = self._version
+        return out
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict()``; the workers continue their saved streams."""
+        if not isinstance(state, dict):
+            raise TypeError(f"load_state_dict expects the dict state_dict() returned, got {type(state).__name__}")
+        missing = [k for k in (*(f"worker{i}" for i in range(self.num_workers)), "frames", "iter") if k not in state]
+        if missing:
+            raise KeyError(f"{type(self).__name__}.load_state_dict: missing keys {missing}")
+        with self._guard():
+            self._discard_in_flight()
+            for i in range(self.num_workers):
+                self._pool.request(i, P.LOAD_STATE_DICT, state[f"worker{i}"])
+        self._frames = int(state["frames"])
+        self._iter = int(state["iter"])
+        self._version = int(state.get("policy_version", self._version))
+
+    # -- observability ------------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """JSON-serialisable statistics (SPEC 11)."""
+        elapsed = time.perf_counter() - self._started_at
+        alive = self._pool.alive() if self._pool is not None and not self._closed else [False] * self.num_workers
+        return {
+            "frames": self._frames,
+            "batches": self._iter,
+            "elapsed_s": elapsed,
+            "fps": self._frames / elapsed if elapsed else 0.0,
+            "fps_recent": self._last_batch_frames / self._last_batch_s if self._last_batch_s else 0.0,
+            "policy_version": self._version,
+            "workers": [
+                {"index": i, "frames": self._worker_frames[i], "alive": alive[i], "restarts": 0,
+                 "policy_version": self._worker_versions[i]}
+                for i in range(self.num_workers)
+            ],
+            "restarts": 0,
+            "dropped_frames": self._dropped,
+            "mean_policy_lag": self._last_lag,
+            "wait_s": self._wait_s,
+        }
+
+    def enable_profile(self, path: str = "rlcollect_trace.json", *, rollouts=(0,), workers=(0,), **profiler_kwargs) -> None:
+        """Record torch.profiler traces of the chosen rollouts inside the chosen workers; worker
+        ``i`` writes ``<path stem>.worker<i><ext>`` (see ``Collector.enable_profile``)."""
+        root, ext = os.path.splitext(os.fspath(path))
+        for i in workers:
+            self._broadcast(P.ENABLE_PROFILE, f"{root}.worker{i}{ext or '.json'}", tuple(rollouts), profiler_kwargs,
+                            workers=[i])
+
+    # -- shutdown -------------------------------------------------------------------------------------
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop every worker (close -> terminate -> kill within ``timeout``), free shared memory,
+        restore the main process's torch threads. Idempotent.
+
+        Example:
+            >>> from rlcollect import MultiSyncCollector
+            >>> c = MultiSyncCollector("CartPole-v1", num_workers=2, frames_per_batch=20)
+            >>> c.shutdown(); c.shutdown()
+        """
+        if self._closed and self._pool is None:
+            return
+        self._closed = True
+        for stop in getattr(self, "_stops", []):
+            stop[0] = 1
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            self._finalizer.detach()
+            _shutdown(pool, self._previous_threads, timeout)
+        self._slots = self._buffers = self._stores = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+
+def _shutdown(pool: WorkerPool, threads: int, timeout: float = 10.0) -> None:
+    pool.shutdown(timeout)
+    torch.set_num_threads(threads)
+

@@ -1,0 +1,211 @@
+"""Supervision of worker processes: start-up, request/reply over each worker's pipe, liveness
+(a dead worker is noticed the moment its process sentinel fires), per-batch timeouts, and a
+bounded shutdown (close -> terminate -> kill) that leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import time
+from multiprocessing.connection import wait
+from typing import Any
+
+import torch
+
+from rlcollect.multiprocess import protocol as P
+from rlcollect.multiprocess.protocol import WorkerError
+from rlcollect.multiprocess.worker import worker_main
+
+logger = logging.getLogger("rlcollect")
+
+STARTUP_TIMEOUT_S = 300.0
+
+
+class _Handle:
+    def __init__(self, index: int, process: Any, conn: Any):
+        self.index = index
+        self.process = process
+        self.conn = conn
+        self.pending: collections.deque[str] = collections.deque()
+        self.info: dict = {}
+        self.hung = False
+        self.failed = False
+
+
+def _describe_death(handle: _Handle) -> str:
+    handle.process.join(0.5)
+    code = handle.process.exitcode
+    if code is None:
+        return "stopped answering"
+    if code < 0:
+        import signal
+
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name} (exit code {code})"
+    return f"exited with code {code}"
+
+
+class WorkerPool:
+    """The worker processes of one multi-process collector.
+
+    Args:
+        context: a multiprocessing context ("spawn", "fork" or "forkserver").
+        payloads: one cloudpickled worker spec per worker.
+        num_sub_threads: torch threads in each worker.
+        worker_timeout: seconds a worker may spend on one batch (None: no limit).
+    """
+
+    def __init__(self, context: Any, payloads: list[bytes], num_sub_threads: int, worker_timeout: float | None):
+        self.context = context
+        self.worker_timeout = worker_timeout
+        self.handles: list[_Handle] = []
+        self.closed = False
+        try:
+            for index, payload in enumerate(payloads):
+                parent_conn, child_conn = context.Pipe(duplex=True)
+                process = context.Process(
+                    target=worker_main,
+                    args=(index, payload, child_conn, os.getpid(), num_sub_threads),
+                    name=f"rlcollect-worker-{index}",
+                    daemon=False,  # a worker may itself run a multi-process collector
+                )
+                process.start()
+                child_conn.close()
+                self.handles.append(_Handle(index, process, parent_conn))
+            self._await_ready()
+        except BaseException:
+            self.shutdown(timeout=2.0)
+            raise
+
+    def __len__(self) -> int:
+        return len(self.handles)
+
+    def _await_ready(self) -> None:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        waiting = {h.index for h in self.handles}
+        while waiting:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise WorkerError(f"workers {sorted(waiting)} did not start within {STARTUP_TIMEOUT_S:.0f} s")
+            for handle in self._wait([self.handles[i] for i in sorted(waiting)], remaining):
+                kind, value = handle.conn.recv()
+                if kind == P.ERROR:
+                    handle.failed = True
+                    raise P.unpack_exception(value, "start-up")
+                handle.info = value
+                waiting.discard(handle.index)
+
+    def _wait(self, handles: list[_Handle], timeout: float | None) -> list[_Handle]:
+        """Handles with a message to read; raises ``WorkerError`` if one of them died first."""
+        by_conn = {h.conn: h for h in handles}
+        by_sentinel = {h.process.sentinel: h for h in handles}
+        ready = wait([*by_conn, *by_sentinel], timeout)
+        out = [by_conn[r] for r in ready if r in by_conn]
+        for r in ready:
+            if r in by_sentinel and by_sentinel[r] not in out and not by_sentinel[r].conn.poll():
+                dead = by_sentinel[r]
+                dead.failed = True
+                raise WorkerError(f"worker {dead.index} {_describe_death(dead)}", dead.index, dead.process.exitcode)
+        return out
+
+    # -- requests ---------------------------------------------------------------------------
+    def send(self, index: int, command: str, *args: Any) -> None:
+        handle = self.handles[index]
+        try:
+            handle.conn.send((command, args))
+        except (BrokenPipeError, ConnectionResetError, EOFError) as err:
+            handle.failed = True
+            raise WorkerError(f"worker {index} {_describe_death(handle)}", index, handle.process.exitcode) from err
+        handle.pending.append(command)
+
+    def receive(self, index: int, timeout: float | None = None) -> Any:
+        """The reply to the oldest command sent to worker ``index``."""
+        handle = self.handles[index]
+        command = handle.pending[0]
+        if not handle.conn.poll():
+            if not self._wait([handle], timeout):
+                handle.hung = handle.failed = True
+                raise WorkerError(
+                    f"worker {index} did not answer {command!r} within {timeout:.1f} s (worker_timeout)",
+                    index,
+                    None,
+                )
+        try:
+            kind, value = handle.conn.recv()
+        except (EOFError, OSError) as err:
+            handle.failed = True
+            raise WorkerError(f"worker {index} {_describe_death(handle)}", index, handle.process.exitcode) from err
+        handle.pending.popleft()
+        if kind == P.ERROR:
+            raise P.unpack_exception(value, f"{command!r}")
+        return value
+
+    def request(self, index: int, command: str, *args: Any, timeout: float | None = None) -> Any:
+        """Send a command and wait for its reply (earlier replies must have been read)."""
+        if self.handles[index].pending:
+            raise RuntimeError(f"worker {index} still owes replies to {list(self.handles[index].pending)}")
+        self.send(index, command, *args)
+        return self.receive(index, timeout)
+
+    def ready(self, indices: list[int], timeout: float | None) -> list[int]:
+        """Indices among ``indices`` with a reply waiting (after up to ``timeout`` seconds)."""
+        handles = [self.handles[i] for i in indices]
+        already = [h.index for h in handles if h.conn.poll()]
+        if already:
+            return already
+        return [h.index for h in self._wait(handles, timeout)]
+
+    def drain(self, index: int, timeout: float = 5.0) -> None:
+        """Read and discard every reply worker ``index`` still owes."""
+        while self.handles[index].pending:
+            try:
+                self.receive(index, timeout)
+            except WorkerError:
+                raise
+            except Exception:  # noqa: BLE001  (a stale reply's error no longer matters)
+                pass
+
+    def pids(self) -> list[int]:
+        return [h.process.pid for h in self.handles]
+
+    def alive(self) -> list[bool]:
+        return [h.process.is_alive() and not h.failed for h in self.handles]
+
+    # -- shutdown -------------------------------------------------------------------------------
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop every worker: ask politely, then terminate, then kill. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        deadline = time.monotonic() + max(timeout, 0.1) * 0.6
+        for handle in self.handles:
+            if handle.process.is_alive() and not handle.hung:
+                try:
+                    handle.conn.send((P.CLOSE, ()))
+                except (OSError, ValueError):
+                    pass
+        for handle in self.handles:
+            if not handle.hung:
+                handle.process.join(max(0.0, deadline - time.monotonic()))
+        for handle in self.handles:
+            if handle.process.is_alive():
+                handle.process.terminate()
+        kill_at = time.monotonic() + max(timeout, 0.1) * 0.2
+        for handle in self.handles:
+            handle.process.join(max(0.0, kill_at - time.monotonic()))
+            if handle.process.is_alive():
+                handle.process.kill()
+                handle.process.join(5.0)
+        for handle in self.handles:
+            handle.conn.close()
+            try:
+                handle.process.close()
+            except ValueError:
+                logger.error("rlcollect: worker %d could not be reaped", handle.index)
+
+

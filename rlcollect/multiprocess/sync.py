@@ -1,0 +1,128 @@
+"""``MultiSyncCollector``: every batch holds one contribution from every worker, all collected
+with the same weights."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+
+from rlcollect.data import MASK
+from rlcollect.multiprocess import protocol as P
+from rlcollect.multiprocess.base import MultiCollectorBase
+
+
+class MultiSyncCollector(MultiCollectorBase):
+    """Run a collector in each of ``num_workers`` processes and yield their batches together.
+
+    Each batch holds exactly one contribution from every worker, collected with the same
+    weights (an update made between batches is seen by every frame of the next batch).
+    Workers write into shared memory allocated once; only short messages cross the pipes.
+
+    With ``cat_results="stack"`` (default) a batch has shape ``(N, *env_batch, T)``; ``0``
+    concatenates the workers' batches along the first dim, ``-1`` along time.
+    ``preemptive_threshold=p``: once a fraction ``p`` of the workers delivered, the others stop
+    at their next step; their unfilled frames are masked (``("collector", "mask")`` False,
+    traj id -1) with "stack", or dropped with an int ``cat_results`` (counted in
+    ``stats()["dropped_frames"]``).
+
+    Takes every ``Collector`` argument (per-worker lists allowed for devices, env kwargs,
+    policy factories and ``frames_per_batch``) plus the multi-process options of SPEC 5.
+
+    Example:
+        >>> from rlcollect import MultiSyncCollector
+        >>> with MultiSyncCollector("CartPole-v1", num_workers=2, frames_per_batch=200, total_frames=400) as c:
+        ...     shapes = [batch.shape for batch in c]
+        >>> shapes
+        [torch.Size([2, 100]), torch.Size([2, 100])]
+    """
+
+    _sync = True
+    _slots_per_worker = 1
+
+    def _check_cat_results(self, value: Any) -> str | int:
+        if value is None:
+            return "stack"
+        if value == "stack" or (isinstance(value, int) and not isinstance(value, bool) and value in (0, -1)):
+            return value
+        raise ValueError(f"cat_results must be 'stack', 0 or -1, got {value!r}")
+
+    def _attach(self) -> None:
+        super()._attach()
+        shapes = {(tuple(lay.batch_size), lay.time) for lay in self.layouts}
+        keys = {tuple(sorted(map(str, lay.fields))) for lay in self.layouts}
+        if len(keys) > 1:
+            raise ValueError("the workers' batches hold different keys; they cannot be combined into one batch")
+        if self.cat_results == "stack" and len(shapes) > 1:
+            raise ValueError(
+                f"cat_results='stack' needs every worker's batch to have the same shape, got {sorted(shapes)}; "
+                "use cat_results=0 (same T) or -1 (same env batch size)"
+            )
+        if self.cat_results == 0 and len({t for _, t in shapes}) > 1:
+            raise ValueError(f"cat_results=0 needs the same number of time steps in every worker, got {sorted(shapes)}")
+        if self.cat_results == -1 and len({b for b, _ in shapes}) > 1:
+            raise ValueError(f"cat_results=-1 needs the same env batch size in every worker, got {sorted(shapes)}")
+
+    def _next_batch(self) -> TensorDict | None:
+        with self._guard():
+            if self.update_at_each_batch and self._weight_source is not None:
+                self.update_policy_weights_()
+            started = time.perf_counter()
+            infos = self._collect_all()
+            self._wait_s += time.perf_counter() - started
+            batch = self._gather(infos)
+            self._last_batch_s = time.perf_counter() - started
+        self._iter += 1
+        return self._deliver(batch)
+
+    def _collect_all(self) -> list[dict]:
+        pool, n = self._pool, self.num_workers
+        random = self._random_now()
+        for stop in self._stops:
+            stop[0] = 0
+        for i in range(n):
+            pool.send(i, P.COLLECT, 0, random)
+        need = n if self.preemptive_threshold is None else max(1, math.ceil(self.preemptive_threshold * n))
+        deadline = None if self.worker_timeout is None else time.monotonic() + self.worker_timeout
+        infos: list[dict | None] = [None] * n
+        waiting = list(range(n))
+        while waiting:
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready = pool.ready(waiting, timeout)
+            if not ready:
+                pool.receive(waiting[0], 0.0)  # raises the WorkerError for the late worker
+            for i in ready:
+                infos[i] = pool.receive(i)
+                waiting.remove(i)
+            if self.preemptive_threshold is not None and n - len(waiting) >= need:
+                for i in waiting:
+                    self._stops[i][0] = 1
+        return infos
+
+    def _gather(self, infos: list[dict]) -> TensorDict:
+        tds = [buffers[0].td for buffers in self._buffers]
+        valid = sum(info["frames"] for info in infos)
+        for i, info in enumerate(infos):
+            self._worker_frames[i] += info["frames"]
+            self._worker_versions[i] = info["version"]
+        self._last_lag = sum(self._version - info["version"] for info in infos) / len(infos)
+        if self.cat_results == "stack":
+            batch = torch.stack(tds, 0)
+        else:
+            if self.preemptive_threshold is not None:
+                steps = [int(info["frames"] // max(1, lay.rows)) for info, lay in zip(infos, self.layouts)]
+                if self.cat_results == 0:
+                    keep = min(steps)
+                    self._dropped += valid - sum(keep * lay.rows for lay in self.layouts)
+                    valid = sum(keep * lay.rows for lay in self.layouts)
+                    steps = [keep] * len(steps)
+                tds = [td[..., :s] for td, s in zip(tds, steps)]
+                tds = [td.exclude(MASK) for td in tds]
+            batch = torch.cat(tds, self.cat_results if self.cat_results == 0 else -1)
+        batch.names = [None] * (batch.batch_dims - 1) + ["time"]
+        self._frames += valid
+        self._last_batch_frames = valid
+        return batch

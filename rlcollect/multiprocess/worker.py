@@ -1,0 +1,155 @@
+"""The worker process: builds its inner collector, then serves commands from its pipe.
+
+Each command has a small handler in ``_Worker.handlers``; every command gets exactly one reply.
+A watchdog thread ends the process within ~0.2 s of the main process dying, whatever the main
+thread is doing.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+import cloudpickle
+import numpy as np
+import torch
+import torch.multiprocessing  # noqa: F401  (registers the shared-memory tensor reductions)
+
+from rlcollect import _context
+from rlcollect.data import MASK, BatchLayout
+from rlcollect.envs.base import ArraySpec
+from rlcollect.multiprocess import protocol as P
+from rlcollect.multiprocess.shm import slot_buffer
+from rlcollect.policy import has_weights, load_weights
+
+_WATCHDOG_PERIOD_S = 0.1
+
+
+def _watch_parent(parent_pid: int) -> None:
+    while True:
+        time.sleep(_WATCHDOG_PERIOD_S)
+        if os.getppid() != parent_pid:
+            os._exit(0)
+
+
+def worker_main(index: int, payload: bytes, conn: Any, parent_pid: int, num_threads: int) -> None:
+    """Entry point of a worker process (the target of ``multiprocessing.Process``)."""
+    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True, name="rlcollect-watchdog").start()
+    torch.set_num_threads(num_threads)
+    _context._worker_index = index
+    try:
+        spec = cloudpickle.loads(payload)
+        worker = _Worker(index, spec, conn)
+    except BaseException as exc:  # noqa: BLE001  (every start-up failure must reach the main process)
+        conn.send((P.ERROR, P.pack_exception(exc, index)))
+        conn.close()
+        return
+    conn.send((P.READY, worker.describe()))
+    try:
+        worker.serve()
+    finally:
+        worker.close()
+        conn.close()
+
+
+class _Worker:
+    def __init__(self, index: int, spec: dict, conn: Any):
+        self.index = index
+        self.conn = conn
+        self.weights = None
+        cls = spec["collector_class"]
+        self.collector = cls(spec["create_env_fn"], spec["policy"], **spec["kwargs"])
+        self.module = getattr(getattr(self.collector, "_runner", None), "module", None)
+        self.version = 0
+        fields = dict(self.collector.layout.fields)
+        if spec.get("preemptive"):
+            fields[MASK] = ArraySpec((), np.dtype(np.bool_))
+        base = self.collector.layout
+        self.layout = BatchLayout(fields, base.batch_size, base.time)
+        self.slots: list = []
+        self.stop = None
+        self.handlers = {
+            P.ATTACH: self.attach,
+            P.COLLECT: self.collect,
+            P.SEED: self.collector.set_seed,
+            P.RESET: self.collector.reset,
+            P.STATE_DICT: self.collector.state_dict,
+            P.LOAD_STATE_DICT: self.collector.load_state_dict,
+            P.UPDATE_WEIGHTS: self.update_weights,
+            P.GETATTR_POLICY: self.getattr_policy,
+            P.GETATTR_ENV: self.getattr_env,
+            P.GET_WEIGHTS: self.get_weights,
+            P.ENABLE_PROFILE: self.enable_profile,
+        }
+
+    def describe(self) -> dict:
+        weights = None
+        if has_weights(self.module):
+            weights = {k: (tuple(v.shape), v.dtype) for k, v in self.module.state_dict().items()}
+        return {"layout": self.layout, "pid": os.getpid(), "weights": weights}
+
+    def _pull_weights(self) -> None:
+        if self.weights is not None:
+            self.version = self.weights.read_into(self.module, self.version)
+            self.collector._version = self.version
+
+    # -- handlers ------------------------------------------------------------------------------
+    def attach(self, flats: list, stop: torch.Tensor | None, weights: Any) -> None:
+        self.slots = [slot_buffer(flat, self.layout) for flat in flats]
+        self.stop = None if stop is None else stop.numpy()
+        if weights is not None:
+            self.weights = weights
+            self.version = -1  # take the store's weights before the first batch
+
+    def enable_profile(self, path: str, rollouts: tuple, profiler_kwargs: dict) -> None:
+        self.collector.enable_profile(path, rollouts=rollouts, **profiler_kwargs)
+
+    def get_weights(self) -> dict:
+        return {k: v.detach().cpu().numpy() for k, v in self.module.state_dict().items()}
+
+    def collect(self, slot: int, random: bool) -> dict:
+        self._pull_weights()
+        version = self.collector._version
+        started = time.perf_counter()
+        frames = self.collector._collect_into(self.slots[slot], random=random, stop=self.stop)
+        return {"slot": slot, "frames": frames, "version": version, "seconds": time.perf_counter() - started}
+
+    def update_weights(self, state: dict, version: int) -> None:
+        load_weights(self.module, {k: torch.from_numpy(v) for k, v in state.items()})
+        self.version = version
+        self.collector._version = version
+
+    def getattr_policy(self, name: str) -> Any:
+        return getattr(self.collector.policy, name)
+
+    def getattr_env(self, name: str) -> Any:
+        return getattr(self.collector.env, name)
+
+    # -- loop ------------------------------------------------------------------------------------
+    def serve(self) -> None:
+        conn = self.conn
+        while True:
+            try:
+                command, args = conn.recv()
+            except (EOFError, OSError):
+                return  # the main process is gone
+            if command == P.CLOSE:
+                conn.send((P.OK, None))
+                return
+            handler = self.handlers.get(command)
+            try:
+                if handler is None:
+                    raise ValueError(f"unknown worker command {command!r}; known: {sorted(self.handlers)}")
+                result = handler(*args)
+            except Exception as exc:  # noqa: BLE001  (sent back and re-raised in the main process)
+                conn.send((P.ERROR, P.pack_exception(exc, self.index)))
+            else:
+                conn.send((P.OK, result))
+
+    def close(self) -> None:
+        try:
+            self.collector.shutdown()
+        except Exception:  # noqa: BLE001  (closing on the way out must not mask the real error)
+            pass
