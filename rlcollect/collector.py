@@ -214,7 +214,9 @@ class Collector:
     def __len__(self) -> int:
         if self.total_frames < 0:
             raise TypeError("an endless collector (total_frames=-1) has no len()")
-        return math.ceil(self.total_frames / self.frames_per_batch)
+        # A batch holds layout.frames (frames_per_batch rounded up to whole env rows): count
+        # the batches iteration actually yields.
+        return math.ceil(self.total_frames / self.layout.frames)
 
     @property
     def frames(self) -> int:
@@ -447,8 +449,23 @@ class Collector:
         if missing:
             raise KeyError(f"Collector.load_state_dict: missing keys {missing}; expected {list(_STATE_KEYS)}")
         self._rollout.check_state_dict(state["rollout"])
+        # Everything that can fail is checked before anything is changed.
+        try:
+            frames, iters, version = (int(state[k]) for k in ("frames", "iter", "policy_version"))
+        except (TypeError, ValueError) as err:
+            raise ValueError(
+                "Collector.load_state_dict: frames, iter and policy_version must be ints, got "
+                f"{state['frames']!r}, {state['iter']!r}, {state['policy_version']!r}"
+            ) from err
+        torch_rng = state["torch_rng"]
+        if torch_rng is not None and not (isinstance(torch_rng, torch.Tensor) and torch_rng.dtype == torch.uint8):
+            raise TypeError(
+                f"Collector.load_state_dict: torch_rng must be None or a torch RNG state (uint8 tensor), got {torch_rng!r}"
+            )
         module = self._runner.module
-        backup = module.state_dict() if has_weights(module) else None
+        # Cloned: module.state_dict() aliases the live tensors, and a load that fails half-way
+        # (a size mismatch) has already copied the entries that fitted.
+        backup = {k: v.clone() for k, v in module.state_dict().items()} if has_weights(module) else None
         env_backup = self.env.state_dict()
         try:
             if state["policy"] is not None:
@@ -462,10 +479,8 @@ class Collector:
             self.env.load_state_dict(env_backup)
             raise
         self._rollout.load_state_dict(state["rollout"])
-        self._frames = int(state["frames"])
-        self._iter = int(state["iter"])
-        self._version = int(state["policy_version"])
-        self._torch_rng = None if state["torch_rng"] is None else state["torch_rng"].clone()
+        self._frames, self._iter, self._version = frames, iters, version
+        self._torch_rng = None if torch_rng is None else torch_rng.clone()
         self._iterator = None
 
     # -- observability -----------------------------------------------------------------------

@@ -256,6 +256,14 @@ class Rollout:
                                  f"expected {self._cur.arrays[key].shape}")
         if np.shape(state["traj_ids"]) != self.traj_ids.shape:
             raise ValueError(f"rollout state: traj_ids has shape {np.shape(state['traj_ids'])}, expected {self.traj_ids.shape}")
+        if np.shape(state["step_count"]) != self.step_count.shape:
+            raise ValueError(
+                f"rollout state: step_count has shape {np.shape(state['step_count'])}, expected {self.step_count.shape}"
+            )
+        try:
+            int(state["next_traj_id"])
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"rollout state: next_traj_id must be an int, got {state['next_traj_id']!r}") from err
 
     def load_state_dict(self, state: dict) -> None:
         self.check_state_dict(state)

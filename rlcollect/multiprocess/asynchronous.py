@@ -92,7 +92,7 @@ class MultiAsyncCollector(MultiCollectorBase):
             raise RuntimeError("no worker is collecting")
         ready = pool.ready(busy, self.worker_timeout)
         if not ready:
-            pool.receive(busy[0], 0.0)  # raises the WorkerError for the late worker
+            raise pool.timed_out(busy[0], self.worker_timeout)
         ready.sort(key=lambda i: (i - self._rotation) % n)
         index = ready[0]
         self._rotation = index + 1

@@ -259,7 +259,7 @@ class MultiCollectorBase:
         self._stores = self._make_stores()
         for i in range(self.num_workers):
             store = None if self._stores is None else self._stores[i]
-            pool.request(i, P.ATTACH, self._slots[i], self._stops[i] if self.preemptive_threshold is not None else None,
+            pool.request(i, P.ATTACH, self._slots[i], self._stops[i],
                          store if self._scheme_backend() == "shared" else None)
 
     def _scheme_backend(self) -> str | None:

@@ -21,6 +21,11 @@ from rlcollect.multiprocess.worker import worker_main
 logger = logging.getLogger("rlcollect")
 
 STARTUP_TIMEOUT_S = 300.0
+_STARTUP_HINT = (
+    " before it was ready. If the script that builds the collector runs it at import time, guard it with "
+    "`if __name__ == '__main__':` (the 'spawn' start method imports the main module in every worker); the "
+    "worker's own error, if any, is on stderr above"
+)
 
 
 class _Handle:
@@ -110,7 +115,8 @@ class WorkerPool:
             if r in by_sentinel and by_sentinel[r] not in out and not by_sentinel[r].conn.poll():
                 dead = by_sentinel[r]
                 dead.failed = True
-                raise WorkerError(f"worker {dead.index} {_describe_death(dead)}", dead.index, dead.process.exitcode)
+                hint = "" if dead.info else _STARTUP_HINT
+                raise WorkerError(f"worker {dead.index} {_describe_death(dead)}{hint}", dead.index, dead.process.exitcode)
         return out
 
     # -- requests ---------------------------------------------------------------------------
@@ -126,15 +132,8 @@ class WorkerPool:
     def receive(self, index: int, timeout: float | None = None) -> Any:
         """The reply to the oldest command sent to worker ``index``."""
         handle = self.handles[index]
-        command = handle.pending[0]
-        if not handle.conn.poll():
-            if not self._wait([handle], timeout):
-                handle.hung = handle.failed = True
-                raise WorkerError(
-                    f"worker {index} did not answer {command!r} within {timeout:.1f} s (worker_timeout)",
-                    index,
-                    None,
-                )
+        if not handle.conn.poll() and not self._wait([handle], timeout):
+            raise self.timed_out(index, timeout)
         try:
             kind, value = handle.conn.recv()
         except (EOFError, OSError) as err:
@@ -144,6 +143,13 @@ class WorkerPool:
         if kind == P.ERROR:
             raise P.unpack_exception(value, f"{command!r}")
         return value
+
+    def timed_out(self, index: int, seconds: float | None) -> WorkerError:
+        """Mark worker ``index`` hung and build the error saying so."""
+        handle = self.handles[index]
+        handle.hung = handle.failed = True
+        command = handle.pending[0] if handle.pending else "?"
+        return WorkerError(f"worker {index} did not answer {command!r} within {seconds} s (worker_timeout)", index, None)
 
     def request(self, index: int, command: str, *args: Any, timeout: float | None = None) -> Any:
         """Send a command and wait for its reply (earlier replies must have been read)."""

@@ -93,7 +93,7 @@ class MultiSyncCollector(MultiCollectorBase):
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
             ready = pool.ready(waiting, timeout)
             if not ready:
-                pool.receive(waiting[0], 0.0)  # raises the WorkerError for the late worker
+                raise pool.timed_out(waiting[0], self.worker_timeout)
             for i in ready:
                 infos[i] = pool.receive(i)
                 waiting.remove(i)

@@ -94,6 +94,8 @@ def validate_schemes(value: Any) -> dict[str, WeightSyncScheme]:
         raise TypeError(f"weight_sync_schemes must be a dict {{model_id: scheme}}, got {type(value).__name__}")
     out = {}
     for key, scheme in value.items():
+        if isinstance(scheme, str) and scheme not in BACKENDS:
+            raise ValueError(f"weight_sync_schemes[{key!r}]: unknown backend {scheme!r}; accepted: {', '.join(BACKENDS)}")
         if isinstance(scheme, str):
             scheme = WeightSyncScheme.from_backend(scheme)
         if not isinstance(scheme, WeightSyncScheme):
