@@ -9,7 +9,10 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from rlcollect.data import WORKER_ID
+import numpy as np
+
+from rlcollect.data import WORKER_ID, BatchLayout
+from rlcollect.envs.base import ArraySpec
 from rlcollect.multiprocess import protocol as P
 from rlcollect.multiprocess.base import MultiCollectorBase
 
@@ -66,17 +69,20 @@ class MultiAsyncCollector(MultiCollectorBase):
             batch = buffer.td.clone()
             batch.set(WORKER_ID, torch.full(batch.shape, index, dtype=torch.int64))
             batch.names = [None] * (batch.batch_dims - 1) + ["time"]
-            self._frames += info["frames"]
-            self._worker_frames[index] += info["frames"]
-            self._worker_versions[index] = info["version"]
-            self._last_lag = float(self._version - info["version"])
-            self._last_batch_frames = info["frames"]
-            self._last_batch_s = time.perf_counter() - started
+            self._account(index, info, started)
             if self.update_at_each_batch and self._weight_source is not None:
                 self._push_to(index)
             self._pool.send(index, P.COLLECT, info["slot"], self._random_now())
         self._iter += 1
         return self._deliver(batch)
+
+    def _account(self, index: int, info: dict, started: float) -> None:
+        self._frames += info["frames"]
+        self._worker_frames[index] += info["frames"]
+        self._worker_versions[index] = info["version"]
+        self._last_lag = float(self._version - info["version"])
+        self._last_batch_frames = info["frames"]
+        self._last_batch_s = time.perf_counter() - started
 
     def _push_to(self, index: int) -> None:
         if self._scheme_backend() == "shared":
@@ -114,3 +120,31 @@ class MultiAsyncCollector(MultiCollectorBase):
         self._quiesce()
         self._ready.clear()
         self._armed = False
+
+    # -- nesting: a MultiAsyncCollector running inside another collector's worker -----------------
+    @property
+    def layout(self) -> BatchLayout:
+        """The layout of one delivered batch (every worker's batches must have the same shape)."""
+        if len({(tuple(lay.batch_size), lay.time) for lay in self.layouts}) > 1:
+            raise ValueError("a nested MultiAsyncCollector needs every worker's batch to have the same shape")
+        first = self.layouts[0]
+        return BatchLayout({**first.fields, WORKER_ID: ArraySpec((), np.dtype(np.int64))}, first.batch_size, first.time)
+
+    def _collect_into(self, buf, random: bool = False, stop=None) -> int:
+        """Copy the next ready batch straight into ``buf`` (the outer worker's shared slot)."""
+        with self._guard():
+            self.init_random_frames = self._frames + 1 if random else 0
+            if not self._armed:
+                self._arm()
+            started = time.perf_counter()
+            while not self._ready:
+                self._poll()
+            index, info = self._ready.popleft()
+            for key, tensor in self._buffers[index][info["slot"]].tensors.items():
+                buf.tensors[key].copy_(tensor)
+            buf.tensors[WORKER_ID].fill_(index)
+            self._account(index, info, started)
+            self._pool.send(index, P.COLLECT, info["slot"], self._random_now())
+        self._iter += 1
+        return info["frames"]
+

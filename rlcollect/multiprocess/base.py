@@ -20,7 +20,7 @@ import torch
 from tensordict import TensorDict
 
 from rlcollect.collector import Collector
-from rlcollect.config import CollectorConfig, optional_positive_int, positive_int, total_frames_arg
+from rlcollect.config import CollectorConfig, kwargs_arg, optional_positive_int, positive_int, total_frames_arg
 from rlcollect.data import split_trajectories
 from rlcollect.multiprocess import protocol as P
 from rlcollect.multiprocess.pool import WorkerPool
@@ -114,6 +114,8 @@ class MultiCollectorBase:
         use_buffers: bool = True,
         weight_sync_schemes: dict | None = None,
         per_worker_weights: bool = False,
+        collector_kwargs: dict | None = None,
+        worker_idx: int | None = None,
         **inner_options: Any,
     ):
         self._pool = None
@@ -177,6 +179,12 @@ class MultiCollectorBase:
         optional_positive_int("num_threads", num_threads)
         positive_int("num_sub_threads", num_sub_threads)
         self.collector_class = resolve_collector_class(collector_class)
+        collector_kwargs = dict(kwargs_arg("collector_kwargs", collector_kwargs))
+        if self.collector_class is not Collector and "num_workers" not in collector_kwargs:
+            raise ValueError(
+                f"collector_class={self.collector_class.__name__} runs its own workers: give their number with "
+                "collector_kwargs={'num_workers': K}"
+            )
         self._schemes = validate_schemes(weight_sync_schemes)
         if any(f is not None for f in factories) and policy is not None and "policy" not in self._schemes:
             raise ValueError(
@@ -206,11 +214,11 @@ class MultiCollectorBase:
                 **{name: devices[name][i] for name in PER_WORKER_ARGS},
                 **inner_options,
             }
+            # Unique trajectory-id blocks also when this collector is itself nested in a worker.
+            kwargs["worker_idx"] = i if worker_idx is None else worker_idx * n + i
+            kwargs.update(collector_kwargs)
             if self.collector_class is Collector:
-                kwargs["worker_idx"] = i
                 CollectorConfig(**{k: v for k, v in kwargs.items() if k in CollectorConfig.__dataclass_fields__})
-            else:
-                kwargs.pop("worker_idx", None)
             if "policy" in self._schemes and factories[i] is not None and policy is not None:
                 kwargs["weight_sync_schemes"] = {"policy": self._schemes["policy"]}
             sent_policy = None if factories[i] is not None else policy

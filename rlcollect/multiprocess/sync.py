@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from rlcollect.data import MASK
+from rlcollect.data import MASK, BatchLayout
 from rlcollect.multiprocess import protocol as P
 from rlcollect.multiprocess.base import MultiCollectorBase
 
@@ -126,3 +126,30 @@ class MultiSyncCollector(MultiCollectorBase):
         self._frames += valid
         self._last_batch_frames = valid
         return batch
+
+    # -- nesting: a MultiSyncCollector running inside another collector's worker ------------------
+    @property
+    def layout(self) -> BatchLayout:
+        """The layout of one stacked batch (only for ``cat_results="stack"``)."""
+        if self.cat_results != "stack":
+            raise ValueError("a nested MultiSyncCollector needs cat_results='stack'")
+        first = self.layouts[0]
+        return BatchLayout(dict(first.fields), (self.num_workers, *first.batch_size), first.time)
+
+    def _collect_into(self, buf, random: bool = False, stop=None) -> int:
+        """Collect one stacked batch straight into ``buf`` (the outer worker's shared slot)."""
+        with self._guard():
+            self.init_random_frames = self._frames + 1 if random else 0
+            infos = self._collect_all()
+            rows = self.layouts[0].rows
+            for i, buffers in enumerate(self._buffers):
+                for key, tensor in buffers[0].tensors.items():
+                    buf.tensors[key][i * rows:(i + 1) * rows].copy_(tensor)
+            valid = sum(info["frames"] for info in infos)
+            for i, info in enumerate(infos):
+                self._worker_frames[i] += info["frames"]
+                self._worker_versions[i] = info["version"]
+        self._frames += valid
+        self._iter += 1
+        return valid
+

@@ -43,7 +43,10 @@ def worker_main(index: int, payload: bytes, conn: Any, parent_pid: int, num_thre
         spec = cloudpickle.loads(payload)
         worker = _Worker(index, spec, conn)
     except BaseException as exc:  # noqa: BLE001  (every start-up failure must reach the main process)
-        conn.send((P.ERROR, P.pack_exception(exc, index)))
+        try:
+            conn.send((P.ERROR, P.pack_exception(exc, index)))
+        except OSError:
+            pass  # the main process is already gone or has given up on this worker
         conn.close()
         return
     conn.send((P.READY, worker.describe()))
@@ -61,7 +64,9 @@ class _Worker:
         self.weights = None
         cls = spec["collector_class"]
         self.collector = cls(spec["create_env_fn"], spec["policy"], **spec["kwargs"])
-        self.module = getattr(getattr(self.collector, "_runner", None), "module", None)
+        # A nested multi-process collector is driven through its public weight API.
+        self.nested = not hasattr(self.collector, "_runner")
+        self.module = self.collector.policy if self.nested else self.collector._runner.module
         self.version = 0
         fields = dict(self.collector.layout.fields)
         if spec.get("preemptive"):
@@ -92,8 +97,18 @@ class _Worker:
 
     def _pull_weights(self) -> None:
         if self.weights is not None:
-            self.version = self.weights.read_into(self.module, self.version)
-            self.collector._version = self.version
+            version = self.weights.read_into(self.module, self.version)
+            if version != self.version:
+                self._adopt(version)
+
+    def _adopt(self, version: int) -> None:
+        """The module now holds weights ``version``: make the inner collector act with them."""
+        self.version = version
+        if self.nested:
+            self.collector._version = version - 1  # its update bumps the version by one
+            self.collector.update_policy_weights_()
+        else:
+            self.collector._version = version
 
     # -- handlers ------------------------------------------------------------------------------
     def attach(self, flats: list, stop: torch.Tensor | None, weights: Any) -> None:
@@ -118,13 +133,14 @@ class _Worker:
 
     def update_weights(self, state: dict, version: int) -> None:
         load_weights(self.module, {k: torch.from_numpy(v) for k, v in state.items()})
-        self.version = version
-        self.collector._version = version
+        self._adopt(version)
 
     def getattr_policy(self, name: str) -> Any:
         return getattr(self.collector.policy, name)
 
     def getattr_env(self, name: str) -> Any:
+        if self.nested:
+            return self.collector.getattr_env(name)
         return getattr(self.collector.env, name)
 
     # -- loop ------------------------------------------------------------------------------------
