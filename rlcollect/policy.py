@@ -10,29 +10,56 @@ observation.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from tensordict import TensorDict
-from tensordict.nn import InteractionType, TensorDictModuleBase
 
 from rlcollect.envs.base import NestedKey
 
-#: The exploration settings a rollout can run under (tensordict's interaction types).
-ExplorationType = InteractionType
+# tensordict's InteractionType values; kept as strings so that configs travel to workers
+# without importing tensordict there.
+_EXPLORATION_VALUES = ("mode", "median", "mean", "random", "deterministic")
 
-_EXPLORATION_NAMES = {t.name: t for t in InteractionType} | {t.value: t for t in InteractionType}
+
+def __getattr__(name: str) -> Any:
+    if name == "ExplorationType":  # the public alias of tensordict.nn.InteractionType
+        from tensordict.nn import InteractionType
+
+        return InteractionType
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def as_exploration_type(value: Any) -> InteractionType:
-    if isinstance(value, InteractionType):
-        return value
-    if isinstance(value, str) and value in _EXPLORATION_NAMES:
-        return _EXPLORATION_NAMES[value]
-    accepted = ", ".join(t.name for t in InteractionType)
+def as_exploration_type(value: Any) -> str:
+    """Validate ``exploration_type`` (an ``ExplorationType`` or its name) and return its value."""
+    if isinstance(value, str):
+        if value.lower() in _EXPLORATION_VALUES:
+            return value.lower()
+    elif type(value).__name__ == "InteractionType" and getattr(value, "value", None) in _EXPLORATION_VALUES:
+        return value.value
+    accepted = ", ".join(v.upper() for v in _EXPLORATION_VALUES)
     raise ValueError(f"exploration_type must be an ExplorationType ({accepted}) or its name, got {value!r}")
+
+
+def exploration_scope(value: str):
+    """The context a rollout runs in. Exploration settings only matter to tensordict modules,
+    so without tensordict loaded in this process there is nothing to set."""
+    if "tensordict.nn" not in sys.modules:
+        return contextlib.nullcontext()
+    from tensordict.nn import InteractionType, set_interaction_type
+
+    return set_interaction_type(InteractionType(value))
+
+
+def _is_tensordict_module(policy: Any) -> bool:
+    if "tensordict.nn" not in sys.modules:
+        return False
+    from tensordict.nn import TensorDictModuleBase
+
+    return isinstance(policy, TensorDictModuleBase)
 
 
 def _key_name(key: NestedKey) -> str:
@@ -78,7 +105,9 @@ class TensorDictRunner:
 
     is_random = False
 
-    def __init__(self, module: TensorDictModuleBase, batch_size: torch.Size, device: torch.device | None):
+    def __init__(self, module: Any, batch_size: torch.Size, device: torch.device | None):
+        from tensordict import TensorDict
+
         self.fn = module
         self.module = module
         self.batch_size = batch_size
@@ -177,7 +206,7 @@ def make_runner(
             raise RuntimeError("cudagraph_policy needs a CUDA device; none is available")
         kwargs = cudagraph_policy if isinstance(cudagraph_policy, dict) else {}
         policy_fn = CudaGraphModule(policy_fn, **kwargs)
-    if isinstance(policy, TensorDictModuleBase):
+    if _is_tensordict_module(policy):
         runner = TensorDictRunner(policy_fn, batch_size, device)
         runner.module = policy
         return runner
@@ -194,16 +223,41 @@ def has_weights(module: Any) -> bool:
     return isinstance(module, torch.nn.Module) and any(True for _ in module.state_dict().values())
 
 
+def _check_fits(module: torch.nn.Module, own: dict[str, Any], flat: dict[str, Any], partial: bool) -> None:
+    """Raise before copying anything if ``flat`` ({dotted name: tensor}) does not fit ``own``
+    (the module's entries): torch's ``load_state_dict`` and ``update_`` copy the entries that
+    fit before they fail, which would leave the policy half-updated."""
+    unknown = sorted(set(flat) - set(own))
+    missing = [] if partial else sorted(set(own) - set(flat))
+    mismatched = [
+        f"{k}: got {tuple(flat[k].shape)}, the policy has {tuple(own[k].shape)}"
+        for k in flat
+        if k in own and hasattr(flat[k], "shape") and tuple(flat[k].shape) != tuple(own[k].shape)
+    ]
+    if unknown or missing or mismatched:
+        raise RuntimeError(
+            f"weights do not fit the policy {type(module).__name__} (nothing was loaded): "
+            f"unexpected keys {unknown}, missing keys {missing}, size mismatch for {mismatched}"
+        )
+
+
 def load_weights(module: torch.nn.Module, weights: Any) -> None:
     """Copy ``weights`` (an ``nn.Module``, a TensorDict of parameters or a state dict) into
-    ``module`` in place, parameters and buffers alike."""
+    ``module`` in place, parameters and buffers alike; all or nothing."""
     with torch.no_grad():
         if isinstance(weights, torch.nn.Module):
             if weights is not module:
-                module.load_state_dict(weights.state_dict())
-        elif isinstance(weights, TensorDict) or hasattr(weights, "to_module"):
-            TensorDict.from_module(module).update_(weights)
+                state = weights.state_dict()
+                _check_fits(module, module.state_dict(), state, partial=False)
+                module.load_state_dict(state)
+        elif hasattr(weights, "to_module"):  # a TensorDict of parameters
+            from tensordict import TensorDict
+
+            own = TensorDict.from_module(module)
+            _check_fits(module, dict(own.flatten_keys(".").items()), dict(weights.flatten_keys(".").items()), partial=True)
+            own.update_(weights)
         elif isinstance(weights, dict):
+            _check_fits(module, module.state_dict(), weights, partial=False)
             module.load_state_dict(weights)
         else:
             raise TypeError(
