@@ -139,7 +139,7 @@ class WorkerPool:
         except (EOFError, OSError) as err:
             handle.failed = True
             raise WorkerError(f"worker {index} {_describe_death(handle)}", index, handle.process.exitcode) from err
-        handle.pending.popleft()
+        command = handle.pending.popleft()
         if kind == P.ERROR:
             raise P.unpack_exception(value, f"{command!r}")
         return value

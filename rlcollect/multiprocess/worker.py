@@ -8,6 +8,7 @@ thread is doing.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from typing import Any
@@ -27,11 +28,37 @@ from rlcollect.policy import has_weights, load_weights
 _WATCHDOG_PERIOD_S = 0.1
 
 
+def _alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie, dead but not yet reaped, counts as dead)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True  # no /proc: os.kill found the process
+
+
 def _watch_parent(parent_pid: int) -> None:
+    # Watch the main process itself rather than os.getppid(): with "forkserver" the parent is
+    # the fork server, so getppid() never equals the main process's pid.
     while True:
         time.sleep(_WATCHDOG_PERIOD_S)
-        if os.getppid() != parent_pid:
+        if not _alive(parent_pid):
             os._exit(0)
+
+
+def _exit_now() -> None:
+    # Skip the interpreter's teardown: its final garbage collection walks torch's whole object
+    # graph, which takes seconds on a loaded machine while shutdown() waits for this exit.
+    # Everything this process owns has been closed by then.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def worker_main(index: int, payload: bytes, conn: Any, parent_pid: int, num_threads: int) -> None:
@@ -48,13 +75,14 @@ def worker_main(index: int, payload: bytes, conn: Any, parent_pid: int, num_thre
         except OSError:
             pass  # the main process is already gone or has given up on this worker
         conn.close()
-        return
+        _exit_now()
     conn.send((P.READY, worker.describe()))
     try:
         worker.serve()
     finally:
         worker.close()
         conn.close()
+    _exit_now()
 
 
 class _Worker:
