@@ -1,39 +1,72 @@
-"""rlcollect: fast, reliable collection of reinforcement-learning experience."""
+"""rlcollect: fast, reliable collection of reinforcement-learning experience.
 
-from rlcollect._context import current_worker_index
-from rlcollect.collector import Collector
-from rlcollect.data import split_trajectories
-from rlcollect.envs import BusyEnv, CountingEnv, EnvBase, FaultyEnv, GymEnv, InjectedFault, SerialEnv, SleepEnv
-from rlcollect.multiprocess import MultiAsyncCollector, MultiCollector, MultiSyncCollector, WorkerError
-from rlcollect.policy import ExplorationType
-from rlcollect.weights import (
-    DistributedWeightSyncScheme,
-    MultiProcessWeightSyncScheme,
-    NoWeightSyncScheme,
-    SharedMemWeightSyncScheme,
-    WeightSyncScheme,
-)
+The public API is what this module exports.  Names are imported on first use, so that a worker
+process that only needs the rollout machinery does not pay for importing everything (tensordict
+in particular, which costs seconds at start-up).
+"""
 
-__all__ = [
-    "BusyEnv",
-    "Collector",
-    "CountingEnv",
-    "DistributedWeightSyncScheme",
-    "EnvBase",
-    "ExplorationType",
-    "FaultyEnv",
-    "GymEnv",
-    "InjectedFault",
-    "MultiAsyncCollector",
-    "MultiCollector",
-    "MultiProcessWeightSyncScheme",
-    "MultiSyncCollector",
-    "NoWeightSyncScheme",
-    "SerialEnv",
-    "SharedMemWeightSyncScheme",
-    "SleepEnv",
-    "WeightSyncScheme",
-    "WorkerError",
-    "current_worker_index",
-    "split_trajectories",
-]
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "BusyEnv": "rlcollect.envs.testing",
+    "Collector": "rlcollect.collector",
+    "CountingEnv": "rlcollect.envs.testing",
+    "DistributedWeightSyncScheme": "rlcollect.weights.schemes",
+    "EnvBase": "rlcollect.envs.base",
+    "ExplorationType": "rlcollect.policy",
+    "FaultyEnv": "rlcollect.envs.testing",
+    "GymEnv": "rlcollect.envs.gym",
+    "InjectedFault": "rlcollect.envs.testing",
+    "MultiAsyncCollector": "rlcollect.multiprocess.asynchronous",
+    "MultiCollector": "rlcollect.multiprocess.factory",
+    "MultiProcessWeightSyncScheme": "rlcollect.weights.schemes",
+    "MultiSyncCollector": "rlcollect.multiprocess.sync",
+    "NoWeightSyncScheme": "rlcollect.weights.schemes",
+    "SerialEnv": "rlcollect.envs.serial",
+    "SharedMemWeightSyncScheme": "rlcollect.weights.schemes",
+    "SleepEnv": "rlcollect.envs.testing",
+    "WeightSyncScheme": "rlcollect.weights.schemes",
+    "WorkerError": "rlcollect.multiprocess.protocol",
+    "current_worker_index": "rlcollect._context",
+    "split_trajectories": "rlcollect.data",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rlcollect' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rlcollect._context import current_worker_index
+    from rlcollect.collector import Collector
+    from rlcollect.data import split_trajectories
+    from rlcollect.envs.base import EnvBase
+    from rlcollect.envs.gym import GymEnv
+    from rlcollect.envs.serial import SerialEnv
+    from rlcollect.envs.testing import BusyEnv, CountingEnv, FaultyEnv, InjectedFault, SleepEnv
+    from rlcollect.multiprocess.asynchronous import MultiAsyncCollector
+    from rlcollect.multiprocess.factory import MultiCollector
+    from rlcollect.multiprocess.protocol import WorkerError
+    from rlcollect.multiprocess.sync import MultiSyncCollector
+    from rlcollect.policy import ExplorationType
+    from rlcollect.weights.schemes import (
+        DistributedWeightSyncScheme,
+        MultiProcessWeightSyncScheme,
+        NoWeightSyncScheme,
+        SharedMemWeightSyncScheme,
+        WeightSyncScheme,
+    )

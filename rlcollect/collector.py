@@ -10,19 +10,20 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from tensordict import TensorDict
-from tensordict.nn import set_interaction_type
 
 from rlcollect._context import worker_index
 from rlcollect.config import CollectorConfig
 from rlcollect.data import TRAJ_ID_BLOCK, BatchBuffer, split_trajectories
 from rlcollect.envs.adapter import make_env
-from rlcollect.policy import ExplorationType, has_weights, load_weights, make_runner
+from rlcollect.policy import exploration_scope, has_weights, load_weights, make_runner
 from rlcollect.rollout import Rollout
 from rlcollect.weights.schemes import validate_schemes
+
+if TYPE_CHECKING:
+    from tensordict import TensorDict
 
 logger = logging.getLogger("rlcollect")
 
@@ -83,7 +84,7 @@ class Collector:
         reset_at_each_iter: bool = False,
         postproc: Callable | None = None,
         split_trajs: bool = False,
-        exploration_type: Any = ExplorationType.RANDOM,
+        exploration_type: Any = "random",
         set_truncated: bool = False,
         use_buffers: bool = True,
         return_same_td: bool = False,
@@ -188,7 +189,7 @@ class Collector:
                 f"each batch holds {rows * self._rollout.time} frames",
                 stacklevel=3,
             )
-        with set_interaction_type(cfg.exploration_type):
+        with exploration_scope(cfg.exploration_type):
             self.layout = self._rollout.discover_layout()
         self._buffer = BatchBuffer(self.layout) if cfg.use_buffers else None
         self._frames = 0
@@ -283,7 +284,7 @@ class Collector:
         cfg = self.config
         if cfg.reset_at_each_iter:
             self._rollout.needs_reset = True
-        with self._maybe_profile(), self._rng_scope(), set_interaction_type(cfg.exploration_type), torch.no_grad():
+        with self._maybe_profile(), self._rng_scope(), exploration_scope(cfg.exploration_type), torch.no_grad():
             steps = self._rollout.fill(buf, random=random, version=self._version, stop=stop)
         frames = steps * self.layout.rows
         self._frames += frames

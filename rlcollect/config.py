@@ -9,8 +9,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from tensordict.nn import InteractionType
-
 from rlcollect.policy import as_exploration_type
 
 
@@ -81,7 +79,7 @@ class CollectorConfig:
     reset_at_each_iter: bool = False
     postproc: Callable | None = None
     split_trajs: bool = False
-    exploration_type: InteractionType = InteractionType.RANDOM
+    exploration_type: str = "random"  # a tensordict InteractionType value; see policy.as_exploration_type
     set_truncated: bool = False
     use_buffers: bool = True
     return_same_td: bool = False

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from tensordict import TensorDict
 
 from rlcollect.envs.base import ArraySpec, NestedKey, torch_dtype
+
+if TYPE_CHECKING:
+    from tensordict import TensorDict
 
 TRAJ_IDS = ("collector", "traj_ids")
 POLICY_VERSION = ("collector", "policy_version")
@@ -66,12 +69,22 @@ class BatchBuffer:
                 tensors[key] = tensor.share_memory_() if share_memory else tensor
         self.tensors = tensors
         self.arrays = {key: tensor.numpy() for key, tensor in tensors.items()}
-        shape = (*layout.batch_size, t)
-        td = TensorDict({}, batch_size=shape)
-        for key, tensor in tensors.items():
-            td.set(key, tensor.reshape(*shape, *tensor.shape[2:]))
-        td.names = [None] * len(layout.batch_size) + ["time"]
-        self.td = td
+        self._td = None
+
+    @property
+    def td(self) -> TensorDict:
+        """The ``(*batch_size, T)`` TensorDict view (built on first use)."""
+        if self._td is None:
+            from tensordict import TensorDict
+
+            layout = self.layout
+            shape = (*layout.batch_size, layout.time)
+            td = TensorDict({}, batch_size=shape)
+            for key, tensor in self.tensors.items():
+                td.set(key, tensor.reshape(*shape, *tensor.shape[2:]))
+            td.names = [None] * len(layout.batch_size) + ["time"]
+            self._td = td
+        return self._td
 
 
 def _flat_rows(td: TensorDict) -> TensorDict:
@@ -89,8 +102,7 @@ def split_trajectories(td: TensorDict) -> TensorDict:
 
     Example:
         >>> import torch
-        >>> from tensordict import TensorDict
-        >>> td = TensorDict({"x": torch.arange(4.), ("collector", "traj_ids"): torch.tensor([7, 7, 3, 7])}, [4])
+        >>>         >>> td = TensorDict({"x": torch.arange(4.), ("collector", "traj_ids"): torch.tensor([7, 7, 3, 7])}, [4])
         >>> out = split_trajectories(td)
         >>> out["x"].tolist(), out["collector", "mask"].tolist()
         ([[0.0, 1.0, 3.0], [2.0, 0.0, 0.0]], [[True, True, True], [True, False, False]])
@@ -121,6 +133,8 @@ def split_trajectories(td: TensorDict) -> TensorDict:
     sorted_traj = traj[order]
     pos = torch.arange(order.numel()) - starts[sorted_traj]
     num_traj, t_max = uniq.numel(), int(counts.max())
+    from tensordict import TensorDict
+
     out = TensorDict({}, batch_size=[num_traj, t_max])
     src = flat[order]
     for key, value in src.items(include_nested=True, leaves_only=True):

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict
 
 from rlcollect.envs.base import DONE_KEYS, ArraySpec, EnvBase, numpy_dtype
+
+if TYPE_CHECKING:
+    from tensordict import TensorDict
 
 _NOT_OBS = {*DONE_KEYS, "reward", "action"}
 

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict
+
+if TYPE_CHECKING:  # tensordict is imported only where a TensorDict is built (workers stay light)
+    from tensordict import TensorDict
 
 NestedKey = str | tuple[str, ...]
 
@@ -105,6 +107,8 @@ class EnvBase:
         return {k: spec.empty(self.num_rows) for k, spec in self.obs_layout.items()}
 
     def _to_td(self, arrays: dict[NestedKey, np.ndarray]) -> TensorDict:
+        from tensordict import TensorDict
+
         td = TensorDict({}, batch_size=self.batch_size)
         for key, arr in arrays.items():
             td.set(key, torch.from_numpy(arr.copy()).reshape((*self.batch_size, *arr.shape[1:])))
@@ -133,6 +137,8 @@ class EnvBase:
     def rand_action(self, td: TensorDict | None = None) -> TensorDict:
         """Write a random ``"action"`` into ``td`` (a new TensorDict when None) and return it."""
         if td is None:
+            from tensordict import TensorDict
+
             td = TensorDict({}, batch_size=self.batch_size)
         action = self.action_layout.empty(self.num_rows)
         self._sample_actions(action)
@@ -167,6 +173,8 @@ class EnvBase:
         done = nxt.get("done")
         root = nxt.exclude("reward").clone()
         if done.any():
+            from tensordict import TensorDict
+
             reset = self.reset(TensorDict({"_reset": done}, batch_size=self.batch_size))
             mask = done.reshape(*self.batch_size) if self.batch_size else done.reshape(())
             for key in reset.keys(include_nested=True, leaves_only=True):

@@ -1,23 +1,10 @@
-"""Multi-process collectors: workers, shared-memory transport, supervision."""
+"""Multi-process collectors.  One module per role:
 
-from rlcollect.multiprocess.asynchronous import MultiAsyncCollector
-from rlcollect.multiprocess.protocol import WorkerError
-from rlcollect.multiprocess.sync import MultiSyncCollector
+- ``worker.py``: the worker process (builds its collector, serves commands);
+- ``protocol.py``: the command/reply protocol and how exceptions travel back;
+- ``shm.py``: the shared-memory batch slots, where a batch crosses the process boundary;
+- ``pool.py``: supervision (start-up, liveness, timeouts, shutdown);
+- ``base.py``, ``sync.py``, ``asynchronous.py``, ``factory.py``: the public collector classes.
 
-
-def MultiCollector(*args, sync: bool = True, **kwargs):
-    """``MultiSyncCollector(...)`` when ``sync`` is True, else ``MultiAsyncCollector(...)``.
-
-    Example:
-        >>> from rlcollect import MultiCollector
-        >>> c = MultiCollector("CartPole-v1", num_workers=2, frames_per_batch=20, sync=False)
-        >>> type(c).__name__
-        'MultiAsyncCollector'
-        >>> c.shutdown()
-    """
-    if not isinstance(sync, bool):
-        raise TypeError(f"sync must be True or False, got {sync!r}")
-    return (MultiSyncCollector if sync else MultiAsyncCollector)(*args, **kwargs)
-
-
-__all__ = ["MultiAsyncCollector", "MultiCollector", "MultiSyncCollector", "WorkerError"]
+Nothing is imported here, so that a worker importing ``worker.py`` stays light.
+"""

@@ -25,7 +25,7 @@ from rlcollect.data import split_trajectories
 from rlcollect.multiprocess import protocol as P
 from rlcollect.multiprocess.pool import WorkerPool
 from rlcollect.multiprocess.shm import allocate_slot, slot_buffer
-from rlcollect.policy import has_weights
+from rlcollect.policy import as_exploration_type, has_weights
 from rlcollect.weights.schemes import NoWeightSyncScheme, SharedMemWeightSyncScheme, validate_schemes
 from rlcollect.weights.store import SharedWeights, as_state_dict
 
@@ -123,6 +123,8 @@ class MultiCollectorBase:
         unknown = set(inner_options) - set(INNER_OPTIONS)
         if unknown:
             raise TypeError(f"{type(self).__name__} got unexpected arguments {sorted(unknown)}")
+        if "exploration_type" in inner_options:  # travels as a plain string
+            inner_options["exploration_type"] = as_exploration_type(inner_options["exploration_type"])
         # -- workers and per-worker lists -------------------------------------------------------
         if isinstance(create_env_fn, (list, tuple)):
             if not create_env_fn:

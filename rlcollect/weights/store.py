@@ -12,7 +12,6 @@ import time
 from typing import Any
 
 import torch
-from tensordict import TensorDict
 
 
 def as_state_dict(weights: Any) -> dict[str, torch.Tensor]:
@@ -20,7 +19,7 @@ def as_state_dict(weights: Any) -> dict[str, torch.Tensor]:
     with ``nn.Module.state_dict()`` names."""
     if isinstance(weights, torch.nn.Module):
         return {k: v.detach() for k, v in weights.state_dict().items()}
-    if isinstance(weights, TensorDict) or hasattr(weights, "flatten_keys"):
+    if hasattr(weights, "flatten_keys"):  # a TensorDict (not imported here: workers stay light)
         return {".".join(k) if isinstance(k, tuple) else k: v.detach()
                 for k, v in weights.items(include_nested=True, leaves_only=True)}
     if isinstance(weights, dict):
