@@ -1,0 +1,202 @@
+"""The leak check of conftest.py sees what it should, and fails (only) the tests that leak."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+CONFTEST = Path(__file__).with_name("conftest.py")
+
+
+def _sleep_forever() -> None:
+    time.sleep(3600)
+
+
+def test_reports_a_live_child_and_not_a_finished_one(leak_checker):
+    before = leak_checker.Snapshot.take()
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    done.wait()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        leaks = leak_checker.find_leaks(before, child_grace=0.2)
+        assert set(leaks.children) == {alive.pid}
+        assert "time.sleep(60)" in leaks.children[alive.pid]
+        assert "child process" in leaks.describe()
+    finally:
+        alive.kill()
+        alive.wait()
+    assert leak_checker.find_leaks(before, child_grace=0.2).children == {}
+
+
+def test_sees_grandchildren(leak_checker):
+    before = leak_checker.Snapshot.take()
+    code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"
+    parent = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        leak_checker._wait_until(lambda: len(leak_checker.descendants(parent.pid)) == 1, 10.0)
+        (grandchild,) = leak_checker.descendants(parent.pid)
+        leaks = leak_checker.find_leaks(before, child_grace=0.1)
+        assert set(leaks.children) == {parent.pid, grandchild}
+    finally:
+        leak_checker.kill_children([parent.pid, grandchild])
+        parent.wait()
+    assert leak_checker.live_children() == before.children
+
+
+def test_waits_for_a_child_that_is_exiting(leak_checker):
+    before = leak_checker.Snapshot.take()
+    proc = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(0.5,))
+    proc.start()
+    leaks = leak_checker.find_leaks(before, child_grace=10.0)
+    assert leaks.children == {}
+    assert proc.exitcode == 0  # reaped through multiprocessing, which learnt the exit code
+
+
+def test_leaves_older_zombies_to_their_owner(leak_checker):
+    # A process that ended before the test began belongs to someone else (a module-scoped
+    # fixture, say): reaping it would rob its owner of the exit code.
+    proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    leak_checker._wait_until(lambda: leak_checker.descendants().get(proc.pid) == "Z", 10.0)
+    before = leak_checker.Snapshot.take()
+    assert leak_checker.find_leaks(before, child_grace=0.1).kinds() == []
+    assert leak_checker.descendants().get(proc.pid) == "Z"
+    assert proc.wait() == 3
+
+
+def test_multiprocessing_helpers_are_not_leaks(leak_checker):
+    ctx = multiprocessing.get_context("spawn")
+    before = leak_checker.Snapshot.take()
+    lock = ctx.Lock()  # starts the resource tracker (a process and a pipe) if not running yet
+    del lock
+    leaks = leak_checker.find_leaks(before, child_grace=0.2, shm_grace=0.5)
+    assert leaks.kinds() == []
+
+
+def test_reports_a_dev_shm_entry(leak_checker):
+    name = f"rlcollect_leakcheck_{os.getpid()}"
+    before = leak_checker.Snapshot.take()
+    path = Path(leak_checker.SHM_DIR) / name
+    path.write_bytes(b"x")
+    try:
+        leaks = leak_checker.find_leaks(before, shm_grace=0.1)
+        assert leaks.shm == {name}
+        assert f"/dev/shm/{name}" in leaks.describe()
+    finally:
+        path.unlink()
+    assert leak_checker.find_leaks(before, shm_grace=0.1).shm == set()
+
+
+def test_ignores_torch_files_of_other_live_processes(leak_checker):
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert leak_checker._shm_is_foreign(f"torch_{other.pid}_1_0", ours=set())
+        assert not leak_checker._shm_is_foreign(f"torch_{other.pid}_1_0", ours={other.pid})
+        assert not leak_checker._shm_is_foreign("psm_deadbeef", ours=set())
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_reports_fd_growth_over_the_slack_only(leak_checker):
+    before = leak_checker.Snapshot.take()
+    r, w = os.pipe()
+    extra = []
+    try:
+        assert leak_checker.find_leaks(before, fd_grace=0.0).fds == {}  # 2 fds: within the slack
+        extra = [os.pipe() for _ in range(3)]
+        leaks = leak_checker.find_leaks(before, fd_grace=0.1)
+        assert leaks.fd_growth == 8
+        assert {r, w} <= set(leaks.fds)
+        assert all(target.startswith("pipe:") for target in leaks.fds.values())
+    finally:
+        for fd in (r, w, *(fd for pair in extra for fd in pair)):
+            os.close(fd)
+    assert leak_checker.find_leaks(before, fd_grace=0.1).fds == {}
+
+
+def _copy_conftest(pytester) -> None:
+    conftest = CONFTEST.read_text()
+    assert "CHILD_GRACE_S = 3.0" in conftest
+    pytester.makeconftest(conftest.replace("CHILD_GRACE_S = 3.0", "CHILD_GRACE_S = 0.5"))  # a faster run
+
+
+def test_the_autouse_check_fails_leaky_tests_and_honours_the_marker(pytester):
+    """Run a small suite under a copy of our conftest in a fresh interpreter."""
+    _copy_conftest(pytester)
+    pytester.makepyfile(
+        test_inner=textwrap.dedent(
+            """
+            import os, subprocess, sys
+            import pytest
+
+            LEFT = []
+
+            def test_clean():
+                subprocess.run([sys.executable, "-c", "pass"], check=True)
+
+            def test_leaks_a_child():
+                LEFT.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))
+
+            def test_leaks_fds():
+                LEFT.extend(os.pipe() for _ in range(4))
+
+            @pytest.mark.allow_leaks("fds")
+            def test_leaks_fds_on_purpose():
+                LEFT.extend(os.pipe() for _ in range(4))
+
+            @pytest.mark.allow_leaks("fds")
+            def test_allowed_fds_do_not_cover_children():
+                LEFT.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))
+
+            @pytest.mark.allow_leaks
+            def test_leaks_shm_on_purpose():
+                path = "/dev/shm/rlcollect_leakcheck_inner_%d" % os.getpid()
+                open(path, "wb").close()
+                LEFT.append(path)
+
+            def test_cleanup():
+                for path in [x for x in LEFT if isinstance(x, str)]:
+                    os.unlink(path)
+            """
+        )
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-o", "addopts=", "-q")
+    result.assert_outcomes(passed=7, errors=3)
+    out = result.stdout.str()
+    assert "ERROR at teardown of test_leaks_a_child" in out
+    assert "ERROR at teardown of test_leaks_fds " in out or "ERROR at teardown of test_leaks_fds\n" in out
+    assert "ERROR at teardown of test_allowed_fds_do_not_cover_children" in out
+    assert "child process(es) still alive" in out
+    assert "more open file descriptor(s) than before" in out
+    # The fds allowed in one test and the leaked ones in the other stay open until the end,
+    # but the session check counts only the unallowed ones; the leaked children were killed.
+    assert "the test session leaked" not in out
+
+
+def test_the_session_check_adds_up_small_leaks(pytester):
+    _copy_conftest(pytester)
+    pytester.makepyfile(
+        test_inner=textwrap.dedent(
+            """
+            import os
+            import pytest
+
+            LEFT = []
+
+            @pytest.mark.parametrize("i", range(12))
+            def test_leaks_a_little(i):
+                LEFT.append(os.pipe())
+                LEFT.append(os.open(os.devnull, os.O_RDONLY))  # 3 fds: under the per-test slack
+            """
+        )
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-o", "addopts=", "-q")
+    result.assert_outcomes(passed=12, errors=1)
+    assert "the test session leaked resources" in result.stdout.str()
