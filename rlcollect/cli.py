@@ -177,7 +177,10 @@ def _make_collector(args, policy):
         return rlcollect.Collector(create_env, policy, **kwargs)
 
     class_name = "MultiSyncCollector" if args.mode == "sync" else "MultiAsyncCollector"
-    collector_class = getattr(rlcollect, class_name, None)
+    try:
+        collector_class = getattr(rlcollect, class_name)
+    except (AttributeError, ImportError):  # rlcollect imports its exports lazily
+        collector_class = None
     if collector_class is None:
         what = "--workers > 1" if args.workers > 1 else "--mode async"
         raise CliError(f"{what} needs the multi-process collectors (not available in this version)")

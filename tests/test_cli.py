@@ -1,0 +1,106 @@
+"""The ``rlcollect`` command: collect's summary, its one-line errors, and bench's pass-through."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from rlcollect import cli
+
+
+def summary(out: str) -> dict[str, str]:
+    rows = {}
+    for line in out.splitlines():
+        name, _, value = line.partition("  ")
+        rows[name.strip()] = value.strip()
+    return rows
+
+
+@pytest.mark.parametrize("extra", [[], ["--envs-per-worker", "4", "--policy", "mlp"]])
+def test_collect_prints_a_summary(capsys, extra):
+    code = cli.main(["collect", "--frames", "600", "--frames-per-batch", "200", "--seed", "1", *extra])
+    assert code == 0
+    captured = capsys.readouterr()
+    rows = summary(captured.out)
+    assert rows["frames"] == "600" and rows["batches"] == "3"
+    assert int(rows["episodes finished"]) > 0
+    assert float(rows["mean episode return"]) > 0
+    assert "frames" in captured.err  # the progress bar
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["collect", "--frames", "0"], "argument --frames: expected a positive integer, got '0'"),
+        (["collect", "--frames-per-batch", "x"], "expected a positive integer, got 'x'"),
+        (["collect", "--mode", "fast"], "invalid choice: 'fast'"),
+        (["collect", "--env", "NoSuchEnv-v0"], "argument --env: cannot make 'NoSuchEnv-v0'"),
+        (["collect", "--env", "Pendulum-v1", "--policy", "mlp"], "mlp needs a flat Box observation"),
+        ([], "the following arguments are required: COMMAND"),
+    ],
+)
+def test_bad_arguments_give_one_line_and_exit_2(capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert message in err
+
+
+def test_workers_need_the_multiprocess_collectors(capsys, monkeypatch):
+    import rlcollect
+
+    # As in a version without them: the lazy export fails to import.
+    monkeypatch.delattr(rlcollect, "MultiSyncCollector", raising=False)
+    monkeypatch.setitem(sys.modules, "rlcollect.multiprocess.sync", None)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["collect", "--workers", "2", "--frames", "100"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (
+        "rlcollect: error: --workers > 1 needs the multi-process collectors (not available in this version)\n"
+    )
+
+
+@pytest.mark.timeout(180)  # two spawned workers each import torch: slow on a loaded 2-core machine
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_collect_with_workers(capsys, mode):
+    argv = ["collect", "--workers", "2", "--mode", mode, "--frames", "400", "--frames-per-batch", "200"]
+    assert cli.main([*argv, "--no-progress", "--seed", "0"]) == 0
+    rows = summary(capsys.readouterr().out)
+    assert rows["frames"] == "400"
+    assert int(rows["episodes finished"]) > 0
+
+
+def test_episode_tracker_carries_returns_across_batches():
+    def batch(ids, rewards, dones):
+        return TensorDict(
+            {
+                ("collector", "traj_ids"): torch.tensor(ids),
+                ("next", "reward"): torch.tensor(rewards, dtype=torch.float32).unsqueeze(-1),
+                ("next", "done"): torch.tensor(dones).unsqueeze(-1),
+            },
+            batch_size=[len(ids)],
+        )
+
+    tracker = cli.EpisodeTracker()
+    tracker.update(batch([0, 0, 0, 1], [1.0, 1.0, 1.0, 2.0], [False, False, True, False]))
+    tracker.update(batch([1, 1, 2, 2], [2.0, 2.0, 5.0, 5.0], [False, True, False, False]))
+    assert tracker.returns == [3.0, 6.0]
+    assert tracker.mean_return == 4.5
+    assert tracker.running == {2: 10.0}
+
+
+def test_bench_passes_its_arguments_through(capsys, tmp_path):
+    path = tmp_path / "results.json"
+    argv = ["bench", "--seconds", "0.2", "--rounds", "1", "--only", "CartPole-v1 random, 1 env", "--json", str(path)]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| CartPole-v1 random, 1 env(s)" in out
+    (result,) = json.loads(path.read_text())["results"]
+    assert result["ideal_fps"] > 0 and result["collector_fps"] > 0
+    assert result["ratio"] == pytest.approx(result["collector_fps"] / result["ideal_fps"])
