@@ -1,0 +1,11 @@
+"""rlcollect's benchmark suite (SPEC section 12).
+
+Run it with ``python -m bench`` (or ``make bench``, or ``rlcollect bench``). For every
+configuration it measures, in the same run, the ideal rate (a bare loop doing only the
+unavoidable work: stepping the simulator and calling the policy) and the collector's rate, and
+prints both with their ratio and the collector's overhead per frame.
+"""
+
+from bench.suite import main
+
+__all__ = ["main"]
