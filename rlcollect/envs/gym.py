@@ -87,6 +87,9 @@ def _obs_writer(space: gym.Space, layout: dict[NestedKey, ArraySpec]) -> Callabl
     return write_nested
 
 
+_RANDOM_BLOCK = 256
+
+
 class GymEnv(EnvBase):
     """A gymnasium environment (or ``num_envs`` copies of it, stepped in-process).
 
@@ -141,6 +144,8 @@ class GymEnv(EnvBase):
         self.action_layout = _leaf_spec(self.action_space, "action space")
         self._write_obs = _obs_writer(self.observation_space, self.obs_layout)
         self._rng = np.random.default_rng()
+        self._scalar_actions = isinstance(self.action_space, gym.spaces.Discrete)
+        self._block, self._block_pos = self._draw(0), 0
         self._pending_seeds: list[int | None] = [None] * copies
         self._closed = False
 
@@ -155,33 +160,45 @@ class GymEnv(EnvBase):
 
     def _step_rows(self, action, obs_out, reward, terminated, truncated) -> None:
         write = self._write_obs
+        # Python ints for discrete actions: gymnasium's contains() checks them much faster.
+        actions = action.tolist() if self._scalar_actions else action
         for i, env in enumerate(self._envs):
-            obs, r, term, trunc, _ = env.step(action[i])
+            obs, r, term, trunc, _ = env.step(actions[i])
             write(obs, i, obs_out)
             reward[i] = r
             terminated[i] = term
             truncated[i] = trunc
 
     def _sample_actions(self, out: np.ndarray) -> None:
-        space, rng, n = self.action_space, self._rng, len(self._envs)
+        # Random actions are drawn a block of steps at a time: one numpy call per block
+        # instead of one per step (the sequence is the same whatever the block size).
+        if self._block_pos >= len(self._block):
+            self._block = self._draw(_RANDOM_BLOCK)
+            self._block_pos = 0
+        out[:] = self._block[self._block_pos]
+        self._block_pos += 1
+
+    def _draw(self, steps: int) -> np.ndarray:
+        space, rng = self.action_space, self._rng
+        size = (steps, len(self._envs), *space.shape)
         if isinstance(space, gym.spaces.Discrete):
-            out[:] = rng.integers(space.start, space.start + space.n, size=n)
-        elif isinstance(space, gym.spaces.MultiDiscrete):
-            out[:] = rng.integers(space.start, space.start + space.nvec, size=(n, *space.shape))
-        elif isinstance(space, gym.spaces.MultiBinary):
-            out[:] = rng.integers(0, 2, size=(n, *space.shape))
-        elif np.issubdtype(space.dtype, np.integer):
-            out[:] = rng.integers(space.low, space.high.astype(np.int64) + 1, size=(n, *space.shape))
-        else:
-            low, high = space.low, space.high
-            bounded = np.isfinite(low) & np.isfinite(high)
-            sample = rng.normal(size=(n, *space.shape))
-            uniform = rng.uniform(np.where(bounded, low, 0.0), np.where(bounded, high, 1.0), size=(n, *space.shape))
-            out[:] = np.clip(np.where(bounded, uniform, sample), low, high)
+            return rng.integers(int(space.start), int(space.start + space.n), size=size)
+        if isinstance(space, gym.spaces.MultiDiscrete):
+            return rng.integers(space.start, space.start + space.nvec, size=size)
+        if isinstance(space, gym.spaces.MultiBinary):
+            return rng.integers(0, 2, size=size)
+        if np.issubdtype(space.dtype, np.integer):
+            return rng.integers(space.low, space.high.astype(np.int64) + 1, size=size)
+        low, high = space.low, space.high
+        bounded = np.isfinite(low) & np.isfinite(high)
+        sample = rng.normal(size=size)
+        uniform = rng.uniform(np.where(bounded, low, 0.0), np.where(bounded, high, 1.0), size=size)
+        return np.clip(np.where(bounded, uniform, sample), low, high)
 
     def _seed(self, seed: int) -> None:
         self._pending_seeds = [seed + i for i in range(len(self._envs))]
         self._rng = np.random.default_rng(seed)
+        self._block, self._block_pos = self._draw(0), 0
         for i, env in enumerate(self._envs):
             env.action_space.seed(seed + i)
 
@@ -192,6 +209,7 @@ class GymEnv(EnvBase):
             "envs": [cloudpickle.dumps(e) for e in self._envs],
             "rng": self._rng.bit_generator.state,
             "pending_seeds": list(self._pending_seeds),
+            "random_block": self._block[self._block_pos :].copy(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -205,6 +223,7 @@ class GymEnv(EnvBase):
             env.close()
         self._envs = envs
         self._rng.bit_generator.state = state["rng"]
+        self._block, self._block_pos = np.asarray(state.get("random_block", self._draw(0))), 0
         self._pending_seeds = list(state["pending_seeds"])
 
     def close(self) -> None:

@@ -575,7 +575,7 @@ def test_state_dict_round_trip_replays_the_same_future():
         td["action"] = balance(td["observation"])
         td = env.step(td)["next"].exclude("reward")
     state = env.state_dict()
-    assert set(state) == {"envs", "rng", "pending_seeds"}
+    assert set(state) == {"envs", "rng", "pending_seeds", "random_block"}
 
     def future(e, td):
         seq = []
