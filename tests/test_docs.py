@@ -1,0 +1,39 @@
+"""Every ```python block of the README and docs/ runs, in order, one namespace per file."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+
+
+def python_blocks(path: Path) -> list[str]:
+    return BLOCK.findall(path.read_text())
+
+
+def test_the_docs_have_examples():
+    assert sum(len(python_blocks(p)) for p in DOCS) >= 5
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
+def test_doc_examples_run(path: Path, monkeypatch, tmp_path):
+    blocks = python_blocks(path)
+    if not blocks:
+        pytest.skip(f"{path.name} has no python example")
+    monkeypatch.chdir(tmp_path)
+    # A module name that is not importable: cloudpickle then sends classes defined in the
+    # example by value to spawned workers, as it does for a user's __main__ script.
+    namespace: dict = {"__name__": f"rlcollect_doc_{path.stem.replace('-', '_')}"}
+    for i, code in enumerate(blocks):
+        compiled = compile(code, f"{path.name}[python block {i}]", "exec")
+        exec(compiled, namespace)
+    for value in list(namespace.values()):
+        shutdown = getattr(value, "shutdown", None)
+        if callable(shutdown) and type(value).__name__.endswith("Collector"):
+            shutdown()
