@@ -279,6 +279,7 @@ def kill_children(pids) -> None:
 
 
 def remove_shm(names) -> None:
+    """Unlink leaked /dev/shm entries (after they were reported)."""
     for name in names:
         try:
             os.unlink(os.path.join(SHM_DIR, name))
@@ -332,6 +333,7 @@ def _session_leak_check():
     leaks.shm -= allowance.shm
     if leaks.kinds():
         kill_children(leaks.children)
+        remove_shm(leaks.shm)
         pytest.fail("the test session leaked resources:\n" + leaks.describe(), pytrace=False)
 
 
@@ -351,16 +353,17 @@ def no_leaks(request: pytest.FixtureRequest, _session_leak_check):
         "fd_grace": 0.0 if "fds" in allowed else FD_GRACE_S,
     }
     leaks = find_leaks(before, **grace)
-    if _session_leak_check is not None:
-        if "children" in allowed:
-            _session_leak_check.children |= set(leaks.children)
-        if "shm" in allowed:
-            _session_leak_check.shm |= leaks.shm
-        if "fds" in allowed:
-            _session_leak_check.fds += max(len(open_fds()) - len(before.fds), 0)
+    if "children" in allowed:
+        _session_leak_check.children |= set(leaks.children)
+    if "shm" in allowed:
+        _session_leak_check.shm |= leaks.shm
+    if "fds" in allowed:
+        _session_leak_check.fds += max(len(open_fds()) - len(before.fds), 0)
     checked = tuple(kind for kind in leaks.kinds() if kind not in allowed)
     if checked:
+        # Clean up what is reported, so that the session check reports only what was not.
         kill_children(leaks.children if "children" in checked else ())
+        remove_shm(leaks.shm if "shm" in checked else ())
         pytest.fail(
             f"{request.node.nodeid} leaked resources (mark it allow_leaks if on purpose):\n"
             + leaks.describe(checked),

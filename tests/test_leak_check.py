@@ -161,6 +161,12 @@ def test_the_autouse_check_fails_leaky_tests_and_honours_the_marker(pytester):
                 open(path, "wb").close()
                 LEFT.append(path)
 
+            def test_leaks_shm():
+                open("/dev/shm/rlcollect_leakcheck_inner2_%d" % os.getpid(), "wb").close()
+
+            def test_reported_shm_was_removed():
+                assert not os.path.exists("/dev/shm/rlcollect_leakcheck_inner2_%d" % os.getpid())
+
             def test_cleanup():
                 for path in [x for x in LEFT if isinstance(x, str)]:
                     os.unlink(path)
@@ -168,11 +174,13 @@ def test_the_autouse_check_fails_leaky_tests_and_honours_the_marker(pytester):
         )
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-o", "addopts=", "-q")
-    result.assert_outcomes(passed=7, errors=3)
+    result.assert_outcomes(passed=9, errors=4)
     out = result.stdout.str()
     assert "ERROR at teardown of test_leaks_a_child" in out
     assert "ERROR at teardown of test_leaks_fds " in out or "ERROR at teardown of test_leaks_fds\n" in out
     assert "ERROR at teardown of test_allowed_fds_do_not_cover_children" in out
+    assert "ERROR at teardown of test_leaks_shm " in out or "ERROR at teardown of test_leaks_shm\n" in out
+    assert "new entr(y/ies) left in /dev/shm" in out
     assert "child process(es) still alive" in out
     assert "more open file descriptor(s) than before" in out
     # The fds allowed in one test and the leaked ones in the other stay open until the end,
