@@ -8,7 +8,11 @@ in particular, which costs seconds at start-up).
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import TYPE_CHECKING, Any
+
+# The library logs through the "rlcollect" logger and never prints; configure logging to see it.
+logging.getLogger("rlcollect").addHandler(logging.NullHandler())
 
 _EXPORTS = {
     "BusyEnv": "rlcollect.envs.testing",
@@ -25,6 +29,7 @@ _EXPORTS = {
     "MultiProcessWeightSyncScheme": "rlcollect.weights.schemes",
     "MultiSyncCollector": "rlcollect.multiprocess.sync",
     "NoWeightSyncScheme": "rlcollect.weights.schemes",
+    "ReplayBuffer": "rlcollect.buffers.replay",
     "SerialEnv": "rlcollect.envs.serial",
     "SharedMemWeightSyncScheme": "rlcollect.weights.schemes",
     "SleepEnv": "rlcollect.envs.testing",
@@ -52,6 +57,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover
     from rlcollect._context import current_worker_index
+    from rlcollect.buffers.replay import ReplayBuffer
     from rlcollect.collector import Collector
     from rlcollect.data import split_trajectories
     from rlcollect.envs.base import EnvBase

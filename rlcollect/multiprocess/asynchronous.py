@@ -46,15 +46,19 @@ class MultiAsyncCollector(MultiCollectorBase):
     def _attach(self) -> None:
         super()._attach()
         self._ready: collections.deque[tuple[int, dict]] = collections.deque()
+        self._in_flight: list[set[int]] = [set() for _ in range(self.num_workers)]
         self._armed = False
         self._rotation = 0
 
     def _arm(self) -> None:
-        random = self._random_now()
         for i in range(self.num_workers):
             for slot in range(self._slots_per_worker):
-                self._pool.send(i, P.COLLECT, slot, random)
+                self._collect(i, slot)
         self._armed = True
+
+    def _collect(self, index: int, slot: int) -> None:
+        self._pool.send(index, P.COLLECT, slot, self._random_now())
+        self._in_flight[index].add(slot)
 
     def _next_batch(self) -> TensorDict | None:
         with self._guard():
@@ -72,7 +76,7 @@ class MultiAsyncCollector(MultiCollectorBase):
             self._account(index, info, started)
             if self.update_at_each_batch and self._weight_source is not None:
                 self._push_to(index)
-            self._pool.send(index, P.COLLECT, info["slot"], self._random_now())
+            self._collect(index, info["slot"])
         self._iter += 1
         return self._deliver(batch)
 
@@ -91,21 +95,42 @@ class MultiAsyncCollector(MultiCollectorBase):
             self.update_policy_weights_(worker_ids=[index])
 
     def _poll(self) -> None:
-        """Read one reply from the first worker that has one (rotating for fairness)."""
+        """Read every reply that is waiting (workers in rotating order, for fairness), so that
+        a failure surfaces at once. A failed worker is restarted when allowed; the batches it
+        was filling are lost and collected anew, the ones it had finished stay queued."""
         pool, n = self._pool, self.num_workers
         busy = [i for i in range(n) if pool.handles[i].pending]
         if not busy:
             raise RuntimeError("no worker is collecting")
-        ready = pool.ready(busy, self.worker_timeout)
-        if not ready:
-            raise pool.timed_out(busy[0], self.worker_timeout)
+        try:
+            ready = pool.ready(busy, self.worker_timeout)
+            if not ready:
+                raise pool.timed_out(busy[0], self.worker_timeout)
+        except Exception as err:
+            self._fail(err)
+            return
         ready.sort(key=lambda i: (i - self._rotation) % n)
-        index = ready[0]
-        self._rotation = index + 1
-        command = pool.handles[index].pending[0]
-        value = pool.receive(index)
-        if command == P.COLLECT:
-            self._ready.append((index, value))
+        self._rotation = ready[0] + 1
+        for index in ready:
+            command = pool.handles[index].pending[0]
+            try:
+                value = pool.receive(index)
+            except Exception as err:
+                self._fail(err)
+                continue
+            if command == P.COLLECT:
+                self._in_flight[index].discard(value["slot"])
+                self._ready.append((index, value))
+
+    def _fail(self, err: Exception) -> None:
+        index = getattr(err, "worker_index", None)
+        if index is None or not 0 <= index < self.num_workers:
+            raise err
+        lost = sorted(self._in_flight[index])
+        self._in_flight[index].clear()
+        self._recover(index, err)
+        for slot in lost:
+            self._collect(index, slot)
 
     def _send_weights(self, index: int, state: dict, version: int) -> None:
         # Queued behind the worker's running batches: it applies them between two batches.
@@ -119,6 +144,8 @@ class MultiAsyncCollector(MultiCollectorBase):
     def _discard_in_flight(self) -> None:
         self._quiesce()
         self._ready.clear()
+        for slots in self._in_flight:
+            slots.clear()
         self._armed = False
 
     # -- nesting: a MultiAsyncCollector running inside another collector's worker -----------------
@@ -144,7 +171,7 @@ class MultiAsyncCollector(MultiCollectorBase):
                 buf.tensors[key].copy_(tensor)
             buf.tensors[WORKER_ID].fill_(index)
             self._account(index, info, started)
-            self._pool.send(index, P.COLLECT, info["slot"], self._random_now())
+            self._collect(index, info["slot"])
         self._iter += 1
         return info["frames"]
 

@@ -24,6 +24,7 @@ from rlcollect.config import CollectorConfig, kwargs_arg, optional_positive_int,
 from rlcollect.data import split_trajectories
 from rlcollect.multiprocess import protocol as P
 from rlcollect.multiprocess.pool import WorkerPool
+from rlcollect.multiprocess.restart import RestartPolicy
 from rlcollect.multiprocess.shm import allocate_slot, slot_buffer
 from rlcollect.policy import as_exploration_type, has_weights
 from rlcollect.weights.schemes import NoWeightSyncScheme, SharedMemWeightSyncScheme, validate_schemes
@@ -32,7 +33,6 @@ from rlcollect.weights.store import SharedWeights, as_state_dict
 logger = logging.getLogger("rlcollect")
 
 START_METHODS = ("spawn", "fork", "forkserver")
-FAILURE_POLICIES = ("raise",)
 PER_WORKER_ARGS = ("device", "storing_device", "env_device", "policy_device")
 #: Options forwarded unchanged to each worker's inner collector.
 INNER_OPTIONS = (
@@ -172,8 +172,7 @@ class MultiCollectorBase:
         self.cat_results = self._check_cat_results(cat_results)
         if mp_start_method not in START_METHODS:
             raise ValueError(f"mp_start_method must be one of {START_METHODS}, got {mp_start_method!r}")
-        if on_worker_failure not in FAILURE_POLICIES:
-            raise ValueError(f"on_worker_failure must be one of {FAILURE_POLICIES}, got {on_worker_failure!r}")
+        RestartPolicy(on_worker_failure, max_worker_restarts, [])  # validates both arguments
         if worker_timeout is not None and (isinstance(worker_timeout, bool) or not isinstance(worker_timeout, (int, float))
                                            or worker_timeout <= 0):
             raise ValueError(f"worker_timeout must be a positive number of seconds or None, got {worker_timeout!r}")
@@ -205,7 +204,7 @@ class MultiCollectorBase:
         self._weight_source = policy if has_weights(policy) else None
         self._storing_device = devices["storing_device"][0] or devices["device"][0]
         # -- per-worker specs, validated here before any process starts --------------------------
-        payloads = []
+        specs = []
         for i in range(n):
             kwargs = {
                 "policy_factory": factories[i],
@@ -227,10 +226,13 @@ class MultiCollectorBase:
             _pickled("create_env_fn", env_fns[i], "pass a module-level factory function (or a gymnasium id) instead "
                      "of an object that holds unpicklable state")
             _pickled("policy", sent_policy, "build it inside the workers with policy_factory=<a function>")
-            payloads.append(cloudpickle.dumps({
+            specs.append({
                 "collector_class": self.collector_class, "create_env_fn": env_fns[i], "policy": sent_policy,
                 "kwargs": kwargs, "preemptive": preemptive_threshold is not None,
-            }))
+            })
+        payloads = [cloudpickle.dumps(spec) for spec in specs]
+        self._restart = RestartPolicy(on_worker_failure, max_worker_restarts, specs)
+        self._last_weights: dict[int, tuple[dict, int]] = {}
         # -- start ---------------------------------------------------------------------------------
         self._previous_threads = torch.get_num_threads()
         torch.set_num_threads(num_threads or max(1, (os.cpu_count() or 1) - n))
@@ -268,9 +270,37 @@ class MultiCollectorBase:
         self._stops = [torch.zeros(1, dtype=torch.uint8).share_memory_() for _ in range(self.num_workers)]
         self._stores = self._make_stores()
         for i in range(self.num_workers):
-            store = None if self._stores is None else self._stores[i]
-            pool.request(i, P.ATTACH, self._slots[i], self._stops[i],
-                         store if self._scheme_backend() == "shared" else None)
+            self._attach_worker(i)
+
+    def _attach_worker(self, index: int) -> None:
+        store = None if self._stores is None else self._stores[index]
+        self._pool.request(index, P.ATTACH, self._slots[index], self._stops[index],
+                           store if self._scheme_backend() == "shared" else None)
+
+    # -- recovery ------------------------------------------------------------------------------------
+    def _recover(self, index: int, error: BaseException) -> None:
+        """Replace failed worker ``index`` (``on_worker_failure="restart"``) or re-raise ``error``.
+
+        The replacement is built from the same spec with a fresh seed and trajectory-id block,
+        gets the same shared slots and the current weights and version before collecting."""
+        if not self._restart.allows(index):
+            if self._restart.mode == "restart":
+                raise P.WorkerError(
+                    f"worker {index} failed again after {self._restart.counts[index]} restarts "
+                    f"(max_worker_restarts={self._restart.max_restarts}): {type(error).__name__}: {error}",
+                    index, getattr(error, "exitcode", None), getattr(error, "worker_traceback", None),
+                ) from error
+            raise error
+        count = self._restart.record(index)
+        logger.warning("restarting worker %d (restart %d of %d) after: %s",
+                       index, count, self._restart.max_restarts, str(error).splitlines()[0])
+        self._pool.restart(index, self._restart.payload(index, self.collector_class is Collector))
+        if self._pool.handles[index].info["layout"] != self.layouts[index]:
+            raise P.WorkerError(f"restarted worker {index} reports a different batch layout", index)
+        self._attach_worker(index)
+        if index in self._last_weights:
+            state, version = self._last_weights[index]
+            self._pool.request(index, P.UPDATE_WEIGHTS, state, version)
 
     def _scheme_backend(self) -> str | None:
         scheme = self._schemes.get("policy")
@@ -409,6 +439,7 @@ class MultiCollectorBase:
             else:
                 for i, w in targets.items():
                     state = {k: v.detach().cpu().numpy() for k, v in as_state_dict(w).items()}
+                    self._last_weights[i] = (state, self._version)
                     self._send_weights(i, state, self._version)
         for i in targets:
             self._worker_versions[i] = self._version
@@ -467,6 +498,7 @@ class MultiCollectorBase:
         with self._guard():
             self._discard_in_flight()
             for i in range(self.num_workers):
+                self._restart.seeds[i] = seed
                 seed = self._pool.request(i, P.SEED, seed, static_seed)
         return seed
 
@@ -532,11 +564,11 @@ class MultiCollectorBase:
             "fps_recent": self._last_batch_frames / self._last_batch_s if self._last_batch_s else 0.0,
             "policy_version": self._version,
             "workers": [
-                {"index": i, "frames": self._worker_frames[i], "alive": alive[i], "restarts": 0,
+                {"index": i, "frames": self._worker_frames[i], "alive": alive[i], "restarts": self._restart.counts[i],
                  "policy_version": self._worker_versions[i]}
                 for i in range(self.num_workers)
             ],
-            "restarts": 0,
+            "restarts": sum(self._restart.counts),
             "dropped_frames": self._dropped,
             "mean_policy_lag": self._last_lag,
             "wait_s": self._wait_s,
@@ -570,6 +602,9 @@ class MultiCollectorBase:
             self._finalizer.detach()
             _shutdown(pool, self._previous_threads, timeout)
         self._slots = self._buffers = self._stores = None
+        # An iterator that ended with an exception would answer StopIteration from now on; a
+        # fresh one says that the collector is shut down.
+        self._iterator = None
 
     def __enter__(self):
         return self

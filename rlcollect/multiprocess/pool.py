@@ -6,6 +6,7 @@ bounded shutdown (close -> terminate -> kill) that leaves no process behind.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import time
@@ -39,6 +40,16 @@ class _Handle:
         self.failed = False
 
 
+def _stop_process(process: Any, grace: float = 1.0) -> None:
+    """Terminate, then kill, then reap ``process``."""
+    if process.is_alive():
+        process.terminate()
+        process.join(grace)
+    if process.is_alive():
+        process.kill()
+    process.join(5.0)
+
+
 def _describe_death(handle: _Handle) -> str:
     handle.process.join(0.5)
     code = handle.process.exitcode
@@ -68,31 +79,46 @@ class WorkerPool:
     def __init__(self, context: Any, payloads: list[bytes], num_sub_threads: int, worker_timeout: float | None):
         self.context = context
         self.worker_timeout = worker_timeout
+        self.num_sub_threads = num_sub_threads
         self.handles: list[_Handle] = []
         self.closed = False
         try:
             for index, payload in enumerate(payloads):
-                parent_conn, child_conn = context.Pipe(duplex=True)
-                process = context.Process(
-                    target=worker_main,
-                    args=(index, payload, child_conn, os.getpid(), num_sub_threads),
-                    name=f"rlcollect-worker-{index}",
-                    daemon=False,  # a worker may itself run a multi-process collector
-                )
-                process.start()
-                child_conn.close()
-                self.handles.append(_Handle(index, process, parent_conn))
-            self._await_ready()
+                self.handles.append(self._spawn(index, payload))
+            self._await_ready(self.handles)
         except BaseException:
             self.shutdown(timeout=2.0)
             raise
 
+    def _spawn(self, index: int, payload: bytes) -> _Handle:
+        parent_conn, child_conn = self.context.Pipe(duplex=True)
+        process = self.context.Process(
+            target=worker_main,
+            args=(index, payload, child_conn, os.getpid(), self.num_sub_threads),
+            name=f"rlcollect-worker-{index}",
+            daemon=False,  # a worker may itself run a multi-process collector
+        )
+        process.start()
+        child_conn.close()
+        return _Handle(index, process, parent_conn)
+
+    def restart(self, index: int, payload: bytes) -> None:
+        """Replace worker ``index`` by a new process built from ``payload`` (the old one is
+        killed if it still runs) and wait until it is ready."""
+        old = self.handles[index]
+        _stop_process(old.process)
+        old.conn.close()
+        with contextlib.suppress(ValueError):
+            old.process.close()
+        self.handles[index] = self._spawn(index, payload)
+        self._await_ready([self.handles[index]])
+
     def __len__(self) -> int:
         return len(self.handles)
 
-    def _await_ready(self) -> None:
+    def _await_ready(self, handles: list[_Handle]) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        waiting = {h.index for h in self.handles}
+        waiting = {h.index for h in handles}
         while waiting:
             remaining = deadline - time.monotonic()
             if remaining <= 0:

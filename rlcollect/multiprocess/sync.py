@@ -79,24 +79,40 @@ class MultiSyncCollector(MultiCollectorBase):
         return self._deliver(batch)
 
     def _collect_all(self) -> list[dict]:
+        """One batch from every worker. A worker that fails is restarted (when allowed) and its
+        share is collected again, so a batch never mixes frames from before and after."""
         pool, n = self._pool, self.num_workers
         random = self._random_now()
         for stop in self._stops:
             stop[0] = 0
-        for i in range(n):
+        deadlines: dict[int, float] = {}
+
+        def start(i: int) -> None:
             pool.send(i, P.COLLECT, 0, random)
+            if self.worker_timeout is not None:
+                deadlines[i] = time.monotonic() + self.worker_timeout
+
+        for i in range(n):
+            start(i)
         need = n if self.preemptive_threshold is None else max(1, math.ceil(self.preemptive_threshold * n))
-        deadline = None if self.worker_timeout is None else time.monotonic() + self.worker_timeout
         infos: list[dict | None] = [None] * n
         waiting = list(range(n))
         while waiting:
-            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready = pool.ready(waiting, timeout)
-            if not ready:
-                raise pool.timed_out(waiting[0], self.worker_timeout)
-            for i in ready:
-                infos[i] = pool.receive(i)
-                waiting.remove(i)
+            try:
+                timeout = None if not deadlines else max(0.0, min(deadlines[i] for i in waiting) - time.monotonic())
+                ready = pool.ready(waiting, timeout)
+                if not ready:
+                    late = min(waiting, key=lambda i: deadlines[i])
+                    raise pool.timed_out(late, self.worker_timeout)
+                for i in ready:
+                    infos[i] = pool.receive(i)
+                    waiting.remove(i)
+            except Exception as err:
+                index = getattr(err, "worker_index", None)
+                if index not in waiting:
+                    raise
+                self._recover(index, err)
+                start(index)
             if self.preemptive_threshold is not None and n - len(waiting) >= need:
                 for i in waiting:
                     self._stops[i][0] = 1

@@ -92,6 +92,8 @@ class _Worker:
         self.weights = None
         cls = spec["collector_class"]
         self.collector = cls(spec["create_env_fn"], spec["policy"], **spec["kwargs"])
+        if spec.get("seed") is not None:  # a restarted worker starts from a fresh seed
+            self.collector.set_seed(spec["seed"])
         # A nested multi-process collector is driven through its public weight API.
         self.nested = not hasattr(self.collector, "_runner")
         self.module = self.collector.policy if self.nested else self.collector._runner.module
