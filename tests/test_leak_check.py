@@ -93,6 +93,31 @@ def test_reports_a_dev_shm_entry(leak_checker):
     assert leak_checker.find_leaks(before, shm_grace=0.1).shm == set()
 
 
+def test_ignores_dev_shm_entries_held_only_by_other_processes(leak_checker):
+    name = f"rlcollect_leakcheck_foreign_{os.getpid()}"
+    path = Path(leak_checker.SHM_DIR) / name
+    before = leak_checker.Snapshot.take()
+    # A process outside our tree (a double fork: the middle one exits at once) holds the entry.
+    code = (
+        "import os, sys, time\n"
+        "if os.fork() == 0:\n"
+        "    f = open(sys.argv[1], 'wb'); print('ready', flush=True); time.sleep(60)\n"
+    )
+    middle = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert middle.stdout.readline() == "ready\n"
+        middle.wait()
+        (holder,) = leak_checker.shm_holders({name})[name]
+        assert holder not in leak_checker.descendants()
+        assert leak_checker.find_leaks(before, shm_grace=0.1).shm == set()
+    finally:
+        for pid in leak_checker.shm_holders({name}).get(name, ()):
+            os.kill(pid, 9)
+        middle.stdout.close()
+        middle.wait()
+        path.unlink(missing_ok=True)
+
+
 def test_ignores_torch_files_of_other_live_processes(leak_checker):
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
