@@ -144,13 +144,17 @@ class FaultyEnv(CountingEnv):
         fault: ``"raise"`` (``InjectedFault``), ``"hang"`` (sleeps forever), ``"exit"``
             (``os._exit(exit_code)``), ``"kill"`` (SIGKILL of its own process) or
             ``"segfault"`` (reads address 0 through ctypes).
-        at_step: the fault fires on this step call (1-based, counted over the env's life).
+        at_step: the fault fires on this step call (1-based, counted over the env's life), or
+            on each of several (a sequence); None with ``trigger_file`` only.
         where: ``"step"`` or ``"reset"`` (then ``at_step`` counts reset calls).
         worker_ids: fire only in these collector workers (None: everywhere).
         times: fire at most this many times in total, counted in ``counter_file`` so that
             the count survives a restarted worker (None: every time).
         counter_file: path of the shared fire counter (required with ``times``).
         start_delay: seconds to sleep in the constructor (a slow start).
+        trigger_file: a path checked before every step: when a file appears there holding
+            ``"<fault> <worker index>"``, the matching worker claims it (removes it) and fails
+            that way. Lets a driver inject faults at chosen moments (``bench/soak.py``).
 
     Example:
         >>> env = FaultyEnv(fault="raise", at_step=2)
@@ -164,7 +168,7 @@ class FaultyEnv(CountingEnv):
     def __init__(
         self,
         fault: str = "raise",
-        at_step: int = 1,
+        at_step: int | Sequence[int] | None = 1,
         *,
         where: str = "step",
         worker_ids: Sequence[int] | None = None,
@@ -174,12 +178,19 @@ class FaultyEnv(CountingEnv):
         exit_code: int = 3,
         max_steps: int | None = None,
         batch_size=None,
+        trigger_file: str | None = None,
     ):
         if fault not in FAULTS:
             raise ValueError(f"FaultyEnv: fault must be one of {FAULTS}, got {fault!r}")
-        if not isinstance(at_step, int) or isinstance(at_step, bool) or at_step < 1:
+        steps = [] if at_step is None else [at_step] if isinstance(at_step, int) and not isinstance(at_step, bool) \
+            else list(at_step) if isinstance(at_step, (list, tuple, set, range)) else [at_step]
+        if not all(isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in steps) or \
+                (not steps and trigger_file is None):
             # at_step=0 would never fire and a fault-injection test would pass vacuously.
-            raise ValueError(f"FaultyEnv: at_step must be an int >= 1 (1-based call count), got {at_step!r}")
+            raise ValueError(
+                f"FaultyEnv: at_step must be an int >= 1 (1-based call count) or a sequence of them "
+                f"(None only with trigger_file), got {at_step!r}"
+            )
         if where not in ("step", "reset"):
             raise ValueError(f"FaultyEnv: where must be 'step' or 'reset', got {where!r}")
         if times is not None and counter_file is None:
@@ -188,6 +199,8 @@ class FaultyEnv(CountingEnv):
         if start_delay:
             time.sleep(start_delay)
         self.fault, self.at_step, self.where = fault, at_step, where
+        self._steps = set(steps)
+        self.trigger_file = trigger_file
         self.worker_ids = None if worker_ids is None else set(worker_ids)
         self.times, self.counter_file, self.exit_code = times, counter_file, exit_code
         self.worker_index = current_worker_index()
@@ -205,20 +218,44 @@ class FaultyEnv(CountingEnv):
             f.write(b"x")
         return True
 
+    def _triggered(self) -> str | None:
+        """The fault named in ``trigger_file`` if it targets this worker (claimed atomically)."""
+        if self.trigger_file is None or not os.path.exists(self.trigger_file):
+            return None
+        claimed = f"{self.trigger_file}.{os.getpid()}"
+        try:
+            with open(self.trigger_file) as f:
+                fault, worker = f.read().split()
+            if int(worker) != self.worker_index or fault not in FAULTS:
+                return None
+            os.rename(self.trigger_file, claimed)
+        except (OSError, ValueError):
+            return None  # claimed by someone else, or half-written: check again next step
+        os.remove(claimed)
+        return fault
+
     def _maybe_fail(self, where: str) -> None:
         self._calls[where] += 1
-        if where != self.where or self._calls[where] != self.at_step or not self._armed():
-            return
-        if self.fault == "raise":
-            raise InjectedFault(f"FaultyEnv: injected fault at {where} {self.at_step} (worker {self.worker_index})")
-        if self.fault == "hang":
+        fault = self._triggered() if where == "step" else None
+        if fault is None:
+            if where != self.where or self._calls[where] not in self._steps or not self._armed():
+                return
+            fault = self.fault
+        self._fire(fault, where)
+
+    def _fire(self, fault: str, where: str) -> None:
+        if fault == "raise":
+            raise InjectedFault(
+                f"FaultyEnv: injected fault at {where} {self._calls[where]} (worker {self.worker_index})"
+            )
+        if fault == "hang":
             while True:
                 time.sleep(3600)
-        if self.fault == "exit":
+        if fault == "exit":
             os._exit(self.exit_code)
-        if self.fault == "kill":
+        if fault == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
-        if self.fault == "segfault":
+        if fault == "segfault":
             ctypes.string_at(0)
 
     def _reset_rows(self, rows, obs_out) -> None:

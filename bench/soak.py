@@ -1,0 +1,124 @@
+"""Soak test: run a multi-process collector for a long time with weight updates every batch and
+faults injected at intervals, and watch for hangs, leaks and lost restarts.
+
+    python -m bench.soak --minutes 10 --fault-every 30
+
+Prints, every ``--report-every`` seconds, frames collected, restarts, the main process's RSS,
+its open fds and the /dev/shm entries; at the end a summary with the RSS growth after the first
+minute. Faults rotate through raise / exit / kill / segfault / hang (the hang is caught by
+``worker_timeout``); each is injected into one worker through ``FaultyEnv``'s trigger file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+import tempfile
+import time
+
+import torch
+
+from rlcollect import FaultyEnv, MultiAsyncCollector, MultiSyncCollector
+
+FAULT_CYCLE = ("raise", "exit", "kill", "segfault", "hang")
+
+
+class SoakPolicy(torch.nn.Module):
+    """A small MLP from the 1-d count observation to one of two actions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(1, 32), torch.nn.Tanh(), torch.nn.Linear(32, 2))
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return self.net(observation / 100.0).argmax(-1)
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def shm_entries() -> int:
+    return len(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=10.0, help="how long to run (default 10)")
+    parser.add_argument("--fault-every", type=float, default=30.0, help="seconds between injected faults")
+    parser.add_argument("--report-every", type=float, default=15.0, help="seconds between progress lines")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--mode", choices=("sync", "async"), default="async")
+    parser.add_argument("--frames-per-batch", type=int, default=2000)
+    parser.add_argument("--json", metavar="PATH", help="also write the samples and summary as JSON")
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(1)
+    workdir = tempfile.mkdtemp(prefix="rlcollect-soak-")
+    trigger = os.path.join(workdir, "fault")
+    env = functools.partial(FaultyEnv, at_step=None, trigger_file=trigger, max_steps=200)
+    policy = SoakPolicy()
+    cls = MultiSyncCollector if args.mode == "sync" else MultiAsyncCollector
+    start_fds, start_shm = open_fds(), shm_entries()
+    collector = cls(env, policy, num_workers=args.workers, frames_per_batch=args.frames_per_batch,
+                    on_worker_failure="restart", max_worker_restarts=10_000, worker_timeout=5.0,
+                    track_policy_version=True)
+    began = time.monotonic()
+    deadline = began + args.minutes * 60
+    next_fault, next_report, faults = began + args.fault_every, began, 0
+    samples: list[dict] = []
+    frames = 0
+    try:
+        for batch in collector:
+            frames += batch.numel()
+            with torch.no_grad():
+                for p in policy.parameters():
+                    p.add_(torch.randn_like(p) * 1e-3)
+            collector.update_policy_weights_()
+            now = time.monotonic()
+            if now >= next_fault and not os.path.exists(trigger):  # the previous fault was claimed
+                kind = FAULT_CYCLE[faults % len(FAULT_CYCLE)]
+                with open(trigger + ".tmp", "w") as f:
+                    f.write(f"{kind} {faults % args.workers}")
+                os.rename(trigger + ".tmp", trigger)
+                faults += 1
+                next_fault = now + args.fault_every
+            if now >= next_report or now >= deadline:
+                stats = collector.stats()
+                sample = {"t_s": round(now - began, 1), "frames": frames, "restarts": stats["restarts"],
+                          "faults_injected": faults, "rss_mb": round(rss_mb(), 1), "fds": open_fds(),
+                          "shm": shm_entries(), "fps": round(stats["fps"])}
+                samples.append(sample)
+                print(json.dumps(sample), flush=True)
+                next_report = now + args.report_every
+            if now >= deadline:
+                break
+    finally:
+        collector.shutdown()
+    after_minute = [s for s in samples if s["t_s"] >= 60] or samples
+    summary = {
+        "frames": frames, "seconds": round(time.monotonic() - began, 1), "faults_injected": faults,
+        "restarts": samples[-1]["restarts"] if samples else 0,
+        "rss_growth_after_first_minute_mb": round(samples[-1]["rss_mb"] - after_minute[0]["rss_mb"], 1),
+        "fds_start": start_fds, "fds_end": open_fds(), "shm_start": start_shm, "shm_end": shm_entries(),
+    }
+    print("summary", json.dumps(summary), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"samples": samples, "summary": summary}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
