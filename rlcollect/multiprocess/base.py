@@ -602,6 +602,7 @@ class MultiCollectorBase:
             self._finalizer.detach()
             _shutdown(pool, self._previous_threads, timeout)
         self._slots = self._buffers = self._stores = None
+        self._stops = []  # shared tensors: each holds a file descriptor until it is freed
         # An iterator that ended with an exception would answer StopIteration from now on; a
         # fresh one says that the collector is shut down.
         self._iterator = None
