@@ -18,6 +18,7 @@ from rlcollect._context import worker_index
 from rlcollect.config import CollectorConfig
 from rlcollect.data import TRAJ_ID_BLOCK, BatchBuffer, split_trajectories
 from rlcollect.envs.adapter import make_env
+from rlcollect.freerun import BackgroundLoop
 from rlcollect.policy import exploration_scope, has_weights, load_weights, make_runner
 from rlcollect.rollout import Rollout
 from rlcollect.weights.schemes import validate_schemes
@@ -200,10 +201,13 @@ class Collector:
         self._profile: dict | None = None
         self._started_at: float | None = None
         self._last_batch_s = 0.0
+        self._loop: BackgroundLoop | None = None
 
     # -- iteration ---------------------------------------------------------------------------
     def __iter__(self) -> Iterator[TensorDict | None]:
         self._check_open()
+        if self._loop is not None:
+            raise RuntimeError("this collector is running free (start()); it cannot be iterated until async_shutdown()")
         while self.total_frames < 0 or self._frames < self.total_frames:
             yield self._next_batch()
 
@@ -236,7 +240,9 @@ class Collector:
     @contextlib.contextmanager
     def _rng_scope(self) -> Iterator[None]:
         """After ``set_seed``, rollouts draw torch randomness from the collector's own stream."""
-        if self._torch_rng is None:
+        if self._torch_rng is None or self._loop is not None:
+            # Running free, the rollout shares the process with the trainer: swapping the global
+            # torch RNG state from a background thread would disturb it.
             yield
             return
         outer = torch.get_rng_state()
@@ -248,7 +254,7 @@ class Collector:
             torch.set_rng_state(outer)
 
     def _random_now(self) -> bool:
-        return self._frames < self.config.init_random_frames
+        return frames_written(self.replay_buffer, self._frames) < self.config.init_random_frames
 
     def _next_batch(self) -> TensorDict | None:
         cfg = self.config
@@ -258,8 +264,8 @@ class Collector:
         buf = self._buffer if self._buffer is not None else BatchBuffer(self.layout)
         self._collect_into(buf, random=self._random_now())
         batch = buf.td
-        if self._buffer is not None and not cfg.return_same_td:
-            batch = batch.clone()
+        if self._buffer is not None and not cfg.return_same_td and self.replay_buffer is None:
+            batch = batch.clone()  # (a replay buffer copies what it keeps)
         storing = cfg.storing_device_or_default
         if storing is not None and storing != batch.device:
             batch = batch.to(storing)
@@ -342,9 +348,10 @@ class Collector:
         self._check_open()
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"seed must be an int, got {seed!r}")
-        next_seed = self.env.set_seed(seed, static_seed=static_seed)
-        self._torch_rng = torch.Generator().manual_seed(seed).get_state()
-        self._rollout.needs_reset = True
+        with self._quiet():
+            next_seed = self.env.set_seed(seed, static_seed=static_seed)
+            self._torch_rng = torch.Generator().manual_seed(seed).get_state()
+            self._rollout.needs_reset = True
         return next_seed
 
     def reset(self) -> None:
@@ -355,7 +362,18 @@ class Collector:
             >>> c.reset()
         """
         self._check_open()
-        self._rollout.needs_reset = True
+        with self._quiet():
+            self._rollout.needs_reset = True
+
+    @contextlib.contextmanager
+    def _quiet(self) -> Iterator[None]:
+        """Control calls made while running free wait for the batch in progress (and surface
+        an error the background loop hit)."""
+        if self._loop is None:
+            yield
+        else:
+            with self._loop.pause():
+                yield
 
     def update_policy_weights_(self, weights: Any = None, *, worker_ids: Any = None, model_id: str = "policy") -> None:
         """Load new weights into the acting policy and bump the policy version.
@@ -393,12 +411,13 @@ class Collector:
                 "so there are no weights to update"
             )
         source = weights if weights is not None else self._weight_source
-        if source is not None:
-            load_weights(module, source)
-        self._version += 1
+        with self._quiet():  # never between two steps of a running batch
+            if source is not None:
+                load_weights(module, source)
+            self._version += 1
 
     def shutdown(self) -> None:
-        """Close the env. Idempotent.
+        """Stop running free (if started) and close the env. Idempotent.
 
         Example:
             >>> c = Collector("CartPole-v1", frames_per_batch=10)
@@ -407,7 +426,46 @@ class Collector:
         if self._closed:
             return
         self._closed = True
-        self.env.close()
+        loop, self._loop = getattr(self, "_loop", None), None
+        try:
+            if loop is not None:
+                loop.stop()
+        finally:
+            self.env.close()
+
+    # -- free-running ------------------------------------------------------------------------
+    def start(self) -> None:
+        """Collect continuously into the replay buffer from a background thread; returns at once.
+
+        Example:
+            >>> from rlcollect import ReplayBuffer
+            >>> rb = ReplayBuffer(1000)
+            >>> c = Collector("CartPole-v1", frames_per_batch=100, replay_buffer=rb)
+            >>> c.start()
+            >>> with c.pause():
+            ...     written = rb.write_count
+            >>> c.async_shutdown(); rb.close()
+        """
+        self._check_open()
+        if self.replay_buffer is None:
+            raise RuntimeError("start() needs a replay_buffer: batches collected in the background go there")
+        if self._loop is not None:
+            raise RuntimeError("start() was already called; use pause() to stop writing for a while")
+        self._loop = BackgroundLoop(self._next_batch, name="rlcollect-collector")
+        self._loop.start()
+
+    @contextlib.contextmanager
+    def pause(self) -> Iterator[None]:
+        """Within the block no frame is written (the batch in progress is finished first)."""
+        self._check_open()
+        if self._loop is None:
+            raise RuntimeError("pause() needs a collector running free: call start() first")
+        with self._loop.pause():
+            yield
+
+    def async_shutdown(self, timeout: float = 10.0) -> None:
+        """Stop running free, then shut down. Re-raises an error the background loop hit."""
+        self.shutdown()
 
     def __enter__(self) -> Collector:
         return self
@@ -512,3 +570,10 @@ class Collector:
     def __repr__(self) -> str:
         return (f"Collector(env={self.env!r}, frames_per_batch={self.frames_per_batch}, "
                 f"total_frames={self.total_frames}, frames={self._frames})")
+
+
+def frames_written(replay_buffer: Any, collected: int) -> int:
+    """Frames judged by ``init_random_frames``: the buffer's ``write_count`` when it has one."""
+    count = getattr(replay_buffer, "write_count", None) if replay_buffer is not None else None
+    return collected if not isinstance(count, int) else count
+
