@@ -69,6 +69,11 @@ class MultiAsyncCollector(MultiCollectorBase):
                 self._poll()
             self._wait_s += time.perf_counter() - started
             index, info = self._ready.popleft()
+            if self._workers_write:  # the worker put its batch into the replay buffer
+                self._account(index, info, started)
+                self._collect(index, info["slot"])
+                self._iter += 1
+                return None
             buffer = self._buffers[index][info["slot"]]
             batch = buffer.td.clone()
             batch.set(WORKER_ID, torch.full(batch.shape, index, dtype=torch.int64))

@@ -23,6 +23,7 @@ from rlcollect.collector import Collector
 from rlcollect.config import CollectorConfig, kwargs_arg, optional_positive_int, positive_int, total_frames_arg
 from rlcollect.data import split_trajectories
 from rlcollect.multiprocess import protocol as P
+from rlcollect.multiprocess.freerun import FreeRunning
 from rlcollect.multiprocess.pool import WorkerPool
 from rlcollect.multiprocess.restart import RestartPolicy
 from rlcollect.multiprocess.shm import allocate_slot, slot_buffer
@@ -75,7 +76,15 @@ def _pickled(name: str, value: Any, hint: str) -> None:
         raise TypeError(f"{name} cannot be pickled for the worker processes ({err}); {hint}") from err
 
 
-class MultiCollectorBase:
+def _shared_buffer(replay_buffer: Any) -> bool:
+    """Whether the workers can write into ``replay_buffer`` themselves (an rlcollect
+    ``ReplayBuffer``); any other object with ``extend()`` is written by the main process."""
+    from rlcollect.buffers.replay import ReplayBuffer
+
+    return isinstance(replay_buffer, ReplayBuffer)
+
+
+class MultiCollectorBase(FreeRunning):
     """Shared machinery of ``MultiSyncCollector`` and ``MultiAsyncCollector``."""
 
     _sync: bool = True
@@ -196,6 +205,9 @@ class MultiCollectorBase:
         if replay_buffer is not None and not callable(getattr(replay_buffer, "extend", None)):
             raise TypeError(f"replay_buffer must have an extend() method, got {type(replay_buffer).__name__}")
         self.replay_buffer, self.extend_buffer = replay_buffer, extend_buffer
+        self._workers_write = _shared_buffer(replay_buffer)
+        if self._workers_write:
+            _pickled("postproc", postproc, "define it as a module-level function: the workers apply it before writing")
         self.postproc, self.split_trajs, self.return_same_td = postproc, split_trajs, return_same_td
         self.update_at_each_batch = bool(update_at_each_batch)
         self.per_worker_weights = bool(per_worker_weights)
@@ -229,6 +241,8 @@ class MultiCollectorBase:
             specs.append({
                 "collector_class": self.collector_class, "create_env_fn": env_fns[i], "policy": sent_policy,
                 "kwargs": kwargs, "preemptive": preemptive_threshold is not None,
+                "replay_buffer": replay_buffer.share() if self._workers_write else None,
+                "write_options": {"postproc": postproc, "split_trajs": split_trajs, "extend_buffer": extend_buffer},
             })
         payloads = [cloudpickle.dumps(spec) for spec in specs]
         self._restart = RestartPolicy(on_worker_failure, max_worker_restarts, specs)
@@ -340,11 +354,10 @@ class MultiCollectorBase:
                 self.replay_buffer.extend(batch[..., t])
         return None
 
-    def _random_now(self) -> bool:
-        return self._frames < self.init_random_frames
-
     def __iter__(self) -> Iterator[TensorDict | None]:
         self._check_open()
+        if self._running_free or self._loop is not None:
+            raise RuntimeError("this collector is running free (start()); it cannot be iterated until async_shutdown()")
         try:
             while self.total_frames < 0 or self._frames < self.total_frames:
                 yield self._next_batch()
@@ -385,7 +398,7 @@ class MultiCollectorBase:
         """Wait for the replies workers still owe (async keeps the batches for delivery)."""
 
     def _broadcast(self, command: str, *args: Any, workers: list[int] | None = None) -> list:
-        with self._guard():
+        with self._control(), self._guard():
             self._quiesce()
             indices = range(self.num_workers) if workers is None else workers
             for i in indices:
@@ -428,9 +441,12 @@ class MultiCollectorBase:
                 "to update (a random policy, or a policy without nn.Module state)"
             )
         targets = self._targets(weights, worker_ids)
-        self._version += 1
         with self._guard():
-            if self._scheme_backend() == "shared":
+            self._check_running_free()
+        shared = self._scheme_backend() == "shared"
+        self._version += 1
+        with (contextlib.nullcontext() if shared else self._control()), self._guard():
+            if shared:
                 written = set()
                 for i, w in targets.items():
                     if id(self._stores[i]) not in written:
@@ -495,7 +511,7 @@ class MultiCollectorBase:
         """
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"seed must be an int, got {seed!r}")
-        with self._guard():
+        with self._control(), self._guard():
             self._discard_in_flight()
             for i in range(self.num_workers):
                 self._restart.seeds[i] = seed
@@ -504,7 +520,7 @@ class MultiCollectorBase:
 
     def reset(self) -> None:
         """Reset every worker's envs; the next frames start new trajectories."""
-        with self._guard():
+        with self._control(), self._guard():
             self._discard_in_flight()
             for i in range(self.num_workers):
                 self._pool.request(i, P.RESET)
@@ -543,7 +559,7 @@ class MultiCollectorBase:
         missing = [k for k in (*(f"worker{i}" for i in range(self.num_workers)), "frames", "iter") if k not in state]
         if missing:
             raise KeyError(f"{type(self).__name__}.load_state_dict: missing keys {missing}")
-        with self._guard():
+        with self._control(), self._guard():
             self._discard_in_flight()
             for i in range(self.num_workers):
                 self._pool.request(i, P.LOAD_STATE_DICT, state[f"worker{i}"])
@@ -554,6 +570,9 @@ class MultiCollectorBase:
     # -- observability ------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """JSON-serialisable statistics (SPEC 11)."""
+        if self._running_free and not self._closed:
+            with self._guard():
+                self._check_running_free()
         elapsed = time.perf_counter() - self._started_at
         alive = self._pool.alive() if self._pool is not None and not self._closed else [False] * self.num_workers
         return {
@@ -570,6 +589,7 @@ class MultiCollectorBase:
             ],
             "restarts": sum(self._restart.counts),
             "dropped_frames": self._dropped,
+            "replay_buffer_write_count": getattr(self.replay_buffer, "write_count", None),
             "mean_policy_lag": self._last_lag,
             "wait_s": self._wait_s,
         }
@@ -595,6 +615,14 @@ class MultiCollectorBase:
         if self._closed and self._pool is None:
             return
         self._closed = True
+        self._running_free = False
+        loop, self._loop = self._loop, None
+        loop_error = None
+        if loop is not None:
+            try:
+                loop.stop(timeout)
+            except Exception as err:  # noqa: BLE001  (raised once everything is shut down)
+                loop_error = err
         for stop in getattr(self, "_stops", []):
             stop[0] = 1
         pool, self._pool = self._pool, None
@@ -606,6 +634,8 @@ class MultiCollectorBase:
         # An iterator that ended with an exception would answer StopIteration from now on; a
         # fresh one says that the collector is shut down.
         self._iterator = None
+        if loop_error is not None:
+            raise loop_error
 
     def __enter__(self):
         return self

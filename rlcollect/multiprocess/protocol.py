@@ -26,6 +26,8 @@ GETATTR_POLICY = "getattr_policy"
 GETATTR_ENV = "getattr_env"
 GET_WEIGHTS = "get_weights"  # the worker policy's state, to seed the shared store
 ENABLE_PROFILE = "enable_profile"
+RUN_FREE = "run_free"  # collect into the replay buffer until the next command; replies then
+PAUSE = "pause"  # sent to a worker running free: ends it (the run_free reply comes first)
 CLOSE = "close"
 
 OK, ERROR, READY = "ok", "error", "ready"

@@ -73,10 +73,25 @@ class MultiSyncCollector(MultiCollectorBase):
             started = time.perf_counter()
             infos = self._collect_all()
             self._wait_s += time.perf_counter() - started
+            if self._workers_write:  # the workers put their parts into the replay buffer
+                self._account(infos)
+                self._last_batch_s = time.perf_counter() - started
+                self._iter += 1
+                return None
             batch = self._gather(infos)
             self._last_batch_s = time.perf_counter() - started
         self._iter += 1
         return self._deliver(batch)
+
+    def _account(self, infos: list[dict]) -> int:
+        valid = sum(info["frames"] for info in infos)
+        for i, info in enumerate(infos):
+            self._worker_frames[i] += info["frames"]
+            self._worker_versions[i] = info["version"]
+        self._last_lag = sum(self._version - info["version"] for info in infos) / len(infos)
+        self._frames += valid
+        self._last_batch_frames = valid
+        return valid
 
     def _collect_all(self) -> list[dict]:
         """One batch from every worker. A worker that fails is restarted (when allowed) and its
@@ -120,11 +135,7 @@ class MultiSyncCollector(MultiCollectorBase):
 
     def _gather(self, infos: list[dict]) -> TensorDict:
         tds = [buffers[0].td for buffers in self._buffers]
-        valid = sum(info["frames"] for info in infos)
-        for i, info in enumerate(infos):
-            self._worker_frames[i] += info["frames"]
-            self._worker_versions[i] = info["version"]
-        self._last_lag = sum(self._version - info["version"] for info in infos) / len(infos)
+        valid = self._account(infos)
         if self.cat_results == "stack":
             batch = torch.stack(tds, 0)
         else:
@@ -132,15 +143,15 @@ class MultiSyncCollector(MultiCollectorBase):
                 steps = [int(info["frames"] // max(1, lay.rows)) for info, lay in zip(infos, self.layouts)]
                 if self.cat_results == 0:
                     keep = min(steps)
-                    self._dropped += valid - sum(keep * lay.rows for lay in self.layouts)
-                    valid = sum(keep * lay.rows for lay in self.layouts)
+                    dropped = valid - sum(keep * lay.rows for lay in self.layouts)
+                    self._dropped += dropped  # counted out: only delivered frames count
+                    self._frames -= dropped
+                    self._last_batch_frames -= dropped
                     steps = [keep] * len(steps)
                 tds = [td[..., :s] for td, s in zip(tds, steps)]
                 tds = [td.exclude(MASK) for td in tds]
             batch = torch.cat(tds, self.cat_results if self.cat_results == 0 else -1)
         batch.names = [None] * (batch.batch_dims - 1) + ["time"]
-        self._frames += valid
-        self._last_batch_frames = valid
         return batch
 
     # -- nesting: a MultiSyncCollector running inside another collector's worker ------------------

@@ -105,6 +105,11 @@ class _Worker:
         self.layout = BatchLayout(fields, base.batch_size, base.time)
         self.slots: list = []
         self.stop = None
+        # Writing straight into a shared replay buffer (SPEC 7): what the main process would
+        # otherwise do after receiving the batch, done here, so no batch crosses the pipe.
+        self.replay_buffer = spec.get("replay_buffer")
+        self.write_options = spec.get("write_options", {})
+        self._deferred: list = []
         self.handlers = {
             P.ATTACH: self.attach,
             P.COLLECT: self.collect,
@@ -117,6 +122,8 @@ class _Worker:
             P.GETATTR_ENV: self.getattr_env,
             P.GET_WEIGHTS: self.get_weights,
             P.ENABLE_PROFILE: self.enable_profile,
+            P.RUN_FREE: self.run_free,
+            P.PAUSE: self.pause,
         }
 
     def describe(self) -> dict:
@@ -159,7 +166,45 @@ class _Worker:
         version = self.collector._version
         started = time.perf_counter()
         frames = self.collector._collect_into(self.slots[slot], random=random, stop=self.stop)
+        if self.replay_buffer is not None:
+            self._write(self.slots[slot], frames)
         return {"slot": slot, "frames": frames, "version": version, "seconds": time.perf_counter() - started}
+
+    def _write(self, buffer: Any, frames: int) -> None:
+        """Put a collected batch into the replay buffer (postproc first; only valid frames)."""
+        layout = self.layout
+        steps = frames // max(1, layout.rows)
+        if steps == 0:
+            return
+        batch = buffer.td if steps == layout.time else buffer.td[..., :steps]
+        options = self.write_options
+        if options.get("split_trajs"):
+            from rlcollect.data import split_trajectories
+
+            batch = split_trajectories(batch)
+        if options.get("postproc") is not None:
+            batch = options["postproc"](batch)
+        if options.get("extend_buffer", True):
+            self.replay_buffer.extend(batch)
+        else:
+            for t in range(batch.shape[-1]):
+                self.replay_buffer.extend(batch[..., t])
+
+    def run_free(self, init_random_frames: int) -> dict:
+        """Collect into the replay buffer until a command arrives (it is served next)."""
+        if self.replay_buffer is None:
+            raise RuntimeError(f"worker {self.index}: run_free needs a replay buffer the worker can write to")
+        batches = frames = 0
+        while not self.conn.poll():
+            random = self.replay_buffer.write_count < init_random_frames
+            info = self.collect(0, random)
+            batches += 1
+            frames += info["frames"]
+        self._deferred.append(self.conn.recv())
+        return {"batches": batches, "frames": frames, "version": self.collector._version}
+
+    def pause(self) -> None:
+        """Nothing to do: a paused worker is one that is not running free."""
 
     def update_weights(self, state: dict, version: int) -> None:
         load_weights(self.module, {k: torch.from_numpy(v) for k, v in state.items()})
@@ -178,7 +223,7 @@ class _Worker:
         conn = self.conn
         while True:
             try:
-                command, args = conn.recv()
+                command, args = self._deferred.pop(0) if self._deferred else conn.recv()
             except (EOFError, OSError):
                 return  # the main process is gone
             if command == P.CLOSE:
