@@ -56,9 +56,19 @@ class MultiAsyncCollector(MultiCollectorBase):
                 self._collect(i, slot)
         self._armed = True
 
-    def _collect(self, index: int, slot: int) -> None:
+    def _collect(self, index: int, slot: int, needed_only: bool = True) -> None:
+        if needed_only and not self._needed():
+            return
         self._pool.send(index, P.COLLECT, slot, self._random_now())
         self._in_flight[index].add(slot)
+
+    def _needed(self) -> bool:
+        """Whether another batch is needed to reach ``total_frames``: the workers never run past
+        it (with a replay buffer they write what they collect, so that would write extra)."""
+        if self.total_frames < 0:
+            return True
+        coming = sum(len(slots) for slots in self._in_flight) + len(self._ready)
+        return self._frames + coming * self.frames_per_batch < self.total_frames
 
     def _next_batch(self) -> TensorDict | None:
         with self._guard():
@@ -135,7 +145,7 @@ class MultiAsyncCollector(MultiCollectorBase):
         self._in_flight[index].clear()
         self._recover(index, err)
         for slot in lost:
-            self._collect(index, slot)
+            self._collect(index, slot, needed_only=False)
 
     def _send_weights(self, index: int, state: dict, version: int) -> None:
         # Queued behind the worker's running batches: it applies them between two batches.
