@@ -1,0 +1,642 @@
+"""``DistributedCollector``: rank 0 of a collection spread over nodes (processes or hosts)
+joined over torch.distributed.  Rank 0 never builds an env or runs the policy: it hands each
+node its configuration, allocates receive buffers from the layouts the nodes report, and
+delivers their batches."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import math
+import secrets
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import cloudpickle
+import torch
+from tensordict import TensorDict
+
+from rlcollect.collector import Collector
+from rlcollect.data import split_trajectories
+from rlcollect.distributed import protocol as P
+from rlcollect.distributed import transport
+from rlcollect.distributed.channel import Channel
+from rlcollect.distributed.config import DistributedConfig
+from rlcollect.distributed.heartbeat import Heartbeat, Silence
+from rlcollect.distributed.launchers import Launcher, make_launcher
+from rlcollect.multiprocess.protocol import WorkerError
+from rlcollect.weights.schemes import NoWeightSyncScheme
+from rlcollect.weights.store import as_state_dict
+
+logger = logging.getLogger("rlcollect")
+
+#: ``("collector", "node_id")``: the node an async batch came from.
+NODE_ID = ("collector", "node_id")
+#: Weight sends not yet taken by a slow node before we wait for the oldest.
+MAX_PENDING_WEIGHTS = 8
+_RENDEZVOUS_POLL_S = 0.02
+
+
+def _node_error(message: str, node: int, exitcode: int | None = None) -> WorkerError:
+    err = WorkerError(message, node, exitcode)
+    err.node_index = node
+    return err
+
+
+class _Resources:
+    """What shutdown releases; holds no reference to the collector, so that garbage collection
+    and interpreter exit can release it too."""
+
+    def __init__(self) -> None:
+        self.store: Any = None
+        self.heartbeat: Heartbeat | None = None
+        self.launcher: Launcher | None = None
+        self.channel: Channel | None = None
+        self.pg: Any = None
+        self.world_size = 0
+        self.configured: set[int] = set()
+        self.weight_sends: list[collections.deque] = []
+
+    def release(self, timeout: float = 10.0) -> None:
+        store, channel = self.store, self.channel
+        if store is not None and channel is not None:
+            reject = P.encode("reject", P.MASTER_RANK, reason="rank 0 is shutting down")
+            for rank in range(1, self.world_size):
+                with contextlib.suppress(Exception):
+                    if rank in self.configured:
+                        channel.command(rank, "close")
+                    else:
+                        store.set(P.config_key(rank), reject)
+        launcher = self.launcher
+        if launcher is not None:
+            if store is not None and not launcher.owns_processes:
+                _wait_byes(store, self.configured, 0.6 * timeout)
+            with contextlib.suppress(Exception):
+                launcher.stop(timeout)
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+        self.weight_sends = []
+        if self.pg is not None:
+            with contextlib.suppress(Exception):
+                self.pg.shutdown()
+        self.pg = self.channel = self.store = self.heartbeat = self.launcher = None
+
+
+def _wait_byes(store: Any, ranks: set[int], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    waiting = set(ranks)
+    with contextlib.suppress(Exception):
+        while waiting and time.monotonic() < deadline:
+            waiting = {r for r in waiting if not store.check([P.bye_key(r)])}
+            time.sleep(0.05)
+
+
+class DistributedCollector:
+    """Collect on ``num_nodes`` nodes (processes or hosts) joined over torch.distributed.
+
+    Each entry of ``create_env_fn`` is one node (rank ``i + 1``; nodes are numbered from 0 in
+    the API) running an inner collector of ``collector_class`` (``Collector``, ``"sync"`` or
+    ``"async"`` with ``num_workers_per_collector`` workers).  ``sync=True`` yields one batch
+    from every node stacked, ``(num_nodes, *node_batch)``, each node collecting
+    ``frames_per_batch / num_nodes`` frames; ``sync=False`` yields each node's batch of
+    ``frames_per_batch`` frames as it comes, tagged ``("collector", "node_id")``, and restarts
+    that node at once (each node has two batches in flight).
+
+    Launchers: ``"mp"`` (local processes), ``"submitit"`` (``slurm_kwargs``; ``{"executor":
+    "local"}`` for local jobs), ``"submitit_delayed"`` and ``"external"`` (nodes started with
+    ``rlcollect node``; both need ``tcp_port``).  Rank 0 listens on ``master_addr`` only
+    (default: loopback for "mp", the host's address otherwise); ``tcp_port=None`` picks a free
+    port.  ``timeout`` bounds start-up and every reply; a node that dies or stops beating for
+    ``heartbeat_timeout`` seconds raises ``WorkerError`` naming it, and the rest are shut down.
+
+    Weights: ``update_policy_weights_`` sends rank 0's ``policy`` weights (or the ones given)
+    to every node or to ``worker_ids`` (node indices); nodes pass them to their workers.
+    ``update_after_each_batch``, ``max_weight_update_interval=k`` (a node never collects more
+    than k batches on the same weights) and ``update_interval=k`` (every k yielded batches)
+    automate it.  Nodes execute the code rank 0 sends them: see docs/distributed.md.
+
+    Example:
+        >>> from rlcollect import DistributedCollector
+        >>> with DistributedCollector(["CartPole-v1"] * 2, frames_per_batch=200, total_frames=400,
+        ...                           sync=True) as c:
+        ...     shapes = [batch.shape for batch in c]
+        >>> shapes
+        [torch.Size([2, 100]), torch.Size([2, 100])]
+    """
+
+    def __init__(
+        self,
+        create_env_fn: Any,
+        policy: Any = None,
+        *,
+        policy_factory: Callable | list | None = None,
+        frames_per_batch: int,
+        total_frames: int = -1,
+        device: Any = None,
+        storing_device: Any = None,
+        env_device: Any = None,
+        policy_device: Any = None,
+        create_env_kwargs: dict | list | None = None,
+        max_frames_per_traj: int | None = None,
+        init_random_frames: int | None = None,
+        reset_at_each_iter: bool = False,
+        postproc: Callable | None = None,
+        split_trajs: bool = False,
+        exploration_type: Any = "random",
+        collector_class: Any = Collector,
+        collector_kwargs: dict | list | None = None,
+        num_workers_per_collector: int = 1,
+        num_nodes: int | None = None,
+        sync: bool = False,
+        slurm_kwargs: dict | None = None,
+        backend: str = "gloo",
+        update_after_each_batch: bool = False,
+        max_weight_update_interval: int = -1,
+        update_interval: int | None = None,
+        launcher: str = "mp",
+        tcp_port: int | None = None,
+        master_addr: str | None = None,
+        timeout: float = 300.0,
+        heartbeat_timeout: float = 5.0,
+        weight_sync_schemes: dict | None = None,
+    ):
+        self._closed = True
+        self._resources: _Resources | None = None
+        cfg = self.config = DistributedConfig(
+            create_env_fn, policy, num_nodes=num_nodes, policy_factory=policy_factory,
+            frames_per_batch=frames_per_batch, total_frames=total_frames,
+            devices={"device": device, "storing_device": storing_device, "env_device": env_device,
+                     "policy_device": policy_device},
+            create_env_kwargs=create_env_kwargs,
+            inner_options={"max_frames_per_traj": max_frames_per_traj, "reset_at_each_iter": reset_at_each_iter,
+                           "exploration_type": exploration_type},
+            init_random_frames=init_random_frames, postproc=postproc, split_trajs=split_trajs,
+            collector_class=collector_class, collector_kwargs=collector_kwargs,
+            num_workers_per_collector=num_workers_per_collector, sync=sync, slurm_kwargs=slurm_kwargs,
+            backend=backend, update_after_each_batch=update_after_each_batch,
+            max_weight_update_interval=max_weight_update_interval, update_interval=update_interval,
+            launcher=launcher, tcp_port=tcp_port, master_addr=master_addr, timeout=timeout,
+            heartbeat_timeout=heartbeat_timeout, weight_sync_schemes=weight_sync_schemes,
+        )
+        automatic = update_after_each_batch or max_weight_update_interval != -1 or update_interval is not None
+        if automatic and cfg.weight_source is None:
+            raise ValueError("update_after_each_batch, max_weight_update_interval and update_interval push rank 0's "
+                             "policy weights: pass policy=<an nn.Module with parameters> (with policy_factory, also "
+                             "weight_sync_schemes={'policy': 'distributed'})")
+        self.policy = policy
+        self.num_nodes, self.sync = cfg.num_nodes, cfg.sync
+        self.frames_per_batch, self.total_frames = cfg.frames_per_batch, cfg.total_frames
+        self.master_addr, self.master_port = cfg.master_addr, None
+        n = self.num_nodes
+        self._token = secrets.token_hex(8)
+        self._frames = self._iter = self._version = 0
+        self._target = self.total_frames
+        self._node_frames, self._node_versions = [0] * n, [0] * n
+        self._since_update, self._outstanding = [0] * n, [0] * n
+        self._expected_seq = [0] * n
+        self._nodes: list[dict] = [{} for _ in range(n)]
+        self._backlog: collections.deque[tuple[int, TensorDict, P.Message]] = collections.deque()
+        self._last_lag = self._wait_s = self._last_batch_s = 0.0
+        self._last_batch_frames = 0
+        self._started_at = time.perf_counter()
+        self._iterator: Iterator | None = None
+        res = self._resources = _Resources()
+        res.world_size = n + 1
+        res.weight_sends = [collections.deque() for _ in range(n)]
+        self._finalizer = weakref.finalize(self, res.release)
+        self._closed = False
+        try:
+            self._start()
+        except BaseException:
+            self.shutdown()
+            raise
+
+    # -- start-up ------------------------------------------------------------------------------------
+    def _start(self) -> None:
+        cfg, res = self.config, self._resources
+        res.store, self.master_port = transport.open_store(cfg.master_addr, cfg.tcp_port, cfg.timeout)
+        addr, port = cfg.master_addr, self.master_port
+        res.store.add(P.heartbeat_key(P.MASTER_RANK), 0)
+        res.heartbeat = Heartbeat(lambda: transport.connect_store(addr, port, 30.0), P.MASTER_RANK).start()
+        res.channel = self._channel = Channel(res.store, res.world_size, self._token, self._check_alive)
+        self._silence = Silence(res.store, [], cfg.heartbeat_timeout)
+        res.launcher = make_launcher(cfg.launcher, cfg.slurm_kwargs)
+        res.launcher.start(addr, port, res.world_size, cfg.timeout)
+        deadline = time.monotonic() + cfg.timeout
+        self._rendezvous(deadline)
+        res.pg = transport.process_group(res.store, P.MASTER_RANK, res.world_size, transport.resolve(addr), cfg.timeout)
+        try:
+            transport.join(res.pg, list(range(1, res.world_size)), max(1.0, deadline - time.monotonic()))
+        except RuntimeError as err:
+            self._check_alive()
+            raise WorkerError(f"the nodes could not connect to rank 0's process group at {addr} within timeout="
+                              f"{cfg.timeout:g} s: {str(err).splitlines()[0]}") from None
+        self.layouts = [node["layout"] for node in self._nodes]
+        self._recv = [transport.FlatBatch(layout) for layout in self.layouts]
+        if self.sync and len({(tuple(lay.batch_size), lay.time, tuple(map(str, lay.fields))) for lay in self.layouts}) > 1:
+            raise ValueError("sync=True stacks one batch per node, but the nodes' batches differ in shape or keys: "
+                             f"{[(tuple(lay.batch_size), lay.time) for lay in self.layouts]}")
+
+    def _rendezvous(self, deadline: float) -> None:
+        """Hello -> configuration -> started, for every node, before ``deadline``."""
+        cfg, res = self.config, self._resources
+        store, ranks = res.store, range(1, res.world_size)
+        hello: set[int] = set()
+        started: set[int] = set()
+        while len(started) < self.num_nodes:
+            for rank in ranks:
+                if rank not in hello and store.check([P.hello_key(rank)]):
+                    hello.add(rank)
+                    self._configure(rank, store.get(P.hello_key(rank)))
+                elif rank in res.configured and rank not in started and store.check([P.started_key(rank)]):
+                    self._node_started(rank, store.get(P.started_key(rank)))
+                    started.add(rank)
+            self._check_alive()
+            if time.monotonic() > deadline:
+                missing = [r - 1 for r in ranks if r not in started]
+                raise WorkerError(f"nodes {missing} did not start within timeout={cfg.timeout:g} s (launcher="
+                                  f"{cfg.launcher!r}, rank 0 at {cfg.master_addr}:{self.master_port}); "
+                                  f"{len(hello)} of {self.num_nodes} said hello")
+            time.sleep(_RENDEZVOUS_POLL_S)
+
+    def _configure(self, rank: int, data: bytes) -> None:
+        res = self._resources
+        try:
+            msg = P.decode(data, kinds=("hello",), rank=rank)
+        except P.ProtocolError as err:
+            logger.error("rlcollect: ignored node rank %d's hello: %s", rank, err)
+            return
+        if msg["world_size"] != res.world_size:
+            reason = (f"started with --world-size {msg['world_size']}, but this collector has {res.world_size} "
+                      f"(num_nodes={self.num_nodes} + 1)")
+            res.store.set(P.config_key(rank), P.encode("reject", P.MASTER_RANK, reason=reason))
+            raise ValueError(f"node rank {rank} (host {msg['host']}, pid {msg['pid']}) was {reason}")
+        res.store.set(P.config_key(rank), P.encode("config", P.MASTER_RANK, self._token, self.config.payloads[rank - 1],
+                                                   node_index=rank - 1))
+        res.configured.add(rank)
+        self._silence = Silence(res.store, sorted(res.configured), self.config.heartbeat_timeout)
+
+    def _node_started(self, rank: int, data: bytes) -> None:
+        msg = P.decode(data, kinds=("started", "failed"), rank=rank, token=self._token)
+        if msg.kind == "failed":
+            raise P.rebuild_error(msg["error"], rank - 1, "start-up")
+        weights = None if msg["weights"] is None else P.weights_from_json(msg["weights"])
+        self._nodes[rank - 1] = {"layout": P.layout_from_json(msg["layout"]), "weights": weights, "pid": msg["pid"],
+                                 "host": msg["host"]}
+
+    # -- liveness -------------------------------------------------------------------------------------------
+    def _check_alive(self) -> None:
+        """Raise ``WorkerError`` for a node whose process ended or that stopped beating."""
+        res = self._resources
+        for rank, cause in sorted(res.launcher.dead().items()):
+            if rank in res.configured and res.store.check([P.started_key(rank)]):
+                msg = P.decode(res.store.get(P.started_key(rank)), kinds=("started", "failed"), rank=rank)
+                if msg.kind == "failed":  # it reported why before exiting
+                    raise P.rebuild_error(msg["error"], rank - 1, "start-up")
+            if res.channel is not None:
+                res.channel.pump()  # a failure it reported before exiting wins
+            code = getattr(res.launcher, "processes", {}).get(rank)
+            raise _node_error(f"node {rank - 1} {cause}", rank - 1, None if code is None else code.returncode)
+        for rank, seconds in self._silence.silent():
+            raise _node_error(f"node {rank - 1} stopped answering: no heartbeat for {seconds:.1f} s "
+                              f"(heartbeat_timeout={self.config.heartbeat_timeout:g})", rank - 1)
+
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
+        """A node that died or stopped answering shuts the collector down."""
+        self._check_open()
+        try:
+            yield
+        except WorkerError:
+            self.shutdown()
+            raise
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this DistributedCollector has been shut down")
+
+    # -- receiving batches --------------------------------------------------------------------------------
+    def _take_notice(self, rank: int | None = None) -> P.Message | None:
+        """Pop the first valid notice (from ``rank``, or from any node); inconsistent ones are
+        logged and dropped, never acted upon."""
+        notices = self._channel.notices
+        for msg in list(notices):
+            if rank is not None and msg.rank != rank:
+                continue
+            notices.remove(msg)
+            i = msg.rank - 1
+            if (msg["seq"] != self._expected_seq[i] or not 0 <= msg["slot"] < self.config.slots
+                    or not 0 <= msg["frames"] <= self.layouts[i].frames or self._outstanding[i] < 1):
+                logger.error("rlcollect: dropped an inconsistent batch notice from node %d: %s", i, msg.fields)
+                continue
+            self._expected_seq[i] += 1
+            return msg
+        return None
+
+    def _receive(self, msg: P.Message) -> TensorDict:
+        """Receive the batch ``msg`` announced into that node's buffer; account for it."""
+        i, buf = msg.rank - 1, self._recv[msg.rank - 1]
+        try:
+            transport.wait(self._resources.pg.recv([buf.flat], msg.rank, transport.BATCH_TAG),
+                           transport.transfer_timeout(buf.nbytes))
+        except RuntimeError as err:
+            self._channel.pump()
+            self._check_alive()
+            raise _node_error(f"node {i} lost its connection while sending a batch: {str(err).splitlines()[0]}", i) from None
+        self._outstanding[i] -= 1
+        self._frames += msg["frames"]
+        self._node_frames[i] += msg["frames"]
+        self._node_versions[i] = msg["version"]
+        self._since_update[i] += 1
+        sends = self._resources.weight_sends[i]
+        while sends and sends[0][0] <= msg["version"]:  # the node has them: those sends are done
+            transport.wait(sends.popleft()[1], self.config.timeout)
+        return buf.buffer.td
+
+    def _grant(self, i: int, credits: int) -> None:
+        if credits > 0:
+            self._channel.command(i + 1, "collect", credits=credits, random=self._random_now())
+            self._outstanding[i] += credits
+
+    def _random_now(self) -> bool:
+        return self._frames < self.config.init_random_frames
+
+    # -- iteration ----------------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[TensorDict]:
+        self._check_open()
+        if 0 < self.total_frames and self._frames >= self._target:
+            self._target = self._frames + self.total_frames  # a new iteration collects total_frames more
+        try:
+            while self.total_frames < 0 or self._frames < self._target:
+                yield self._next_batch()
+        except GeneratorExit:
+            raise
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def __next__(self) -> TensorDict:
+        if self._iterator is None:
+            self._iterator = iter(self)
+        return next(self._iterator)
+
+    def __len__(self) -> int:
+        if self.total_frames < 0:
+            raise TypeError("an endless collector (total_frames=-1) has no len()")
+        return math.ceil(self.total_frames / self.frames_per_batch)
+
+    def _next_batch(self) -> TensorDict:
+        with self._guard():
+            self._channel.maybe_check()  # also when batches keep coming from the other nodes
+            started = time.perf_counter()
+            frames_before = self._frames
+            batch = self._next_sync() if self.sync else self._next_async()
+            self._last_batch_s = time.perf_counter() - started
+            self._last_batch_frames = self._frames - frames_before
+        self._iter += 1
+        return self._deliver(batch)
+
+    def _next_sync(self) -> TensorDict:
+        self._push_due(range(self.num_nodes), yielded=self._iter)
+        for i in range(self.num_nodes):
+            self._grant(i, 1)
+        got: dict[int, P.Message] = {}
+
+        def all_ready() -> bool:
+            for rank in range(1, self.num_nodes + 1):
+                if rank not in got and (msg := self._take_notice(rank)) is not None:
+                    got[rank] = msg
+            return len(got) == self.num_nodes
+
+        waited = time.perf_counter()
+        self._channel.wait_for(all_ready, "waiting for the nodes' batches")
+        self._wait_s += time.perf_counter() - waited
+        notices = [got[rank] for rank in sorted(got)]
+        tds = [self._receive(msg) for msg in notices]
+        self._last_lag = sum(self._version - msg["version"] for msg in notices) / len(notices)
+        batch = torch.stack(tds, 0)
+        batch.names = [None] * (batch.batch_dims - 1) + ["time"]
+        return batch
+
+    def _next_async(self) -> TensorDict:
+        for i in range(self.num_nodes):
+            self._grant(i, self.config.slots - self._outstanding[i])
+        taken: list[P.Message] = []
+
+        def one_ready() -> bool:
+            if not self._backlog and (msg := self._take_notice()) is not None:
+                taken.append(msg)
+            return bool(self._backlog or taken)
+
+        waited = time.perf_counter()
+        self._channel.wait_for(one_ready, "waiting for a node's batch")
+        self._wait_s += time.perf_counter() - waited
+        if taken:
+            msg = taken[0]
+            i, batch = msg.rank - 1, self._receive(msg).clone()
+        else:
+            i, batch, msg = self._backlog.popleft()
+        batch.set(NODE_ID, torch.full(batch.shape, i, dtype=torch.int64))
+        batch.names = [None] * (batch.batch_dims - 1) + ["time"]
+        self._last_lag = float(self._version - msg["version"])
+        self._push_due([i], yielded=self._iter + 1)
+        self._grant(i, self.config.slots - self._outstanding[i])  # restart that node at once
+        return batch
+
+    def _quiesce(self) -> None:
+        """Receive every batch still owed (within ``timeout``); they stay queued for delivery."""
+
+        def drained() -> bool:
+            while (msg := self._take_notice()) is not None:
+                self._backlog.append((msg.rank - 1, self._receive(msg).clone(), msg))
+            return not any(self._outstanding)
+
+        with self._guard():
+            self._channel.wait_for(drained, "waiting for the batches in flight", timeout=self.config.timeout)
+
+    def _discard_in_flight(self) -> None:
+        self._quiesce()
+        self._backlog.clear()
+
+    def _deliver(self, batch: TensorDict) -> TensorDict:
+        storing = self.config.storing_device
+        if storing is not None and torch.device(storing) != batch.device:
+            batch = batch.to(storing)
+        if self.config.split_trajs:
+            batch = split_trajectories(batch)
+        if self.config.postproc is not None:
+            batch = self.config.postproc(batch)
+        return batch
+
+    # -- weights ---------------------------------------------------------------------------------------
+    def _push_due(self, nodes: Any, yielded: int) -> None:
+        """The automatic updates due before the next batch of ``nodes``, ``yielded`` batches
+        (this one included, in async mode) into the run."""
+        cfg = self.config
+        due = set()
+        if cfg.update_after_each_batch:
+            due.update(nodes)
+        if cfg.max_weight_update_interval > 0:
+            # In flight counts: a batch granted before the update may start before it arrives.
+            due.update(i for i in nodes if self._since_update[i] + self._outstanding[i] >= cfg.max_weight_update_interval)
+        if cfg.update_interval is not None and yielded and yielded % cfg.update_interval == 0:
+            due.update(range(self.num_nodes))
+        if due:
+            self._push({i: cfg.weight_source for i in sorted(due)})
+
+    def update_policy_weights_(self, weights: Any = None, *, worker_ids: Any = None, model_id: str = "policy") -> None:
+        """Send new weights to every node (or the node indices ``worker_ids``), with a new
+        version; each node passes them to its workers and acts with them from its next batch.
+
+        ``weights``: None (rank 0's ``policy``), an ``nn.Module``, a TensorDict of parameters, a
+        state dict, or ``{node_index: weights}``.
+        """
+        self._check_open()
+        if model_id != "policy":
+            raise ValueError(f"model_id must be 'policy', got {model_id!r}")
+        if isinstance(self.config.scheme, NoWeightSyncScheme):
+            return
+        with self._guard():
+            self._push(self._targets(weights, worker_ids))
+
+    def _targets(self, weights: Any, worker_ids: Any) -> dict[int, Any]:
+        n = self.num_nodes
+        ids = list(range(n)) if worker_ids is None else [worker_ids] if isinstance(worker_ids, int) else list(worker_ids)
+        bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n]
+        if bad:
+            raise ValueError(f"worker_ids must be node indices in [0, {n}), got {bad}")
+        if isinstance(weights, dict) and weights and all(isinstance(k, int) for k in weights):
+            unknown = sorted(set(weights) - set(range(n)))
+            if unknown:
+                raise ValueError(f"per-node weights for unknown nodes {unknown}; nodes are 0..{n - 1}")
+            return {i: w for i, w in weights.items() if i in ids}
+        if weights is None:
+            weights = self.config.weight_source
+            if weights is None:
+                raise RuntimeError("update_policy_weights_() without weights needs a policy with weights on rank 0; "
+                                   "pass the weights explicitly")
+        return {i: weights for i in ids}
+
+    def _push(self, targets: dict[int, Any]) -> None:
+        missing = [i for i in targets if self._nodes[i]["weights"] is None]
+        if missing:
+            raise RuntimeError(f"update_policy_weights_: the policy of nodes {missing} has no parameters or buffers, "
+                               "so there are no weights to update (a random policy?)")
+        # Pack everything first: weights that do not fit raise before any node is touched.
+        packed, cache = {}, {}
+        for i, source in targets.items():
+            spec = self._nodes[i]["weights"]
+            key = (id(source), tuple((k, s, d) for k, (s, d) in spec.items()))
+            if key not in cache:
+                cache[key] = transport.pack_weights(as_state_dict(source), spec)
+            packed[i] = cache[key]
+        self._version += 1
+        res = self._resources
+        for i, flat in packed.items():
+            self._channel.command(i + 1, "weights", version=self._version, nbytes=flat.numel())
+            sends = res.weight_sends[i]
+            sends.append((self._version, res.pg.send([flat], i + 1, transport.WEIGHTS_TAG)))
+            if len(sends) > MAX_PENDING_WEIGHTS:
+                transport.wait(sends.popleft()[1], self.config.timeout)
+            self._node_versions[i] = self._version
+            self._since_update[i] = 0
+
+    def worker_policy_versions(self) -> list[int]:
+        """The weights version each node acts with (from its next batch on)."""
+        return list(self._node_versions)
+
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    # -- control ------------------------------------------------------------------------------------------
+    def _ask(self, rank: int, name: str, payload: bytes = b"", **args: Any) -> tuple[Any, bytes]:
+        command_id = self._channel.command(rank, name, payload, **args)
+        return self._channel.reply(rank, command_id, f"{name!r}", self.config.timeout)
+
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        """Seed node 0 with ``seed``, node 1 with what that returned, and so on; returns the last
+        seed.  Async batches in flight are discarded."""
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed must be an int, got {seed!r}")
+        self._discard_in_flight()
+        with self._guard():
+            for rank in range(1, self.num_nodes + 1):
+                seed, _ = self._ask(rank, "seed", seed=seed, static_seed=bool(static_seed))
+        return seed
+
+    def reset(self) -> None:
+        """Reset every node's envs; the next frames start new trajectories (in-flight batches
+        are discarded)."""
+        self._discard_in_flight()
+        with self._guard():
+            for rank in range(1, self.num_nodes + 1):
+                self._ask(rank, "reset")
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"node0": ..., ..., "frames", "iter", "policy_version"}``."""
+        self._quiesce()
+        with self._guard():
+            out: dict[str, Any] = {f"node{rank - 1}": P.loads_data(self._ask(rank, "state_dict")[1])
+                                   for rank in range(1, self.num_nodes + 1)}
+        out.update(frames=self._frames, iter=self._iter, policy_version=self._version)
+        return out
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict()``; each node continues its saved stream (in-flight batches are
+        discarded).  A node that rejects its part raises its error; the collector stays usable."""
+        if not isinstance(state, dict):
+            raise TypeError(f"load_state_dict expects the dict state_dict() returned, got {type(state).__name__}")
+        missing = [k for k in (*(f"node{i}" for i in range(self.num_nodes)), "frames", "iter") if k not in state]
+        if missing:
+            raise KeyError(f"DistributedCollector.load_state_dict: missing keys {missing}")
+        self._discard_in_flight()
+        with self._guard():
+            for rank in range(1, self.num_nodes + 1):
+                self._ask(rank, "load_state_dict", cloudpickle.dumps(state[f"node{rank - 1}"]))
+        self._frames, self._iter = int(state["frames"]), int(state["iter"])
+        self._version = int(state.get("policy_version", self._version))
+        self._target = self.total_frames  # iteration continues to total_frames (or total_frames more)
+
+    # -- observability ----------------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """JSON-serialisable statistics (SPEC 11), with each node's host and pid."""
+        elapsed = time.perf_counter() - self._started_at
+        res = self._resources
+        dead = set() if res is None or res.launcher is None else set(res.launcher.dead())
+        nodes = [{"index": i, "frames": self._node_frames[i], "alive": not self._closed and i + 1 not in dead,
+                  "restarts": 0, "policy_version": self._node_versions[i], "host": self._nodes[i].get("host"),
+                  "pid": self._nodes[i].get("pid")} for i in range(self.num_nodes)]
+        return {
+            "frames": self._frames, "batches": self._iter, "elapsed_s": elapsed,
+            "fps": self._frames / elapsed if elapsed else 0.0,
+            "fps_recent": self._last_batch_frames / self._last_batch_s if self._last_batch_s else 0.0,
+            "policy_version": self._version, "workers": nodes, "restarts": 0, "mean_policy_lag": self._last_lag,
+            "wait_s": self._wait_s, "launcher": self.config.launcher, "master": f"{self.master_addr}:{self.master_port}",
+        }
+
+    # -- shutdown ---------------------------------------------------------------------------------------
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Close every node (then terminate, then kill, for the nodes this collector started),
+        and release the store and the process group.  Idempotent."""
+        res, self._resources = self._resources, None
+        self._closed = True
+        # The store connections they hold are released with the store.
+        self._channel = self._silence = None
+        if res is None:
+            return
+        self._finalizer.detach()
+        res.release(timeout)
+
+    def __enter__(self) -> DistributedCollector:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        return (f"DistributedCollector(num_nodes={self.num_nodes}, sync={self.sync}, launcher="
+                f"{self.config.launcher!r}, frames_per_batch={self.frames_per_batch}, frames={self._frames})")

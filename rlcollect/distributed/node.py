@@ -1,0 +1,336 @@
+"""A distributed node: the process behind ``rlcollect node``, the "mp" launcher's processes and
+the submitit jobs.
+
+Life of a node: connect to rank 0's store (waiting up to ``timeout`` for rank 0 to be up), claim
+its rank, say hello, receive its configuration (the cloudpickled env factory, policy and
+collector options: **the node executes code rank 0 sends**; start nodes only for a rank 0 you
+trust), build its inner collector (``Collector``, ``MultiSyncCollector`` or
+``MultiAsyncCollector``), report the batch layout and weight shapes, join the process group,
+then serve commands until "close".
+
+Each command has a small handler in ``Node.handlers``.  "collect" grants credits: the node
+collects one batch per credit into a preallocated flat buffer, posts it to rank 0 on the
+process group and then announces it on the ready queue; rank 0 only receives batches that were
+announced.  Commands are served between batches, never during one.
+
+The node ends by itself when rank 0 is gone (its store unreachable, its heartbeat stalled, or,
+for nodes rank 0 started itself, its process ended): see ``heartbeat.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import logging
+import os
+import socket
+import sys
+import time
+from typing import Any
+
+import cloudpickle
+import torch
+
+from rlcollect.distributed import protocol as P
+from rlcollect.distributed import transport
+from rlcollect.distributed.channel import Backoff
+from rlcollect.distributed.heartbeat import Heartbeat
+from rlcollect.distributed.launchers import PARENT_PID_ENV
+
+logger = logging.getLogger("rlcollect")
+
+EXIT_OK, EXIT_FAILED, EXIT_ORPHANED, EXIT_REJECTED = 0, 1, 3, 4
+#: torchrun's names, read when the options are not given.
+ENV_VARS = {"master_addr": "MASTER_ADDR", "master_port": "MASTER_PORT", "rank": "RANK", "world_size": "WORLD_SIZE"}
+LOG_LEVEL_ENV = "RLCOLLECT_LOG_LEVEL"
+
+
+class Node:
+    """The inner collector of one node and the command handlers around it."""
+
+    def __init__(self, store: Any, rank: int, token: str, spec: dict, timeout: float):
+        self.store, self.rank, self.token, self.timeout = store, rank, token, timeout
+        torch.set_num_threads(int(spec.get("num_threads", 1)))
+        self.collector = spec["collector_class"](spec["create_env_fn"], spec["policy"], **spec["kwargs"])
+        self.layout = self.collector.layout
+        self.slots = [transport.FlatBatch(self.layout) for _ in range(int(spec["slots"]))]
+        self.sends: list[Any] = [None] * len(self.slots)
+        self.weight_spec = _weight_spec(self.collector)
+        self.credits: collections.deque[bool] = collections.deque()  # one "random" flag per batch owed
+        self.seq = 0
+        self.pg = None
+        self.closing = False
+        # Commands answered on the reply queue; "collect" and "weights" are not (batches answer
+        # "collect"; the node's next batch shows the weights version it acts with).
+        self.handlers = {
+            "collect": self.collect,
+            "weights": self.weights,
+            "seed": self.seed,
+            "reset": self.reset,
+            "state_dict": self.state_dict,
+            "load_state_dict": self.load_state_dict,
+            "close": self.close,
+        }
+        self.silent = {"collect", "weights"}
+
+    def started_message(self) -> bytes:
+        weights = None if self.weight_spec is None else {k: [list(s), str(d)] for k, (s, d) in self.weight_spec.items()}
+        return P.encode("started", self.rank, self.token, layout=P.layout_to_json(self.layout), weights=weights,
+                        pid=os.getpid(), host=socket.gethostname())
+
+    # -- handlers ------------------------------------------------------------------------------------
+    def collect(self, args: dict, payload: bytes) -> None:
+        self.credits.extend([args["random"]] * args["credits"])
+
+    def weights(self, args: dict, payload: bytes) -> None:
+        flat = torch.empty(args["nbytes"], dtype=torch.uint8)
+        # Rank 0 posted the send with the command: receive it first, whatever follows, so the
+        # stream of messages stays aligned even if these weights turn out not to fit.
+        transport.wait(self.pg.recv([flat], P.MASTER_RANK, transport.WEIGHTS_TAG), transport.transfer_timeout(flat.numel()))
+        if self.weight_spec is None:
+            raise RuntimeError("received weights, but this node's policy has no parameters or buffers")
+        if flat.numel() != transport.weights_nbytes(self.weight_spec):
+            raise ValueError(f"received {flat.numel()} bytes of weights; this node's policy takes "
+                             f"{transport.weights_nbytes(self.weight_spec)}")
+        collector = self.collector
+        # Both collector kinds bump their version by one on update: land on rank 0's number.
+        collector._version = args["version"] - 1
+        collector.update_policy_weights_(transport.unpack_weights(flat, self.weight_spec))
+
+    def seed(self, args: dict, payload: bytes) -> int:
+        return self.collector.set_seed(args["seed"], static_seed=args["static_seed"])
+
+    def reset(self, args: dict, payload: bytes) -> None:
+        self.collector.reset()
+
+    def state_dict(self, args: dict, payload: bytes) -> tuple[None, bytes]:
+        return None, P.dumps_data(self.collector.state_dict())
+
+    def load_state_dict(self, args: dict, payload: bytes) -> None:
+        self.collector.load_state_dict(cloudpickle.loads(payload))
+
+    def close(self, args: dict, payload: bytes) -> None:
+        self.closing = True
+
+    # -- the loop -------------------------------------------------------------------------------------
+    def serve(self) -> None:
+        """Serve commands (first) and owed batches until "close"."""
+        backoff = Backoff()
+        queue = P.command_queue(self.rank)
+        while not self.closing:
+            if self.store.queue_len(queue) > 0:
+                self.dispatch(self.store.queue_pop(queue, False))
+                backoff.reset()
+            elif self.credits:
+                self.collect_one()
+                backoff.reset()
+            else:
+                backoff.sleep()
+
+    def dispatch(self, data: bytes) -> None:
+        try:
+            msg = P.decode(data, kinds=("command",), rank=P.MASTER_RANK, token=self.token)
+        except P.ProtocolError as err:
+            logger.error("rlcollect node %d: rejected a command: %s", self.rank, err)
+            return
+        name, command_id = msg["name"], msg["id"]
+        try:
+            result = self.handlers[name](msg["args"], msg.payload)
+        except Exception as exc:  # noqa: BLE001  (reported to rank 0, which re-raises it)
+            if name in self.silent:
+                self._fail(exc)
+            else:
+                self._reply(command_id, False, None, b"", P.error_info(exc))
+            return
+        if name not in self.silent:
+            value, payload = result if isinstance(result, tuple) else (result, b"")
+            self._reply(command_id, True, value, payload, None)
+
+    def _reply(self, command_id: int, ok: bool, value: Any, payload: bytes, error: dict | None) -> None:
+        self.store.queue_push(P.reply_queue(self.rank), P.encode(
+            "reply", self.rank, self.token, payload, id=command_id, ok=ok, value=value, error=error))
+
+    def _fail(self, exc: BaseException) -> None:
+        logger.error("rlcollect node %d: %s: %s", self.rank, type(exc).__name__, exc)
+        self.store.queue_push(P.READY_QUEUE, P.encode("failed", self.rank, self.token, error=P.error_info(exc)))
+
+    def collect_one(self) -> None:
+        random = self.credits.popleft()
+        slot = self.seq % len(self.slots)
+        if self.sends[slot] is not None:  # rank 0 has taken it already: it granted this credit after
+            transport.wait(self.sends[slot], self.timeout)
+            self.sends[slot] = None
+        version = int(getattr(self.collector, "_version", 0))
+        started = time.perf_counter()
+        try:
+            frames = self.collector._collect_into(self.slots[slot].buffer, random=random)
+        except Exception as exc:  # noqa: BLE001  (rank 0 re-raises it and shuts down)
+            self._fail(exc)
+            self.credits.clear()
+            return
+        self.sends[slot] = self.pg.send([self.slots[slot].flat], P.MASTER_RANK, transport.BATCH_TAG)
+        self.store.queue_push(P.READY_QUEUE, P.encode(
+            "ready", self.rank, self.token, seq=self.seq, slot=slot, frames=frames, version=version,
+            seconds=time.perf_counter() - started))
+        self.seq += 1
+
+    def shutdown(self) -> None:
+        try:
+            self.collector.shutdown()
+        except Exception as exc:  # noqa: BLE001  (closing on the way out must not mask the real error)
+            logger.warning("rlcollect node %d: closing its collector failed: %s", self.rank, exc)
+
+
+def _weight_spec(collector: Any) -> transport.WeightSpec | None:
+    """Names, shapes and dtypes of the acting policy's parameters and buffers (None: none)."""
+    from rlcollect.policy import has_weights
+
+    runner = getattr(collector, "_runner", None)
+    if runner is not None:  # a Collector
+        module = runner.module
+        if not has_weights(module):
+            return None
+        return {k: (tuple(v.shape), v.dtype) for k, v in module.state_dict().items()}
+    info = collector._pool.handles[0].info["weights"]  # a multi-process collector: its workers' policy
+    return None if info is None else {k: (tuple(shape), dtype) for k, (shape, dtype) in info.items()}
+
+
+# -- entry point -----------------------------------------------------------------------------------------
+def _parent_watch() -> Any:
+    parent = os.environ.get(PARENT_PID_ENV)
+    if not parent:
+        return None
+    from rlcollect.multiprocess.worker import _alive
+
+    return lambda: _alive(int(parent))
+
+
+def _orphaned(rank: int):
+    def on_lost(reason: str) -> None:
+        logger.error("rlcollect node %d: %s; exiting", rank, reason)
+        sys.stderr.flush()
+        os._exit(EXIT_ORPHANED)
+
+    return on_lost
+
+
+def run_node(master_addr: str, master_port: int, rank: int, world_size: int, timeout: float = 300.0) -> int:
+    """Run node ``rank`` of a ``DistributedCollector`` whose rank 0 listens on
+    ``master_addr:master_port``; returns the exit code (0 after rank 0 closed it)."""
+    if not (isinstance(world_size, int) and world_size >= 2 and isinstance(rank, int) and 1 <= rank < world_size):
+        raise ValueError(f"rank must be in 1..world_size-1 (rank 0 is the DistributedCollector), got rank={rank!r} "
+                         f"and world_size={world_size!r}")
+    try:
+        store = transport.connect_store(master_addr, master_port, timeout)
+    except (RuntimeError, ValueError) as err:  # torch's DistStoreError / DistNetworkError
+        logger.error("rlcollect node %d: cannot reach rank 0 at %s:%s within %g s: %s", rank, master_addr,
+                     master_port, timeout, _first_line(err))
+        return EXIT_FAILED
+    if store.add(P.claim_key(rank), 1) != 1:
+        logger.error("rlcollect node %d: rank %d is already taken by another node of this collector", rank, rank)
+        return EXIT_REJECTED
+    heartbeat = Heartbeat(lambda: transport.connect_store(master_addr, master_port, 30.0), rank,
+                          on_lost=_orphaned(rank), parent_alive=_parent_watch()).start()
+    node = None
+    try:
+        store.set(P.hello_key(rank), P.encode("hello", rank, world_size=world_size, pid=os.getpid(),
+                                              host=socket.gethostname()))
+        store.wait([P.config_key(rank)], datetime.timedelta(seconds=timeout))
+        try:
+            config = P.decode(store.get(P.config_key(rank)), kinds=("config", "reject"), rank=P.MASTER_RANK)
+        except P.ProtocolError as err:
+            logger.error("rlcollect node %d: rejected its configuration: %s", rank, err)
+            return EXIT_REJECTED
+        if config.kind == "reject":
+            logger.error("rlcollect node %d: rank 0 refused this node: %s", rank, config["reason"])
+            return EXIT_REJECTED
+        try:
+            node = Node(store, rank, config.token, cloudpickle.loads(config.payload), timeout)
+        except Exception as exc:  # noqa: BLE001  (rank 0 re-raises it)
+            logger.error("rlcollect node %d: building its collector failed: %s: %s", rank, type(exc).__name__, exc)
+            store.set(P.started_key(rank), P.encode("failed", rank, config.token, error=P.error_info(exc)))
+            return EXIT_FAILED
+        address = transport.local_address_towards(master_addr, master_port)
+        node.pg = transport.process_group(store, rank, world_size, address, timeout)
+        store.set(P.started_key(rank), node.started_message())
+        transport.join(node.pg, [P.MASTER_RANK], timeout)
+        logger.info("rlcollect node %d: %s collecting for rank 0 at %s:%s", rank, type(node.collector).__name__,
+                    master_addr, master_port)
+        node.serve()
+        store.set(P.bye_key(rank), b"1")
+        return EXIT_OK
+    except RuntimeError as err:  # the store or a peer connection broke: rank 0 is gone
+        logger.error("rlcollect node %d: lost rank 0: %s", rank, _first_line(err))
+        return EXIT_ORPHANED
+    finally:
+        heartbeat.stop()
+        if node is not None:
+            node.shutdown()
+            node.pg = None
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0] if text else type(err).__name__
+
+
+def _env_default(name: str, convert=str):
+    value = os.environ.get(ENV_VARS[name])
+    return None if value is None else convert(value)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``rlcollect node`` (torchrun's environment variables fill the gaps)."""
+    parser.add_argument("--master-addr", default=None, help="rank 0's address (default: $MASTER_ADDR)")
+    parser.add_argument("--master-port", type=int, default=None, help="rank 0's tcp_port (default: $MASTER_PORT)")
+    parser.add_argument("--rank", type=int, default=None, help="this node's rank, 1..world size-1 (default: $RANK)")
+    parser.add_argument("--world-size", type=int, default=None,
+                        help="rank 0 plus the nodes: num_nodes + 1 (default: $WORLD_SIZE)")
+    parser.add_argument("--timeout", type=float, default=300.0,
+                        help="seconds to wait for rank 0 and its configuration (default: %(default)s)")
+
+
+def node_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """``run_node``'s arguments from parsed options and the environment; ValueError names
+    what is missing."""
+    out = {
+        "master_addr": args.master_addr or _env_default("master_addr"),
+        "master_port": args.master_port if args.master_port is not None else _env_default("master_port", int),
+        "rank": args.rank if args.rank is not None else _env_default("rank", int),
+        "world_size": args.world_size if args.world_size is not None else _env_default("world_size", int),
+        "timeout": args.timeout,
+    }
+    missing = [f"--{k.replace('_', '-')} (or ${ENV_VARS[k]})" for k in ENV_VARS if out[k] is None]
+    if missing:
+        raise ValueError(f"missing {', '.join(missing)}")
+    if out["rank"] == 0:
+        raise ValueError("rank 0 is the DistributedCollector itself; nodes are ranks 1..world size-1")
+    return out
+
+
+def configure_logging(rank: Any) -> None:
+    level = os.environ.get(LOG_LEVEL_ENV, "INFO").upper()
+    logging.basicConfig(level=getattr(logging, level, logging.INFO), stream=sys.stderr,
+                        format=f"%(asctime)s rlcollect node {rank} %(levelname)s: %(message)s")
+    logging.getLogger("rlcollect").propagate = True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rlcollect.distributed.node", description="Run a distributed node.")
+    add_arguments(parser)
+    try:
+        kwargs = node_arguments(parser.parse_args(argv))
+    except ValueError as err:
+        parser.error(str(err))
+    configure_logging(kwargs["rank"])
+    return run_node(**kwargs)
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip the interpreter's teardown (a final walk over torch's objects that takes seconds on
+    # a loaded machine while rank 0 waits for this exit); everything was closed above.
+    os._exit(code)

@@ -1,0 +1,219 @@
+"""Where a batch crosses the process (and host) boundary: the store server rank 0 hosts, the
+gloo process group, the flat batch buffers and the packing of weights.
+
+A batch travels as one flat ``uint8`` tensor (one point-to-point message, whatever the number of
+fields), carved into typed fields exactly as the multi-process shared-memory slots are
+(``rlcollect.multiprocess.shm``), so both sides view the same bytes as the same
+``BatchLayout``.  Rank 0 allocates its receive buffers from the layout each node reports; it
+never builds an env.
+
+The process group is a private ``ProcessGroupGloo`` (not torch.distributed's default group, so
+a trainer may use torch.distributed for itself), with lazily connected pairs: rank 0 talks to
+every node, nodes never talk to each other, and only those pairs are ever connected.
+"""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import ipaddress
+import logging
+import socket
+import time
+from typing import Any
+
+import torch
+from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
+
+from rlcollect.data import BatchBuffer, BatchLayout
+from rlcollect.multiprocess.shm import _field_bytes, slot_buffer
+from rlcollect.distributed.protocol import PG_PREFIX
+
+logger = logging.getLogger("rlcollect")
+
+BATCH_TAG = 1
+WEIGHTS_TAG = 2
+JOIN_TAG = 3
+#: How long a user-given port may stay busy (a previous run's socket closing) before we give up.
+PORT_RETRY_S = 3.0
+_ALIGN = 64
+
+
+def _seconds(value: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=float(value))
+
+
+def resolve(host: str) -> str:
+    """The numeric address of ``host`` (IPv4 preferred)."""
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except socket.gaierror as err:
+        raise ValueError(f"cannot resolve host {host!r}: {err}") from None
+    infos.sort(key=lambda info: info[0] != socket.AF_INET)
+    return infos[0][4][0]
+
+
+def default_host_address() -> str:
+    """This host's address as other hosts see it: the name's address, or failing that the
+    source address of the default route; loopback as a last resort."""
+    try:
+        address = resolve(socket.gethostname())
+        if not ipaddress.ip_address(address).is_loopback:
+            return address
+    except ValueError:
+        pass
+    try:
+        return local_address_towards("192.0.2.1", 9)  # TEST-NET-1: never contacted, only routed
+    except OSError:
+        logger.warning("rlcollect: could not find this host's network address; using 127.0.0.1")
+        return "127.0.0.1"
+
+
+def local_address_towards(host: str, port: int) -> str:
+    """The local address this host uses to reach ``host`` (connecting a UDP socket sends
+    nothing; it only picks the route)."""
+    address = resolve(host)
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect((address, port or 9))
+        return probe.getsockname()[0]
+
+
+# -- the store ------------------------------------------------------------------------------------
+def open_store(host: str, port: int | None, timeout: float) -> tuple[TCPStore, int]:
+    """Host the TCPStore on ``host`` (only that interface) and return it with its port.
+
+    We bind the listening socket ourselves and hand it to the store: that is how the store
+    listens on one interface only (SPEC 13), and with ``port=None`` the OS picks a free port on
+    the socket we keep, so no other process can take it between choosing and listening.  A
+    user-given port that is busy is retried for ``PORT_RETRY_S`` seconds, then reported."""
+    address = resolve(host)
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    deadline = time.monotonic() + PORT_RETRY_S
+    while True:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((address, port or 0))
+            sock.listen(1024)
+            break
+        except OSError as err:
+            sock.close()
+            if err.errno == errno.EADDRINUSE and time.monotonic() < deadline:
+                time.sleep(0.2)
+                continue
+            if err.errno == errno.EADDRINUSE:
+                raise OSError(errno.EADDRINUSE, f"tcp_port={port} is already in use on {address} (tried for "
+                              f"{PORT_RETRY_S:g} s): pass another tcp_port, or tcp_port=None to pick a free one") from None
+            if err.errno == errno.EADDRNOTAVAIL:
+                raise ValueError(f"master_addr={host!r} ({address}) is not an address of this host: give the "
+                                 "address of one of its interfaces, the one the nodes can reach") from None
+            raise
+    port = sock.getsockname()[1]
+    try:
+        store = TCPStore(address, port, None, True, _seconds(timeout), wait_for_workers=False,
+                         master_listen_fd=sock.fileno(), use_libuv=True)
+    except BaseException:
+        sock.close()
+        raise
+    sock.detach()  # the store owns the descriptor now and closes it
+    return store, port
+
+
+def connect_store(host: str, port: int, timeout: float) -> TCPStore:
+    """A client of rank 0's store; retries connecting for up to ``timeout`` seconds."""
+    return TCPStore(resolve(host), port, None, False, _seconds(timeout))
+
+
+# -- the process group ---------------------------------------------------------------------------
+def process_group(store: Any, rank: int, world_size: int, address: str, timeout: float) -> ProcessGroupGloo:
+    """This rank's gloo group, its sockets bound to ``address``; pairs connect on first use."""
+    options = ProcessGroupGloo._Options()
+    options._devices = [ProcessGroupGloo.create_device(hostname=address, lazy_init=True)]
+    options._timeout = _seconds(timeout)
+    return ProcessGroupGloo(PrefixStore(PG_PREFIX, store), rank, world_size, options)
+
+
+def join(pg: ProcessGroupGloo, peers: list[int], timeout: float) -> None:
+    """Connect this rank's pairs with ``peers`` (each side calls this for the other): one
+    byte each way.  A lazily connected gloo pair only completes its connection once both sides
+    have used it, so without this a node's first batch would wait for a receive that rank 0
+    only posts after that batch is announced.  It also proves, at start-up, that the data path
+    works (a firewall, a wrong interface) rather than at the first batch."""
+    sends = [pg.send([torch.ones(1, dtype=torch.uint8)], peer, JOIN_TAG) for peer in peers]
+    received = [torch.zeros(1, dtype=torch.uint8) for _ in peers]
+    recvs = [pg.recv([buf], peer, JOIN_TAG) for buf, peer in zip(received, peers)]
+    for work in (*sends, *recvs):
+        wait(work, timeout)
+
+
+def wait(work: Any, timeout: float) -> None:
+    """Wait for a point-to-point operation; gloo raises if the peer's connection breaks, and
+    on ``timeout`` (seconds)."""
+    work.wait(_seconds(timeout))
+
+
+def transfer_timeout(nbytes: int) -> float:
+    """How long moving ``nbytes`` that the sender has already posted may take: generous for a
+    slow network, short enough that a peer frozen mid-send is reported within seconds."""
+    return 10.0 + nbytes / 20e6
+
+
+# -- flat batch buffers --------------------------------------------------------------------------
+class FlatBatch:
+    """One batch of ``layout`` in a single flat ``uint8`` tensor (what travels) and its typed
+    ``BatchBuffer`` view (what the rollout fills and rank 0 reads)."""
+
+    def __init__(self, layout: BatchLayout):
+        self.layout = layout
+        # shm's carving, so that a batch has the same bytes here and in a worker's slot.
+        _, nbytes = _field_bytes(layout)
+        self.flat = torch.zeros(nbytes, dtype=torch.uint8)
+        self.buffer: BatchBuffer = slot_buffer(self.flat, layout)
+
+    @property
+    def nbytes(self) -> int:
+        return self.flat.numel()
+
+
+# -- weights -------------------------------------------------------------------------------------
+WeightSpec = dict[str, tuple[tuple[int, ...], torch.dtype]]
+
+
+def _weight_offsets(spec: WeightSpec) -> tuple[list[tuple[str, int, int]], int]:
+    out, offset = [], 0
+    for name, (shape, dtype) in spec.items():
+        nbytes = int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
+        out.append((name, offset, nbytes))
+        offset += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+    return out, offset
+
+
+def weights_nbytes(spec: WeightSpec) -> int:
+    return _weight_offsets(spec)[1]
+
+
+def pack_weights(state: dict[str, torch.Tensor], spec: WeightSpec) -> torch.Tensor:
+    """``state`` as one flat ``uint8`` CPU tensor laid out as ``spec`` (the node's own
+    parameters and buffers: names, shapes, dtypes); raises ``ValueError`` naming what does not
+    fit."""
+    unknown, missing = sorted(set(state) - set(spec)), sorted(set(spec) - set(state))
+    wrong = [f"{k}: got {tuple(state[k].shape)}, the nodes' policy has {spec[k][0]}"
+             for k in spec if k in state and tuple(state[k].shape) != tuple(spec[k][0])]
+    if unknown or missing or wrong:
+        raise ValueError(f"the weights do not fit the nodes' policy: unexpected {unknown}, missing {missing}, "
+                         f"wrong shapes {wrong}")
+    offsets, total = _weight_offsets(spec)
+    flat = torch.zeros(total, dtype=torch.uint8)
+    with torch.no_grad():
+        for name, offset, nbytes in offsets:
+            shape, dtype = spec[name]
+            flat[offset:offset + nbytes].view(dtype).view(shape).copy_(state[name])
+    return flat
+
+
+def unpack_weights(flat: torch.Tensor, spec: WeightSpec) -> dict[str, torch.Tensor]:
+    """The ``{name: tensor}`` views of a flat weights tensor."""
+    offsets, _ = _weight_offsets(spec)
+    return {name: flat[offset:offset + nbytes].view(spec[name][1]).view(spec[name][0])
+            for name, offset, nbytes in offsets}

@@ -1,0 +1,65 @@
+"""Shared helpers for the distributed collector tests: picklable env factories and policies
+(imported by reference in the node processes: the "mp" launcher hands them this process's
+``sys.path``), and checks that node processes are gone."""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+
+import torch
+from torch import nn
+
+from rlcollect.data import TRAJ_ID_BLOCK
+from rlcollect.envs.testing import CountingEnv
+
+TRAJ_IDS = ("collector", "traj_ids")
+POLICY_VERSION = ("collector", "policy_version")
+NODE_ID = ("collector", "node_id")
+WORKER_ID = ("collector", "worker_id")
+BLOCK = TRAJ_ID_BLOCK
+
+counting5 = functools.partial(CountingEnv, max_steps=5)
+
+
+class ValuePolicy(nn.Module):
+    """Plays action 1 when its weight is above 0.5, else 0 (starts at 0)."""
+
+    def __init__(self, value: float = 0.0):
+        super().__init__()
+        self.w = nn.Parameter(torch.full((1,), float(value)))
+
+    def forward(self, observation):
+        return (observation[..., 0] * 0 + self.w[0]).gt(0.5).long()
+
+
+def failing_env():
+    raise ValueError("this env cannot be built")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+def wait_gone(pids, timeout: float = 10.0) -> list[int]:
+    """The pids still alive after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if pid_alive(p)]
+        if not alive:
+            return []
+        time.sleep(0.05)
+    return [p for p in pids if pid_alive(p)]
+
+
+def node_pids(collector) -> list[int]:
+    return [node["pid"] for node in collector.stats()["workers"]]

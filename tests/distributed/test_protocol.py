@@ -1,0 +1,121 @@
+"""The store protocol on its own: message validation, restricted decoding of node payloads,
+exceptions, layouts and weight packing.  No process is started."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from rlcollect.data import BatchLayout
+from rlcollect.distributed import protocol as P
+from rlcollect.distributed import transport
+from rlcollect.envs.base import ArraySpec
+from rlcollect.envs.testing import InjectedFault
+from rlcollect.multiprocess.protocol import WorkerError
+
+
+def test_round_trip_of_every_kind():
+    data = P.encode("ready", 2, "tok", seq=3, slot=1, frames=10, version=4, seconds=0.5)
+    msg = P.decode(data, kinds=("ready",), ranks=range(1, 3), token="tok")
+    assert (msg.kind, msg.rank, msg["seq"], msg["frames"]) == ("ready", 2, 3, 10)
+    cmd = P.encode("command", 0, "tok", b"payload", id=1, name="collect", args={"credits": 2, "random": False})
+    msg = P.decode(cmd, kinds=("command",), rank=0, token="tok")
+    assert msg.payload == b"payload" and msg["args"] == {"credits": 2, "random": False}
+
+
+@pytest.mark.parametrize("data, match", [
+    (b"garbage", "not an rlcollect message"),
+    (P.MAGIC + b"{not json}\n", "not JSON"),
+    (P.MAGIC + b"[1, 2]\n", "not a JSON object"),
+    (P.MAGIC + json.dumps({"v": 99, "kind": "ready", "rank": 1}).encode() + b"\n", "protocol version 99"),
+    (P.encode("bye", 1, "tok"), "unexpected message kind 'bye'"),
+    (P.encode("ready", 7, "tok", seq=0, slot=0, frames=1, version=0, seconds=0.1), "unknown rank 7"),
+    (P.encode("ready", 1, "other", seq=0, slot=0, frames=1, version=0, seconds=0.1), "another run's token"),
+    (P.encode("ready", 1, "tok", seq="0", slot=0, frames=1, version=0, seconds=0.1), "field 'seq'"),
+    (P.encode("ready", 1, "tok", seq=True, slot=0, frames=1, version=0, seconds=0.1), "field 'seq'"),
+    (P.encode("ready", 1, "tok", slot=0, frames=1, version=0, seconds=0.1), "field 'seq' missing"),
+])
+def test_malformed_or_foreign_messages_are_rejected(data, match):
+    with pytest.raises(P.ProtocolError, match=match):
+        P.decode(data, kinds=("ready",), ranks=range(1, 3), token="tok")
+
+
+@pytest.mark.parametrize("name, args, match", [
+    ("rm -rf", {}, "unknown command"),
+    ("collect", {"credits": "2", "random": False}, "takes"),
+    ("collect", {"credits": 2}, "takes"),
+    ("seed", {"seed": 1, "static_seed": False, "extra": 1}, "takes"),
+])
+def test_bad_commands_are_rejected(name, args, match):
+    data = P.encode("command", 0, "tok", id=1, name=name, args=args)
+    with pytest.raises(P.ProtocolError, match=match):
+        P.decode(data, kinds=("command",), rank=0, token="tok")
+
+
+def test_commands_only_from_rank_0():
+    data = P.encode("command", 1, "tok", id=1, name="reset", args={})
+    with pytest.raises(P.ProtocolError, match="expected rank 0"):
+        P.decode(data, kinds=("command",), rank=0, token="tok")
+
+
+def test_data_payloads_round_trip():
+    state = {"a": np.arange(3), "t": torch.arange(4.0), "b": torch.ones(2, dtype=torch.bfloat16),
+             "rng": np.random.default_rng(0).bit_generator.state, "nested": [1, (2.5, "x"), {"k": b"raw"}],
+             "scalar": np.float32(1.5)}
+    out = P.loads_data(P.dumps_data(state))
+    assert np.array_equal(out["a"], state["a"]) and torch.equal(out["t"], state["t"])
+    assert out["b"].dtype == torch.bfloat16 and torch.equal(out["b"], state["b"])
+    assert out["rng"] == state["rng"] and out["nested"] == state["nested"] and out["scalar"] == 1.5
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, ("echo pwned",))
+
+
+def test_data_payloads_refuse_code():
+    with pytest.raises(P.ProtocolError, match="not plain data"):
+        P.loads_data(pickle.dumps({"x": _Evil()}))
+    with pytest.raises(P.ProtocolError, match="malformed"):
+        P.loads_data(b"\x80\x05garbage")
+
+
+def test_rebuild_error_keeps_loaded_types_only():
+    err = P.rebuild_error(P.error_info(InjectedFault("boom")), 1, "collection")
+    assert type(err) is InjectedFault and "boom" in str(err) and "node 1" in str(err) and err.node_index == 1
+    err = P.rebuild_error({"type": "some.unloaded.module.Error", "message": "m", "traceback": "tb"}, 0, "x")
+    assert isinstance(err, WorkerError) and err.worker_index == 0 and "some.unloaded.module.Error" in str(err)
+    err = P.rebuild_error(P.error_info(KeyError("k")), 2, "'load_state_dict'")
+    assert type(err) is KeyError
+
+
+def test_layout_json_round_trip_and_validation():
+    layout = BatchLayout({"observation": ArraySpec((4,), np.dtype(np.float32)),
+                          ("next", "done"): ArraySpec((1,), np.dtype(np.bool_))}, torch.Size([2]), 5)
+    back = P.layout_from_json(json.loads(json.dumps(P.layout_to_json(layout))))
+    assert back == layout
+    bad = P.layout_to_json(layout)
+    bad["fields"][0][2] = "O"
+    with pytest.raises(P.ProtocolError, match="not a plain number type"):
+        P.layout_from_json(bad)
+    with pytest.raises(P.ProtocolError, match="shape"):
+        P.layout_from_json({**P.layout_to_json(layout), "batch_size": [-1]})
+
+
+def test_weights_pack_and_unpack():
+    module = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    spec = P.weights_from_json(json.loads(json.dumps(P.weights_to_json(module.state_dict()))))
+    flat = transport.pack_weights(module.state_dict(), spec)
+    assert flat.dtype == torch.uint8 and flat.numel() == transport.weights_nbytes(spec)
+    out = transport.unpack_weights(flat, spec)
+    for name, value in module.state_dict().items():
+        assert torch.equal(out[name], value) and out[name].dtype == value.dtype
+    with pytest.raises(ValueError, match="missing"):
+        transport.pack_weights({"0.weight": torch.zeros(2, 3)}, spec)
+    with pytest.raises(ValueError, match="wrong shapes"):
+        transport.pack_weights({**module.state_dict(), "0.bias": torch.zeros(5)}, spec)
