@@ -1,0 +1,289 @@
+"""DistributedCollector with the "mp" launcher: batch shapes and totals in sync and async mode,
+every node class, weights, automatic updates, trajectory ids, seeding, state and shutdown.
+
+Each node is a fresh interpreter that imports torch (seconds on a small machine), so the
+tests that only read share one collector per module."""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import pytest
+import torch
+
+from dist_helpers import (BLOCK, NODE_ID, POLICY_VERSION, TRAJ_IDS, WORKER_ID, ValuePolicy, counting5, node_pids,
+                          wait_gone)
+from rlcollect import GymEnv, MultiAsyncCollector, MultiSyncCollector
+from rlcollect.distributed import protocol as P
+from rlcollect.distributed.collector import DistributedCollector
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _collector(**kwargs) -> DistributedCollector:
+    options = {"frames_per_batch": 20, "total_frames": 60, "sync": True, "timeout": 120.0}
+    options.update(kwargs)
+    create = options.pop("create_env_fn", [counting5] * options.pop("nodes", 2))
+    return DistributedCollector(create, options.pop("policy", ValuePolicy()), **options)
+
+
+@pytest.fixture(scope="module")
+def sync_collector():
+    c = _collector(collector_kwargs={"track_policy_version": True})
+    yield c
+    pids = node_pids(c)
+    c.shutdown()
+    assert not wait_gone(pids)
+
+
+@pytest.fixture(scope="module")
+def async_collector():
+    c = _collector(frames_per_batch=10, sync=False, collector_kwargs={"track_policy_version": True})
+    yield c
+    pids = node_pids(c)
+    c.shutdown()
+    assert not wait_gone(pids)
+
+
+# -- sync ------------------------------------------------------------------------------------------
+def test_sync_batches_stack_one_part_per_node(sync_collector):
+    c = sync_collector
+    batches = list(c)
+    assert len(batches) == len(c) == 3
+    assert all(b.shape == (2, 10) and b.names == [None, "time"] for b in batches)
+    assert sum(b.numel() for b in batches) == c.stats()["frames"] == 60
+    # A new iteration collects total_frames more; the nodes kept running.
+    assert [b.shape for b in c] == [torch.Size([2, 10])] * 3
+    assert c.stats()["frames"] == 120 and all(w["frames"] == 60 for w in c.stats()["workers"])
+
+
+def test_sync_traj_ids_are_unique_across_nodes(sync_collector):
+    batch = next(iter(sync_collector))
+    ids0, ids1 = batch[TRAJ_IDS][0], batch[TRAJ_IDS][1]
+    assert (ids0 < BLOCK).all() and ((ids1 >= BLOCK) & (ids1 < 2 * BLOCK)).all()
+    # CountingEnv(max_steps=5): 10 steps hold two whole trajectories, with continuing ids.
+    assert ids0.unique().numel() == 2 and ids1.unique().numel() == 2
+
+
+def test_sync_weights_change_later_actions_on_every_node(sync_collector):
+    c = sync_collector
+    before = next(iter(c))
+    assert before["action"].unique().tolist() == [0]
+    c.update_policy_weights_({"w": torch.ones(1)})
+    after = next(iter(c))
+    assert after["action"].unique().tolist() == [1]
+    assert after[POLICY_VERSION].unique().tolist() == [c.policy_version]
+    assert c.worker_policy_versions() == [c.policy_version] * 2
+    # Only node 1: node 0 keeps acting with the previous weights.
+    c.update_policy_weights_({"w": torch.zeros(1)}, worker_ids=[1])
+    batch = next(iter(c))
+    assert batch["action"][0].unique().tolist() == [1] and batch["action"][1].unique().tolist() == [0]
+    c.update_policy_weights_({0: {"w": torch.zeros(1)}})  # per-node weights
+    assert next(iter(c))["action"].unique().tolist() == [0]
+
+
+def test_sync_rejects_weights_that_do_not_fit(sync_collector):
+    version = sync_collector.policy_version
+    with pytest.raises(ValueError, match="do not fit"):
+        sync_collector.update_policy_weights_({"w": torch.ones(3)})
+    with pytest.raises(ValueError, match="node indices"):
+        sync_collector.update_policy_weights_({"w": torch.ones(1)}, worker_ids=[2])
+    assert sync_collector.policy_version == version
+    assert next(iter(sync_collector)).shape == (2, 10)  # still usable
+
+
+def test_sync_reset_starts_new_trajectories(sync_collector):
+    c = sync_collector
+    last = next(iter(c))[TRAJ_IDS][:, -1]
+    c.reset()
+    after = next(iter(c))
+    assert (after[TRAJ_IDS][:, 0] > last).all()
+    assert (after["observation"][:, 0, 0] == 0).all()  # the reset observation
+
+
+def test_malformed_and_foreign_notices_are_dropped(sync_collector, caplog):
+    c = sync_collector
+    store = c._resources.store
+    store.queue_push(P.READY_QUEUE, b"garbage")
+    store.queue_push(P.READY_QUEUE, P.encode("ready", 1, "not-the-token", seq=0, slot=0, frames=1, version=0, seconds=0.0))
+    store.queue_push(P.READY_QUEUE, P.encode("ready", 9, c._token, seq=0, slot=0, frames=1, version=0, seconds=0.0))
+    store.queue_push(P.command_queue(1), b"not a command")
+    with caplog.at_level(logging.ERROR, logger="rlcollect"):
+        batch = next(iter(c))
+    assert batch.shape == (2, 10)
+    text = caplog.text
+    assert "not an rlcollect message" in text and "another run's token" in text and "unknown rank 9" in text
+
+
+def test_stats_are_json_serialisable(sync_collector):
+    import json
+
+    stats = sync_collector.stats()
+    json.dumps(stats)
+    assert stats["launcher"] == "mp" and len(stats["workers"]) == 2
+    assert all(w["alive"] and w["pid"] for w in stats["workers"])
+    assert stats["master"].startswith("127.0.0.1:")
+
+
+# -- async -------------------------------------------------------------------------------------------
+def test_async_yields_one_nodes_batch_at_a_time(async_collector):
+    c = async_collector
+    batches = list(c)
+    assert len(batches) == len(c) == 6
+    assert all(b.shape == (10,) and b.names == ["time"] for b in batches)
+    assert sum(b.numel() for b in batches) == 60
+    nodes = [int(b[NODE_ID][0]) for b in batches]
+    assert set(nodes) == {0, 1} and all((b[NODE_ID] == b[NODE_ID][0]).all() for b in batches)
+    for b in batches:
+        node = int(b[NODE_ID][0])
+        assert ((b[TRAJ_IDS] >= node * BLOCK) & (b[TRAJ_IDS] < (node + 1) * BLOCK)).all()
+
+
+def test_async_weights_reach_every_node(async_collector):
+    c = async_collector
+    c.update_policy_weights_({"w": torch.ones(1)})
+    version = c.policy_version
+    # Each node may deliver the two batches it had in flight with the old weights.
+    seen = {0: [], 1: []}
+    for batch in c:
+        seen[int(batch[NODE_ID][0])].append(batch[POLICY_VERSION].unique().tolist())
+        if all(len(v) >= 3 for v in seen.values()):
+            break
+    for node, versions in seen.items():
+        assert versions[-1] == [version], (node, versions)
+        assert sum(v != [version] for v in versions) <= 2
+
+
+def test_async_seed_state_and_reset_discard_in_flight(async_collector):
+    c = async_collector
+    assert isinstance(c.set_seed(5), int)
+    state = c.state_dict()
+    assert sorted(state) == ["frames", "iter", "node0", "node1", "policy_version"]
+    c.load_state_dict(state)
+    c.reset()
+    assert next(iter(c)).shape == (10,)
+
+
+# -- node classes --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("collector_class, nodes, inner", [("sync", 2, MultiSyncCollector), ("async", 1, MultiAsyncCollector)])
+def test_multi_process_nodes(collector_class, nodes, inner):
+    c = _collector(nodes=nodes, collector_class=collector_class, num_workers_per_collector=2,
+                   frames_per_batch=20 * nodes, collector_kwargs={"track_policy_version": True})
+    try:
+        batch = next(iter(c))
+        ids = batch[TRAJ_IDS]
+        if inner is MultiSyncCollector:
+            assert batch.shape == (2, 2, 10)  # (nodes, workers, T): 20 frames per node, 10 per worker
+            blocks = (ids // BLOCK).amin(-1)
+            assert blocks.tolist() == [[0, 1], [2, 3]]  # every worker of every node has its own block
+        else:
+            assert batch.shape == (1, 20)
+            assert WORKER_ID in batch.keys(include_nested=True)
+            assert ((ids // BLOCK) == batch[WORKER_ID]).all()
+        c.update_policy_weights_({"w": torch.ones(1)})
+        for _ in range(8):  # async workers may deliver batches they had in flight
+            batch = next(iter(c))
+            if batch[POLICY_VERSION].unique().tolist() == [1]:
+                break
+        assert batch["action"].unique().tolist() == [1]
+        assert batch[POLICY_VERSION].unique().tolist() == [1]
+    finally:
+        pids = node_pids(c)
+        c.shutdown()
+    assert not wait_gone(pids)
+
+
+# -- automatic weight updates --------------------------------------------------------------------------
+@pytest.mark.parametrize("option, expected", [
+    ({"update_interval": 3}, [0, 0, 0, 1, 1, 1, 2]),
+    ({"max_weight_update_interval": 2}, [0, 0, 1, 1, 2, 2, 3]),
+    ({"update_after_each_batch": True}, [1, 2, 3, 4, 5, 6, 7]),
+])
+def test_automatic_updates(option, expected):
+    policy = ValuePolicy()
+    c = _collector(nodes=1, policy=policy, frames_per_batch=10, total_frames=-1,
+                   collector_kwargs={"track_policy_version": True}, **option)
+    try:
+        versions = []
+        for batch in c:
+            versions.append(batch[POLICY_VERSION].unique().tolist())
+            if len(versions) == len(expected):
+                break
+        assert versions == [[v] for v in expected]
+        # The weights pushed are rank 0's policy's, read at push time.
+        with torch.no_grad():
+            policy.w.fill_(1.0)
+        for _, batch in zip(range(4), c):
+            pass
+        assert batch["action"].unique().tolist() == [1]
+    finally:
+        c.shutdown()
+
+
+def test_async_max_weight_update_interval_bounds_staleness():
+    c = _collector(frames_per_batch=10, total_frames=-1, sync=False, max_weight_update_interval=2,
+                   collector_kwargs={"track_policy_version": True})
+    try:
+        runs: dict[int, list[int]] = {0: [], 1: []}
+        for _, batch in zip(range(16), c):
+            runs[int(batch[NODE_ID][0])].append(int(batch[POLICY_VERSION][0]))
+        for node, versions in runs.items():
+            assert len(versions) >= 3, runs
+            streaks = [sum(1 for v in versions if v == version) for version in set(versions)]
+            assert max(streaks) <= 2, (node, versions)  # never more than 2 batches on the same weights
+            assert versions == sorted(versions)
+    finally:
+        c.shutdown()
+
+
+# -- seeding and state ------------------------------------------------------------------------------------
+def test_seeding_and_state_round_trip():
+    make = functools.partial(GymEnv, "CartPole-v1")
+    c = DistributedCollector([make, make], None, frames_per_batch=100, total_frames=-1, sync=True, timeout=120.0)
+    try:
+        assert c.set_seed(3) == 5  # chained through the nodes: 3 -> node 0 -> 4 -> node 1 -> 5
+        first = next(iter(c))
+        c.set_seed(3)
+        again = next(iter(c))
+        for key in ("observation", "action", ("next", "reward")):
+            assert torch.equal(first[key], again[key])
+        assert not torch.equal(first["observation"][0], first["observation"][1])  # nodes are seeded apart
+        state = c.state_dict()
+        expected = next(iter(c))
+        next(iter(c))
+        c.load_state_dict(state)
+        assert c.stats()["frames"] == state["frames"]
+        restored = next(iter(c))
+        for key in ("observation", "action", TRAJ_IDS, ("next", "done")):
+            assert torch.equal(expected[key], restored[key])
+        with pytest.raises(KeyError, match="node1"):
+            c.load_state_dict({"node0": state["node0"], "frames": 0, "iter": 0})
+        with pytest.raises(KeyError):  # node 0 rejects a state without its keys; nothing changes
+            c.load_state_dict({**state, "node0": {"frames": 1}})
+        assert next(iter(c)).shape == (2, 50)
+    finally:
+        c.shutdown()
+
+
+# -- shutdown ----------------------------------------------------------------------------------------------
+def test_shutdown_leaves_no_process():
+    c = _collector(nodes=2, total_frames=-1)
+    next(iter(c))
+    pids = node_pids(c)
+    c.shutdown()
+    assert not wait_gone(pids, timeout=1.0)
+    c.shutdown()  # idempotent
+    with pytest.raises(RuntimeError, match="shut down"):
+        next(iter(c))
+    with pytest.raises(RuntimeError, match="shut down"):
+        c.update_policy_weights_()
+
+
+def test_context_manager_and_endless_len():
+    with _collector(nodes=1, total_frames=-1, frames_per_batch=10) as c:
+        with pytest.raises(TypeError, match="endless"):
+            len(c)
+        assert next(c).shape == (1, 10)
+        pids = node_pids(c)
+    assert not wait_gone(pids, timeout=1.0)
