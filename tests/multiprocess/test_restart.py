@@ -1,0 +1,114 @@
+"""on_worker_failure="restart": every fault kind is detected and the worker replaced, sync
+batches stay whole and single-version, nothing is duplicated, ids never collide (SPEC 9)."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+from mp_helpers import BLOCK, POLICY_VERSION, START, TRAJ_IDS, WORKER_ID, ValuePolicy, assert_gone, check_counting_stream, rows_of
+
+from rlcollect import FaultyEnv, MultiAsyncCollector, MultiSyncCollector, WorkerError
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def transient(tmp_path, fault: str, at_step: int = 7, worker: int = 1, **kwargs):
+    """A FaultyEnv factory whose fault fires once in total (the count survives the restart)."""
+    return functools.partial(FaultyEnv, fault, at_step=at_step, worker_ids=[worker], times=1,
+                             counter_file=str(tmp_path / f"{fault}.count"), max_steps=4, **kwargs)
+
+
+@pytest.mark.parametrize("fault", ["raise", "exit", "kill", "segfault"])
+def test_sync_restart_after_each_fault_kind(tmp_path, fault):
+    env = transient(tmp_path, fault)
+    collector = MultiSyncCollector(env, ValuePolicy(w=1), num_workers=2, frames_per_batch=20, total_frames=200,
+                                   on_worker_failure="restart", track_policy_version=True, mp_start_method=START)
+    first_pids = collector._pool.pids()
+    try:
+        batches = list(collector)
+        stats = collector.stats()
+        assert [w["restarts"] for w in stats["workers"]] == [0, 1] and stats["restarts"] == 1
+        assert stats["frames"] == 200 and sum(b.numel() for b in batches) == 200
+        for batch in batches:  # whole batches: no invalid frame, one version, a valid stream per row
+            assert batch.shape == (2, 10)
+            assert (batch[TRAJ_IDS] >= 0).all()
+            assert batch[POLICY_VERSION].unique().tolist() == [0]
+        assert collector._pool.pids()[1] != first_pids[1]
+        # worker 0 never failed: its stream is continuous across every batch
+        for row in rows_of(batches[0][0:1]):
+            check_counting_stream(row, 4)
+        ids = np.concatenate([b[TRAJ_IDS][1].numpy() for b in batches])
+        restarted = ids[ids >= (1 << 16) * BLOCK]
+        assert restarted.size > 0, "the restarted worker draws ids from a fresh block"
+        # worker 0's block and the replacement's; the failed worker's partial batch was discarded
+        all_ids = np.concatenate([b[TRAJ_IDS].reshape(-1).numpy() for b in batches])
+        assert set(np.unique(all_ids // BLOCK).tolist()) == {0, 1 + (1 << 16)}
+    finally:
+        collector.shutdown()
+    assert_gone(first_pids)
+
+
+def test_sync_batch_after_restart_uses_current_weights(tmp_path):
+    policy = ValuePolicy(w=1)
+    collector = MultiSyncCollector(transient(tmp_path, "kill", at_step=15), policy, num_workers=2, frames_per_batch=20,
+                                   on_worker_failure="restart", track_policy_version=True, mp_start_method=START)
+    try:
+        first = next(collector)
+        assert first["action"].unique().tolist() == [1]
+        collector.update_policy_weights_({"w": policy.w.detach() * 0 + 3, "b": policy.b})
+        second = next(collector)  # worker 1 dies during this batch and is replaced
+        assert collector.stats()["restarts"] == 1
+        assert second["action"].unique().tolist() == [3]
+        assert second[POLICY_VERSION].unique().tolist() == [1]
+    finally:
+        collector.shutdown()
+
+
+def test_hang_is_detected_by_worker_timeout_and_restarted(tmp_path):
+    env = transient(tmp_path, "hang", at_step=5, worker=0)
+    with MultiSyncCollector(env, num_workers=2, frames_per_batch=20, total_frames=80, on_worker_failure="restart",
+                            worker_timeout=2.0, mp_start_method=START) as collector:
+        batches = list(collector)
+        assert sum(b.numel() for b in batches) == 80
+        assert [w["restarts"] for w in collector.stats()["workers"]] == [1, 0]
+
+
+def test_async_restart_discards_the_lost_partial_batch(tmp_path):
+    env = transient(tmp_path, "kill", at_step=7)
+    with MultiAsyncCollector(env, num_workers=2, frames_per_batch=10, total_frames=200, on_worker_failure="restart",
+                             mp_start_method=START) as collector:
+        batches = list(collector)
+        assert collector.stats()["restarts"] == 1
+        assert sum(b.numel() for b in batches) == collector.stats()["frames"] == 200
+        for batch in batches:  # every delivered batch is a whole, valid one
+            assert batch.shape == (10,) and (batch[TRAJ_IDS] >= 0).all()
+        from_worker1 = [b for b in batches if b[WORKER_ID][0] == 1]
+        ids = np.concatenate([b[TRAJ_IDS].numpy() for b in from_worker1])
+        assert (ids >= (1 << 16) * BLOCK).any(), "batches from the replacement were delivered"
+        # no frame twice: (trajectory id, count) pairs are unique
+        pairs = [(int(i), float(o)) for b in batches for i, o in zip(b[TRAJ_IDS], b["observation"][:, 0])]
+        assert len(pairs) == len(set(pairs))
+
+
+@pytest.mark.parametrize("cls", [MultiSyncCollector, MultiAsyncCollector], ids=lambda c: c.__name__)
+def test_a_recurring_fault_stops_after_max_worker_restarts(cls):
+    env = functools.partial(FaultyEnv, "raise", at_step=3, worker_ids=[0])
+    collector = cls(env, num_workers=2, frames_per_batch=10, on_worker_failure="restart", max_worker_restarts=2,
+                    mp_start_method=START)
+    try:
+        with pytest.raises(WorkerError, match="max_worker_restarts=2") as info:
+            for _ in range(50):
+                next(collector)
+        assert info.value.worker_index == 0
+        assert "InjectedFault" in str(info.value)
+    finally:
+        collector.shutdown()
+
+
+def test_restart_arguments_are_validated():
+    with pytest.raises(ValueError, match="on_worker_failure"):
+        MultiSyncCollector(FaultyEnv, num_workers=1, frames_per_batch=4, on_worker_failure="retry")
+    with pytest.raises(ValueError, match="max_worker_restarts"):
+        MultiSyncCollector(FaultyEnv, num_workers=1, frames_per_batch=4, max_worker_restarts=-1)
