@@ -13,7 +13,6 @@ import time
 from multiprocessing.connection import wait
 from typing import Any
 
-import torch
 
 from rlcollect.multiprocess import protocol as P
 from rlcollect.multiprocess.protocol import WorkerError
