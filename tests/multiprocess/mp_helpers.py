@@ -1,0 +1,265 @@
+"""Shared helpers for the multi-process collector tests: picklable env factories and policies,
+process-liveness checks, and fixtures that build collectors and check at teardown that every
+worker process is gone.
+
+Why the workers can unpickle what is defined here: cloudpickle pickles this module's classes
+and functions by reference (``mp_helpers.ValuePolicy``), and multiprocessing hands the main
+process's ``sys.path`` (to which pytest prepended this directory) to every "spawn" and
+"forkserver" process, so the worker imports this module like the tests do.
+
+Start methods: "spawn" (the default) starts a fresh interpreter that imports torch, which costs
+seconds per worker on a small machine.  Most tests therefore pass ``mp_start_method=START``
+("forkserver"): workers fork from a server process that has imported torch, tensordict and
+rlcollect once (``set_forkserver_preload`` below), which is the same code path except for how
+the process starts.  The tests that are about the default start method use "spawn" explicitly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import multiprocessing
+import os
+import time
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from rlcollect.data import TRAJ_ID_BLOCK
+from rlcollect.envs.testing import CountingEnv, FaultyEnv, SleepEnv
+
+START = "forkserver"
+
+# Takes effect when the fork server starts (the first collector built with START): later
+# workers fork from a process where these imports are done.
+multiprocessing.get_context("forkserver").set_forkserver_preload([
+    "__main__", "torch", "numpy", "tensordict", "gymnasium", "rlcollect.collector", "rlcollect.envs.gym",
+    "rlcollect.envs.testing", "rlcollect.multiprocess.worker", "mp_helpers",
+])
+
+TRAJ_IDS = ("collector", "traj_ids")
+POLICY_VERSION = ("collector", "policy_version")
+MASK = ("collector", "mask")
+WORKER_ID = ("collector", "worker_id")
+BLOCK = TRAJ_ID_BLOCK
+
+# -- picklable env factories --------------------------------------------------------------------
+counting5 = functools.partial(CountingEnv, max_steps=5)
+counting3 = functools.partial(CountingEnv, max_steps=3)
+endless = functools.partial(CountingEnv, max_steps=None)
+
+
+def slow_env(step_time: float = 0.05) -> SleepEnv:
+    return SleepEnv(step_time=step_time, obs_dim=1)
+
+
+def faulty_env(**kwargs) -> FaultyEnv:
+    return FaultyEnv(**kwargs)
+
+
+class TwoArgError(Exception):
+    """An exception that cannot be rebuilt from a message alone."""
+
+    def __init__(self, code: int, detail: str):
+        super().__init__(f"code {code}: {detail}")
+        self.code, self.detail = code, detail
+
+
+def env_failing_with_two_arg_error():
+    raise TwoArgError(7, "env factory failed on purpose")
+
+
+def policy_factory_failing():
+    raise LookupError("policy factory failed on purpose")
+
+
+# -- picklable policies ------------------------------------------------------------------------
+class ValuePolicy(nn.Module):
+    """Acts ``round(w + 100 * b)`` whatever the observation: the action column of a batch
+    shows exactly which weights acted (``w`` a parameter, ``b`` a buffer)."""
+
+    def __init__(self, w: float = 0.0, b: float = 0.0):
+        super().__init__()
+        self.w = nn.Parameter(torch.tensor([float(w)]))
+        self.register_buffer("b", torch.tensor([float(b)]))
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return (observation[..., 0] * 0 + self.w[0] + 100 * self.b[0]).round().long()
+
+
+def make_value_policy() -> ValuePolicy:
+    return ValuePolicy()
+
+
+def weights(w: float, b: float = 0.0) -> dict[str, torch.Tensor]:
+    """A state dict for ``ValuePolicy``."""
+    return {"w": torch.tensor([float(w)]), "b": torch.tensor([float(b)])}
+
+
+class ListBuffer:
+    """The smallest replay buffer: keeps what ``extend`` got."""
+
+    def __init__(self):
+        self.batches = []
+        self.frames = 0
+
+    def extend(self, batch) -> None:
+        self.batches.append(batch.clone())
+        self.frames += batch.numel()
+
+
+# -- data checks ----------------------------------------------------------------------------------
+def rows_of(batch) -> list[dict[str, np.ndarray]]:
+    """Each env row of a ``(..., T)`` batch as ``{obs, next_obs, done, ids}`` arrays over time."""
+    obs = batch["observation"][..., 0].reshape(-1, batch.shape[-1]).numpy()
+    nxt = batch["next", "observation"][..., 0].reshape(-1, batch.shape[-1]).numpy()
+    done = batch["next", "done"][..., 0].reshape(-1, batch.shape[-1]).numpy()
+    ids = batch[TRAJ_IDS].reshape(-1, batch.shape[-1]).numpy()
+    return [{"obs": obs[r], "next_obs": nxt[r], "done": done[r], "ids": ids[r]} for r in range(obs.shape[0])]
+
+
+def concat_rows(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def check_counting_stream(row: dict[str, np.ndarray], max_steps: int | None) -> None:
+    """One env row of a ``CountingEnv`` over time (possibly several batches put end to end):
+    every step counts up by one, trajectories end after ``max_steps`` steps and the next one
+    starts from 0 with a new id, and an id never comes back."""
+    obs, nxt, done, ids = row["obs"], row["next_obs"], row["done"], row["ids"]
+    np.testing.assert_array_equal(nxt, obs + 1)
+    if max_steps is not None:
+        np.testing.assert_array_equal(done, nxt >= max_steps)
+    for t in range(len(obs) - 1):
+        if done[t]:
+            assert obs[t + 1] == 0, f"step {t + 1} should start a new trajectory: {obs}"
+            assert ids[t + 1] != ids[t], f"a new trajectory must get a new id at step {t + 1}: {ids}"
+        else:
+            assert obs[t + 1] == nxt[t], f"broken continuity at step {t}: {obs} / {nxt}"
+            assert ids[t + 1] == ids[t], f"the id changed inside a trajectory at step {t + 1}: {ids}"
+    starts = [ids[0]] + [ids[t + 1] for t in range(len(ids) - 1) if ids[t + 1] != ids[t]]
+    assert len(starts) == len(set(starts)), f"a trajectory id came back: {ids}"
+
+
+# -- processes ---------------------------------------------------------------------------------------
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` runs; a zombie (dead, not reaped) counts as dead."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return False
+    return data.rsplit(b")", 1)[-1].split()[0] != b"Z"
+
+
+def wait_gone(pids, timeout: float = 5.0) -> list[int]:
+    """Wait up to ``timeout`` s for every pid to die; return those still alive."""
+    deadline = time.monotonic() + timeout
+    alive = [p for p in pids if pid_alive(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.02)
+        alive = [p for p in alive if pid_alive(p)]
+    return alive
+
+
+def assert_gone(pids, timeout: float = 5.0) -> None:
+    alive = wait_gone(pids, timeout)
+    assert not alive, f"worker processes {alive} still alive {timeout} s after shutdown"
+
+
+def descendant_pids() -> set[int]:
+    """Live processes below this one, multiprocessing's resource tracker and fork server
+    excluded (workers forked by the fork server are included)."""
+    import multiprocessing.forkserver
+    import multiprocessing.resource_tracker
+
+    helpers = {
+        getattr(multiprocessing.resource_tracker._resource_tracker, "_pid", None),
+        getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None),
+    }
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[-1].split()
+        except OSError:
+            continue
+        if fields[0] != b"Z":
+            children.setdefault(int(fields[1]), []).append(int(name))
+    found, todo = set(), list(children.get(os.getpid(), ()))
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children.get(pid, ()))
+    return found - helpers
+
+
+def open_fd_count() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def shm_entries() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+# -- building collectors ------------------------------------------------------------------------------
+DEFAULT = "default"
+
+
+def build(cls, *args, **kwargs):
+    """``cls(*args, **kwargs)`` with ``mp_start_method=START`` unless given;
+    ``mp_start_method=DEFAULT`` leaves the argument out (the collector's own default)."""
+    kwargs.setdefault("mp_start_method", START)
+    if kwargs["mp_start_method"] == DEFAULT:
+        del kwargs["mp_start_method"]
+    return cls(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def running(cls, *args, **kwargs):
+    """A collector that is shut down on exit, after which its workers must be gone."""
+    collector = build(cls, *args, **kwargs)
+    pids = collector._pool.pids()
+    try:
+        yield collector
+    finally:
+        collector.shutdown()
+        assert_gone(pids)
+
+
+@pytest.fixture
+def make_multi():
+    """``make_multi(cls, *args, **kwargs)`` builds a collector (``mp_start_method=START`` unless
+    given); at teardown each is shut down and its workers must be gone."""
+    made = []
+
+    def factory(cls, *args, **kwargs):
+        collector = build(cls, *args, **kwargs)
+        made.append((collector, collector._pool.pids()))
+        return collector
+
+    yield factory
+    for collector, _ in made:
+        collector.shutdown()
+    assert_gone([pid for _, pids in made for pid in pids])
+
+
+def take(collector, n: int) -> list:
+    """The next ``n`` batches."""
+    return [next(collector) for _ in range(n)]
+
+
+def assert_td_equal(a, b) -> None:
+    """Same batch size, same leaves, bit-identical values."""
+    assert a.batch_size == b.batch_size
+    keys = set(a.keys(include_nested=True, leaves_only=True))
+    assert keys == set(b.keys(include_nested=True, leaves_only=True))
+    for key in keys:
+        x, y = a.get(key), b.get(key)
+        assert x.dtype == y.dtype, key
+        assert torch.equal(x, y), f"{key} differs:\n{x}\n{y}"
