@@ -261,7 +261,11 @@ class MultiCollectorBase(WeightSync, FreeRunning):
         self._last_batch_s = 0.0
         self._last_batch_frames = 0
         self._iterator: Iterator | None = None
-        self._pool = WorkerPool(mp.get_context(mp_start_method), payloads, num_sub_threads, self.worker_timeout)
+        try:
+            self._pool = WorkerPool(mp.get_context(mp_start_method), payloads, num_sub_threads, self.worker_timeout)
+        except BaseException:
+            torch.set_num_threads(self._previous_threads)  # no shutdown() will run to restore it
+            raise
         self._finalizer = weakref.finalize(self, _shutdown, self._pool, self._previous_threads)
         self._closed = False
         try:

@@ -13,6 +13,7 @@ import time
 
 import gymnasium as gym
 import pytest
+import torch
 from mp_helpers import (
     START,
     ValuePolicy,
@@ -137,13 +138,15 @@ def test_exception_in_a_worker_is_reraised_with_its_type_and_traceback(cls):
 def test_env_factory_failing_at_start_up_reraises_the_original_type():
     with pytest.raises(Exception) as reference:
         gym.make("NoSuchEnv-v0")
-    before = descendant_pids()
+    before, threads = descendant_pids(), torch.get_num_threads()
     with pytest.raises(type(reference.value)) as info:
-        MultiSyncCollector("NoSuchEnv-v0", num_workers=2, frames_per_batch=4, mp_start_method=START)
+        MultiSyncCollector("NoSuchEnv-v0", num_workers=2, frames_per_batch=4, mp_start_method=START,
+                           num_threads=1 if threads != 1 else 2)
     assert type(info.value) is type(reference.value)
     assert "NoSuchEnv" in str(info.value)
     assert "start-up" in str(info.value) and "Traceback" in str(info.value)
     assert not wait_gone(descendant_pids() - before, 3.0)
+    assert torch.get_num_threads() == threads
 
 
 def test_policy_factory_failing_at_start_up_reraises_the_original_type():
