@@ -47,6 +47,9 @@ class MultiAsyncCollector(MultiCollectorBase):
         super()._attach()
         self._ready: collections.deque[tuple[int, dict]] = collections.deque()
         self._in_flight: list[set[int]] = [set() for _ in range(self.num_workers)]
+        # When each worker last showed progress (a reply, or being given work while idle):
+        # worker_timeout is judged per worker, so a hung worker is caught while others deliver.
+        self._progress: list[float] = [time.monotonic()] * self.num_workers
         self._armed = False
         self._rotation = 0
 
@@ -59,6 +62,8 @@ class MultiAsyncCollector(MultiCollectorBase):
     def _collect(self, index: int, slot: int, needed_only: bool = True) -> None:
         if needed_only and not self._needed():
             return
+        if not self._pool.handles[index].pending:
+            self._progress[index] = time.monotonic()  # the worker starts working now
         self._pool.send(index, P.COLLECT, slot, self._random_now())
         self._in_flight[index].add(slot)
 
@@ -117,15 +122,23 @@ class MultiAsyncCollector(MultiCollectorBase):
         busy = [i for i in range(n) if pool.handles[i].pending]
         if not busy:
             raise RuntimeError("no worker is collecting")
+        timeout = None
+        if self.worker_timeout is not None:
+            first_deadline = min(self._progress[i] for i in busy) + self.worker_timeout
+            timeout = max(0.0, first_deadline - time.monotonic())
         try:
-            ready = pool.ready(busy, self.worker_timeout)
-            if not ready:
-                raise pool.timed_out(busy[0], self.worker_timeout)
+            ready = pool.ready(busy, timeout)
+            if self.worker_timeout is not None:
+                now = time.monotonic()
+                late = [i for i in busy if i not in ready and now - self._progress[i] > self.worker_timeout]
+                if late:
+                    raise pool.timed_out(late[0], self.worker_timeout)
         except Exception as err:
             self._fail(err)
             return
         ready.sort(key=lambda i: (i - self._rotation) % n)
-        self._rotation = ready[0] + 1
+        if ready:
+            self._rotation = ready[0] + 1
         for index in ready:
             command = pool.handles[index].pending[0]
             try:
@@ -133,6 +146,7 @@ class MultiAsyncCollector(MultiCollectorBase):
             except Exception as err:
                 self._fail(err)
                 continue
+            self._progress[index] = time.monotonic()
             if command == P.COLLECT:
                 self._in_flight[index].discard(value["slot"])
                 self._ready.append((index, value))

@@ -112,3 +112,18 @@ def test_restart_arguments_are_validated():
         MultiSyncCollector(FaultyEnv, num_workers=1, frames_per_batch=4, on_worker_failure="retry")
     with pytest.raises(ValueError, match="max_worker_restarts"):
         MultiSyncCollector(FaultyEnv, num_workers=1, frames_per_batch=4, max_worker_restarts=-1)
+
+
+def test_async_hang_is_caught_while_the_other_worker_keeps_delivering(tmp_path):
+    import time
+
+    env = transient(tmp_path, "hang", at_step=5, worker=0)
+    with MultiAsyncCollector(env, num_workers=2, frames_per_batch=10, on_worker_failure="restart",
+                             worker_timeout=2.0, mp_start_method=START) as collector:
+        started, from_worker1 = time.monotonic(), 0
+        for batch in collector:  # endless: worker 1 never stops delivering
+            from_worker1 += int(batch[WORKER_ID][0] == 1)
+            if collector.stats()["restarts"] == 1 or time.monotonic() - started > 30:
+                break
+        assert [w["restarts"] for w in collector.stats()["workers"]] == [1, 0]
+        assert from_worker1 > 10, "worker 1 kept delivering while worker 0 hung"
