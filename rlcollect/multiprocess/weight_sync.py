@@ -87,8 +87,9 @@ class WeightSync:
             else:
                 for i, w in targets.items():
                     state = {k: v.detach().cpu().numpy() for k, v in as_state_dict(w).items()}
-                    self._last_weights[i] = (state, self._version)
                     self._send_weights(i, state, self._version)
+                    # Recorded once sent: a restarted worker gets these, so only weights that fit.
+                    self._last_weights[i] = (state, self._version)
         for i in targets:
             self._worker_versions[i] = self._version
 
@@ -107,6 +108,9 @@ class WeightSync:
         if isinstance(weights, dict) and weights and all(isinstance(k, int) for k in weights):
             if not self.per_worker_weights and self._scheme_backend() == "shared":
                 raise ValueError("per-worker weights {index: weights} need per_worker_weights=True")
+            bad = [i for i in weights if not 0 <= i < n]
+            if bad:
+                raise ValueError(f"per-worker weights name workers {bad}; worker indices are in [0, {n})")
             return {i: w for i, w in weights.items() if i in ids}
         if weights is None:
             if self._weight_source is None:

@@ -68,12 +68,20 @@ class SharedWeights:
         missing = set(self.tensors) - set(state)
         if unknown or missing:
             raise KeyError(f"weights do not match the policy: unexpected {sorted(unknown)}, missing {sorted(missing)}")
+        mismatched = [f"{k}: got {tuple(v.shape)}, the policy has {tuple(self.tensors[k].shape)}"
+                      for k, v in state.items() if tuple(v.shape) != tuple(self.tensors[k].shape)]
+        if mismatched:
+            # Checked before the sequence counter moves: copy_ would broadcast or fail half-way.
+            raise RuntimeError(f"weights do not fit the policy (nothing was written): size mismatch for {mismatched}")
         with torch.no_grad():
             self._seq += 1
-            for key, value in state.items():
-                self.tensors[key].copy_(value)
-            self._version[0] = version
-            self._seq += 1
+            try:
+                for key, value in state.items():
+                    self.tensors[key].copy_(value)
+                self._version[0] = version
+            finally:
+                # An odd counter left behind would make every reader wait forever.
+                self._seq += 1
 
     def read_into(self, module: torch.nn.Module, have: int) -> int:
         """Copy the weights into ``module`` if their version differs from ``have``; return the

@@ -112,6 +112,22 @@ def test_per_worker_weights(make_multi):
     assert actions(batch) == [2, 9] and versions(batch) == [2, 3]
     with pytest.raises(ValueError, match="worker_ids"):
         collector.update_policy_weights_(weights(9), worker_ids=[2])
+    with pytest.raises(ValueError, match=r"\[2\]"):
+        collector.update_policy_weights_({2: weights(9)})
+    assert actions(next(collector)) == [2, 9]
+
+
+@pytest.mark.parametrize("scheme", ["shared", "process"])
+def test_weights_that_do_not_fit_are_refused_and_the_collector_goes_on(make_multi, scheme):
+    collector = make_multi(MultiSyncCollector, counting5, ValuePolicy(), num_workers=2, frames_per_batch=4,
+                           worker_timeout=20, weight_sync_schemes={"policy": scheme})
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        collector.update_policy_weights_({"w": torch.zeros(2), "b": torch.zeros(1)})
+    with pytest.raises((KeyError, RuntimeError), match="unexpected"):
+        collector.update_policy_weights_({"w": torch.zeros(1), "b": torch.zeros(1), "extra": torch.zeros(1)})
+    assert actions(next(collector)) == [0, 0]  # no worker was left waiting on half-written weights
+    collector.update_policy_weights_(weights(3))
+    assert actions(next(collector)) == [3, 3]
 
 
 @pytest.mark.parametrize("scheme", [MultiProcessWeightSyncScheme(), "process"], ids=["instance", "name"])
