@@ -2,10 +2,12 @@
 
     rlcollect collect --env CartPole-v1 --frames 100000 --frames-per-batch 1000
     rlcollect bench [--seconds 3] [--only CartPole] [--json results.json]
+    rlcollect node --master-addr HOST --master-port PORT --rank R --world-size W
 
 ``collect`` runs a collection with a progress bar (frames, frames/s) on stderr and prints a
 summary on stdout. ``bench`` runs the benchmark suite of ``bench/`` (a source checkout) and
-prints its table. Bad arguments give a one-line error and exit code 2.
+prints its table. ``node`` runs a node of a ``DistributedCollector(launcher="external")``
+(rlcollect/distributed/node.py). Bad arguments give a one-line error and exit code 2.
 """
 
 from __future__ import annotations
@@ -99,6 +101,17 @@ def build_parser() -> argparse.ArgumentParser:
     # Listed for --help only: main() hands everything after `bench` to the suite's own parser
     # (argparse.REMAINDER cannot pass options through a subcommand).
     commands.add_parser("bench", help="run the benchmark suite (bench/) and print its table; see bench --help")
+
+    node = commands.add_parser(
+        "node",
+        help="run a distributed node for a DistributedCollector(launcher='external')",
+        description="Join the DistributedCollector at --master-addr:--master-port as node --rank and collect what it "
+        "asks for. The node runs the code that collector sends it: only join a collector you trust. torchrun's "
+        "MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE stand in for missing options.",
+    )
+    from rlcollect.distributed.node import add_arguments
+
+    add_arguments(node)
     return parser
 
 
@@ -251,6 +264,18 @@ def run_collect(args) -> int:
     return 0
 
 
+# -- node --------------------------------------------------------------------------------------
+def run_node_command(args) -> int:
+    from rlcollect.distributed.node import configure_logging, node_arguments, run_node
+
+    try:
+        kwargs = node_arguments(args)
+    except ValueError as exc:
+        raise CliError(f"node: {exc}") from None
+    configure_logging(kwargs["rank"])
+    return run_node(**kwargs)
+
+
 # -- bench -------------------------------------------------------------------------------------
 def run_bench(bench_args: Sequence[str]) -> int:
     try:
@@ -274,7 +299,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if argv[:1] == ["bench"]:
             return run_bench(argv[1:])
-        return run_collect(parser.parse_args(argv))
+        args = parser.parse_args(argv)
+        if args.command == "node":
+            return run_node_command(args)
+        return run_collect(args)
     except CliError as exc:
         parser.exit(2, f"{PROG}: error: {exc}\n")
     except KeyboardInterrupt:

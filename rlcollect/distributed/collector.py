@@ -11,6 +11,7 @@ import logging
 import math
 import secrets
 import time
+import traceback
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -58,6 +59,8 @@ class _Resources:
         self.pg: Any = None
         self.world_size = 0
         self.configured: set[int] = set()
+        self.failed: set[int] = set()  # ranks found dead or silent: not waited for at shutdown
+        self.serving = False  # every node has joined the process group and serves commands
         self.weight_sends: list[collections.deque] = []
 
     def release(self, timeout: float = 10.0) -> None:
@@ -72,16 +75,21 @@ class _Resources:
                         store.set(P.config_key(rank), reject)
         launcher = self.launcher
         if launcher is not None:
-            if store is not None and not launcher.owns_processes:
-                _wait_byes(store, self.configured, 0.6 * timeout)
+            if store is not None and not launcher.owns_processes and self.serving:
+                _wait_byes(store, self.configured - self.failed, 0.6 * timeout)
+            # Nodes still starting cannot read "close" (they may be blocked joining the process
+            # group): stop them at once rather than wait for them.
+            starting = set() if self.serving else set(range(1, self.world_size))
             with contextlib.suppress(Exception):
-                launcher.stop(timeout)
+                launcher.stop(timeout, self.failed | starting)
         if self.heartbeat is not None:
             self.heartbeat.stop()
         self.weight_sends = []
         if self.pg is not None:
             with contextlib.suppress(Exception):
                 self.pg.shutdown()
+        if channel is not None:  # a traceback that holds the channel must not hold the store
+            channel.store = None
         self.pg = self.channel = self.store = self.heartbeat = self.launcher = None
 
 
@@ -210,8 +218,11 @@ class DistributedCollector:
         self._closed = False
         try:
             self._start()
-        except BaseException:
+        except BaseException as err:
             self.shutdown()
+            # The frames of the failed start-up hold the store and the process group: free
+            # their locals so that the sockets close now, not when the traceback is dropped.
+            traceback.clear_frames(err.__traceback__)
             raise
 
     # -- start-up ------------------------------------------------------------------------------------
@@ -234,6 +245,7 @@ class DistributedCollector:
             self._check_alive()
             raise WorkerError(f"the nodes could not connect to rank 0's process group at {addr} within timeout="
                               f"{cfg.timeout:g} s: {str(err).splitlines()[0]}") from None
+        res.serving = True
         self.layouts = [node["layout"] for node in self._nodes]
         self._recv = [transport.FlatBatch(layout) for layout in self.layouts]
         if self.sync and len({(tuple(lay.batch_size), lay.time, tuple(map(str, lay.fields))) for lay in self.layouts}) > 1:
@@ -243,16 +255,16 @@ class DistributedCollector:
     def _rendezvous(self, deadline: float) -> None:
         """Hello -> configuration -> started, for every node, before ``deadline``."""
         cfg, res = self.config, self._resources
-        store, ranks = res.store, range(1, res.world_size)
+        ranks = range(1, res.world_size)
         hello: set[int] = set()
         started: set[int] = set()
         while len(started) < self.num_nodes:
             for rank in ranks:
-                if rank not in hello and store.check([P.hello_key(rank)]):
+                if rank not in hello and res.store.check([P.hello_key(rank)]):
                     hello.add(rank)
-                    self._configure(rank, store.get(P.hello_key(rank)))
-                elif rank in res.configured and rank not in started and store.check([P.started_key(rank)]):
-                    self._node_started(rank, store.get(P.started_key(rank)))
+                    self._configure(rank, res.store.get(P.hello_key(rank)))
+                elif rank in res.configured and rank not in started and res.store.check([P.started_key(rank)]):
+                    self._node_started(rank, res.store.get(P.started_key(rank)))
                     started.add(rank)
             self._check_alive()
             if time.monotonic() > deadline:
@@ -298,9 +310,11 @@ class DistributedCollector:
                     raise P.rebuild_error(msg["error"], rank - 1, "start-up")
             if res.channel is not None:
                 res.channel.pump()  # a failure it reported before exiting wins
+            res.failed.add(rank)
             code = getattr(res.launcher, "processes", {}).get(rank)
             raise _node_error(f"node {rank - 1} {cause}", rank - 1, None if code is None else code.returncode)
         for rank, seconds in self._silence.silent():
+            res.failed.add(rank)
             raise _node_error(f"node {rank - 1} stopped answering: no heartbeat for {seconds:.1f} s "
                               f"(heartbeat_timeout={self.config.heartbeat_timeout:g})", rank - 1)
 
@@ -344,7 +358,13 @@ class DistributedCollector:
                            transport.transfer_timeout(buf.nbytes))
         except RuntimeError as err:
             self._channel.pump()
+            # A killed process's sockets close a moment before it is reported dead: give the
+            # launcher that moment, for the better message (exit code, signal).
+            deadline = time.monotonic() + 1.0
+            while time.monotonic() < deadline and msg.rank not in self._resources.launcher.dead():
+                time.sleep(0.02)
             self._check_alive()
+            self._resources.failed.add(msg.rank)
             raise _node_error(f"node {i} lost its connection while sending a batch: {str(err).splitlines()[0]}", i) from None
         self._outstanding[i] -= 1
         self._frames += msg["frames"]

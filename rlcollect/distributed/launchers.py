@@ -72,8 +72,9 @@ class Launcher:
     def pids(self) -> dict[int, int]:
         return {}
 
-    def stop(self, timeout: float) -> None:
-        """Nothing to stop: nodes exit on "close", or when rank 0's store goes away."""
+    def stop(self, timeout: float, failed: set[int] = frozenset()) -> None:
+        """Make sure no node is left (``failed``: nodes known dead or hung, not waited for).
+        Here nothing to do: nodes exit on "close", or when rank 0's store goes away."""
 
 
 class MpLauncher(Launcher):
@@ -103,7 +104,10 @@ class MpLauncher(Launcher):
     def pids(self) -> dict[int, int]:
         return {rank: p.pid for rank, p in self.processes.items()}
 
-    def stop(self, timeout: float) -> None:
+    def stop(self, timeout: float, failed: set[int] = frozenset()) -> None:
+        for rank in failed:  # a hung node would only make us wait
+            if rank in self.processes and self.processes[rank].poll() is None:
+                self.processes[rank].kill()
         _stop_processes(list(self.processes.values()), timeout)
 
 
@@ -189,7 +193,10 @@ class SubmititLauncher(Launcher):
                 out[rank] = f"(job {job.job_id}) ended in state {job.state}"
         return out
 
-    def stop(self, timeout: float) -> None:
+    def stop(self, timeout: float, failed: set[int] = frozenset()) -> None:
+        for rank in failed:
+            if rank in self.jobs and not self.jobs[rank].done():
+                self.jobs[rank].cancel(check=False)
         deadline = time.monotonic() + 0.6 * timeout
         while time.monotonic() < deadline and not all(job.done() for job in self.jobs.values()):
             time.sleep(0.05)

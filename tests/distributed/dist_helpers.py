@@ -63,3 +63,38 @@ def wait_gone(pids, timeout: float = 10.0) -> list[int]:
 
 def node_pids(collector) -> list[int]:
     return [node["pid"] for node in collector.stats()["workers"]]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rlcollect_command() -> str:
+    """The ``rlcollect`` console script of this interpreter's environment."""
+    import sys
+    from pathlib import Path
+
+    return str(Path(sys.executable).with_name("rlcollect"))
+
+
+def read_line(process, prefix: str, timeout: float) -> str:
+    """The first line of ``process``'s stdout that starts with ``prefix`` (within ``timeout`` s)."""
+    import select
+
+    deadline = time.monotonic() + timeout
+    buffer = b""
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([process.stdout], [], [], 0.2)
+        if ready:
+            chunk = os.read(process.stdout.fileno(), 4096)
+            if not chunk:
+                break
+            buffer += chunk
+            for line in buffer.decode(errors="replace").splitlines():
+                if line.startswith(prefix):
+                    return line
+    raise AssertionError(f"no line starting with {prefix!r} within {timeout} s; got {buffer[-2000:]!r}")

@@ -1,0 +1,118 @@
+"""The launchers besides "mp": nodes started by hand with ``rlcollect node`` (options or
+torchrun's environment variables), submitit jobs (with submitit's local executor), and jobs
+submitted beforehand for "submitit_delayed"."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from dist_helpers import NODE_ID, TRAJ_IDS, BLOCK, ValuePolicy, counting5, free_port, node_pids, rlcollect_command, wait_gone
+from rlcollect.distributed.collector import DistributedCollector
+from rlcollect.distributed.launchers import submit_nodes
+from rlcollect.distributed.node import EXIT_OK, EXIT_REJECTED
+
+pytestmark = pytest.mark.timeout(180)
+HELPERS = str(Path(__file__).resolve().parent)
+
+
+def _node(port: int, rank: int, world_size: int, *, env_vars: bool = False) -> subprocess.Popen:
+    # The env factory and policy are pickled by reference to dist_helpers: like a user's own
+    # module, it must be importable on the node.
+    env = {**os.environ, "PYTHONPATH": HELPERS}
+    if env_vars:  # as torchrun would set them
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
+        return subprocess.Popen([rlcollect_command(), "node", "--timeout", "120"], env=env)
+    return subprocess.Popen([rlcollect_command(), "node", "--master-addr", "127.0.0.1", "--master-port", str(port),
+                             "--rank", str(rank), "--world-size", str(world_size), "--timeout", "120"], env=env)
+
+
+def _stop(*processes: subprocess.Popen) -> None:
+    for p in processes:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
+def test_external_nodes_started_with_the_cli():
+    port = free_port()
+    nodes = [_node(port, 1, 3), _node(port, 2, 3, env_vars=True)]
+    intruder = _node(port, 2, 3)  # a second node claiming rank 2 is turned away
+    try:
+        with DistributedCollector([counting5] * 2, ValuePolicy(), frames_per_batch=10, total_frames=40,
+                                  launcher="external", master_addr="127.0.0.1", tcp_port=port, timeout=120.0) as c:
+            batches = list(c)
+            assert [b.shape for b in batches] == [torch.Size([10])] * 4
+            assert {int(b[NODE_ID][0]) for b in batches} == {0, 1}
+            for b in batches:
+                node = int(b[NODE_ID][0])
+                assert ((b[TRAJ_IDS] // BLOCK) == node).all()
+            c.update_policy_weights_({"w": torch.ones(1)})
+            assert c.stats()["launcher"] == "external"
+        assert nodes[0].wait(timeout=30) == EXIT_OK
+        # Whichever of the two claimed rank 2 first served; the other was turned away.
+        assert sorted([nodes[1].wait(timeout=30), intruder.wait(timeout=30)]) == [EXIT_OK, EXIT_REJECTED]
+    finally:
+        _stop(*nodes, intruder)
+
+
+def test_external_node_with_the_wrong_world_size_is_refused():
+    port = free_port()
+    node = _node(port, 1, 5)
+    try:
+        with pytest.raises(ValueError, match="--world-size 5"):
+            DistributedCollector([counting5], frames_per_batch=10, launcher="external", master_addr="127.0.0.1",
+                                 tcp_port=port, timeout=120.0)
+        assert node.wait(timeout=30) == EXIT_REJECTED
+    finally:
+        _stop(node)
+
+
+def test_external_launcher_times_out_clearly():
+    from rlcollect import WorkerError
+
+    with pytest.raises(WorkerError, match=r"nodes \[0\] did not start within timeout=1 s"):
+        DistributedCollector([counting5], frames_per_batch=10, launcher="external", master_addr="127.0.0.1",
+                             tcp_port=free_port(), timeout=1.0)
+
+
+def test_submitit_launcher_with_the_local_executor(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", HELPERS)  # the jobs import dist_helpers, as a user's jobs import their code
+    c = DistributedCollector([counting5] * 2, ValuePolicy(), frames_per_batch=20, total_frames=40, sync=True,
+                             launcher="submitit", master_addr="127.0.0.1", timeout=150.0,
+                             slurm_kwargs={"executor": "local", "folder": str(tmp_path / "jobs"), "timeout_min": 10})
+    try:
+        assert [b.shape for b in c] == [torch.Size([2, 10])] * 2
+        jobs = c._resources.launcher.jobs
+        assert len(jobs) == 2 and all(not job.done() for job in jobs.values())
+        pids = node_pids(c)
+    finally:
+        c.shutdown()
+    assert all(job.done() for job in jobs.values())
+    assert not wait_gone(pids)
+
+
+def test_submitit_delayed_jobs_wait_for_rank0(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", HELPERS)
+    port = free_port()
+    jobs = submit_nodes("127.0.0.1", port, world_size=2, timeout=150.0,
+                        slurm_kwargs={"executor": "local", "folder": str(tmp_path / "jobs"), "timeout_min": 10})
+    try:
+        with DistributedCollector([counting5], frames_per_batch=10, total_frames=20, launcher="submitit_delayed",
+                                  master_addr="127.0.0.1", tcp_port=port, timeout=150.0) as c:
+            assert [b.shape for b in c] == [torch.Size([10])] * 2
+        assert jobs[0].result() == EXIT_OK  # the node's exit code, once rank 0 closed it
+    finally:
+        for job in jobs:
+            if not job.done():
+                job.cancel()
+            if job._process is not None:
+                try:
+                    job._process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    job._process.kill()
+                    job._process.wait()
