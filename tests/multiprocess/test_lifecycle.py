@@ -99,27 +99,54 @@ PARENT = textwrap.dedent("""
                                        frames_per_batch=8, mp_start_method=sys.argv[1])
         next(collector)
         print(" ".join(map(str, collector._pool.pids())), flush=True)
-        time.sleep(600)
+        if sys.argv[2] == "sleep":
+            time.sleep(600)
+        # else: the interpreter exits with the collector never shut down
 """)
+
+
+def _start_parent(tmp_path, method: str, then: str):
+    script = tmp_path / "parent.py"
+    script.write_text(PARENT)
+    parent = subprocess.Popen([sys.executable, str(script), method, then], stdout=subprocess.PIPE, text=True)
+    try:
+        line = parent.stdout.readline()
+        pids = [int(p) for p in line.split()]
+        assert len(pids) == 2, f"the parent process printed {line!r} (exit code {parent.poll()})"
+    except BaseException:
+        parent.kill()
+        parent.wait(10)
+        parent.stdout.close()
+        raise
+    return parent, pids
 
 
 @pytest.mark.timeout(120)  # a fresh interpreter and its workers import torch: slow on a loaded machine
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
 def test_workers_exit_when_the_main_process_is_sigkilled(tmp_path, method):
-    script = tmp_path / "parent.py"
-    script.write_text(PARENT)
-    parent = subprocess.Popen([sys.executable, str(script), method], stdout=subprocess.PIPE, text=True)
+    parent, pids = _start_parent(tmp_path, method, "sleep")
     try:
-        line = parent.stdout.readline()
         assert parent.poll() is None, f"the parent process died: {parent.returncode}"
-        pids = [int(p) for p in line.split()]
-        assert len(pids) == 2 and all(pid_alive(p) for p in pids)
+        assert all(pid_alive(p) for p in pids)
         parent.send_signal(signal.SIGKILL)
         parent.wait(10)
         killed_at = time.monotonic()
         alive = wait_gone(pids, 3.0)
         assert not alive, f"workers {alive} outlived their SIGKILLed main process by 3 s"
         assert time.monotonic() - killed_at < 3.0
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(10)
+        parent.stdout.close()
+
+
+@pytest.mark.timeout(120)
+def test_interpreter_exit_without_shutdown_ends_the_workers(tmp_path):
+    parent, pids = _start_parent(tmp_path, START, "exit")
+    try:
+        assert parent.wait(30) == 0, "the main process did not exit cleanly"
+        assert not wait_gone(pids, 1.0), "workers outlived a main process that exited without shutdown()"
     finally:
         if parent.poll() is None:
             parent.kill()

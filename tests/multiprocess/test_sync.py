@@ -171,6 +171,8 @@ def test_set_seed_chains_through_workers_and_reproduces(cartpoles):
         assert_td_equal(x, y)
     assert not torch.equal(batches_a[0][0]["observation"], batches_a[0][1]["observation"])
     assert b.set_seed(100) == 102
+    with pytest.raises(TypeError, match="seed"):
+        b.set_seed(True)
     assert not torch.equal(next(b)["observation"], next(a)["observation"])
 
 
