@@ -18,6 +18,7 @@ _EXPORTS = {
     "BusyEnv": "rlcollect.envs.testing",
     "Collector": "rlcollect.collector",
     "CountingEnv": "rlcollect.envs.testing",
+    "DistributedCollector": "rlcollect.distributed.collector",
     "DistributedWeightSyncScheme": "rlcollect.weights.schemes",
     "EnvBase": "rlcollect.envs.base",
     "ExplorationType": "rlcollect.policy",
@@ -60,6 +61,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rlcollect.buffers.replay import ReplayBuffer
     from rlcollect.collector import Collector
     from rlcollect.data import split_trajectories
+    from rlcollect.distributed.collector import DistributedCollector
     from rlcollect.envs.base import EnvBase
     from rlcollect.envs.gym import GymEnv
     from rlcollect.envs.serial import SerialEnv
