@@ -1,16 +1,21 @@
-"""Rank 0's side of the control plane: commands out to the nodes, replies and "batch ready"
-notices in, through the store (formats in ``protocol.py``).
+"""The control plane's waiting: ``Inbox`` (a thread blocked on one store queue) on both sides,
+and ``Channel``, rank 0's side: commands out to the nodes; replies, "batch ready" notices and
+failures in, through the store (formats in ``protocol.py``).
 
-Every wait here polls the store with a short backoff (a blocking store wait that times out
-logs a warning from C++ each time) and, every ``CHECK_S``, runs the liveness check it was
-given, which raises ``WorkerError`` for a node that died or stopped answering.  So no wait
-hangs on a dead node, and each has a deadline in seconds where it can have one.
+Why a thread: a store queue can be waited on efficiently only by blocking on it, and a blocking
+store call that times out logs a C++ warning each time.  So one thread per process blocks on
+its queue (with its own store connection and a timeout of days) and hands each message to the
+main thread through a ``queue.Queue``; the main thread waits on that with short timeouts, runs
+its liveness check in between, and never polls the store in a loop.
 """
 
 from __future__ import annotations
 
 import collections
+import datetime
 import logging
+import queue
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,43 +25,91 @@ from rlcollect.multiprocess.protocol import WorkerError
 
 logger = logging.getLogger("rlcollect")
 
+#: Seconds between two liveness checks while waiting.
 CHECK_S = 0.25
+#: A blocking store wait this long is not expected to end by timing out.
+_BLOCK = datetime.timedelta(days=7)
 
 
-class Backoff:
-    """Sleeps between polls: short while things move, longer once a wait has lasted (a batch
-    that takes seconds does not need to be noticed within microseconds)."""
+class Inbox:
+    """A daemon thread that pops messages from one store queue and hands them over.
 
-    def __init__(self, first: float = 50e-6, cap: float = 1e-3, slow_after: float = 1.0, slow_cap: float = 10e-3):
-        self.first, self.cap, self.slow_after, self.slow_cap = first, cap, slow_after, slow_cap
-        self.reset()
+    Args:
+        connect: returns a new store connection (used only by the thread).
+        key: the store queue to read.
+        stop_word: the message that ends the thread (sent by ``close``).
+    """
 
-    def reset(self) -> None:
-        self._delay = self.first
-        self._since = time.monotonic()
+    def __init__(self, connect: Callable[[], Any], key: str, stop_word: bytes = b""):
+        self.key, self._stop_word = key, stop_word
+        self._messages: queue.Queue = queue.Queue()
+        self._error: BaseException | None = None
+        self._store = connect()
+        self._store.set_timeout(_BLOCK)
+        self._thread = threading.Thread(target=self._run, name=f"rlcollect-inbox-{key}", daemon=True)
+        self._thread.start()
 
-    def sleep(self) -> None:
-        time.sleep(self._delay)
-        cap = self.slow_cap if time.monotonic() - self._since > self.slow_after else self.cap
-        self._delay = min(self._delay * 2, cap)
+    def _run(self) -> None:
+        store = self._store
+        try:
+            while True:
+                try:
+                    data = store.queue_pop(self.key, True)
+                except RuntimeError as err:
+                    if "timeout" in str(err).lower():  # idle for days: wait again
+                        continue
+                    raise
+                if self._stop_word and data == self._stop_word:
+                    return
+                self._messages.put(data)
+        except BaseException as err:  # noqa: BLE001  (the store is gone: handed to the main thread)
+            self._error = err
+            self._messages.put(None)
+        finally:
+            self._store = None
+
+    def get(self, timeout: float | None) -> bytes | None:
+        """The next message, waiting up to ``timeout`` seconds (0: do not wait); None if there
+        is none.  Raises ``RuntimeError`` once the store connection is lost."""
+        try:
+            data = self._messages.get(timeout=timeout) if timeout else self._messages.get_nowait()
+        except queue.Empty:
+            return None
+        if data is None:
+            raise RuntimeError(f"lost the store connection: {_first_line(self._error)}")
+        return data
+
+    def close(self, store: Any, timeout: float = 2.0) -> None:
+        """End the thread (``store``: any connection to push the stop word with)."""
+        if self._thread.is_alive() and self._stop_word:
+            try:
+                store.queue_push(self.key, self._stop_word)
+            except Exception:  # noqa: BLE001  (the store is already gone, and the thread with it)
+                pass
+            self._thread.join(timeout)
 
 
 class Channel:
-    """Commands to nodes, their replies, and the shared queue of "batch ready" notices.
+    """Rank 0's control plane.
 
     Args:
-        store: a client of rank 0's store.
+        store: a connection to rank 0's store (commands go out on it).
+        connect: returns a new connection (for the inbox thread).
         world_size: rank 0 plus the nodes.
         token: this run's token; messages carrying another are dropped.
         check: the liveness check, run every ``CHECK_S`` while waiting.
+        stop_word: ends the inbox thread; secret to rank 0, so no node can stop it.
     """
 
-    def __init__(self, store: Any, world_size: int, token: str, check: Callable[[], None]):
+    def __init__(self, store: Any, connect: Callable[[], Any], world_size: int, token: str,
+                 check: Callable[[], None], stop_word: bytes):
         self.store, self.token, self._check = store, token, check
         self.ranks = range(1, world_size)
         self._ids = [0] * world_size
         self.notices: collections.deque[P.Message] = collections.deque()
+        self._replies: dict[int, collections.deque[P.Message]] = {rank: collections.deque() for rank in self.ranks}
         self._next_check = 0.0
+        self.inbox = Inbox(connect, P.INBOX, stop_word)
 
     def command(self, rank: int, name: str, payload: bytes = b"", **args: Any) -> int:
         """Queue a command for node ``rank``; returns its id (to wait for its reply)."""
@@ -75,61 +128,68 @@ class Channel:
         if time.monotonic() >= self._next_check:
             self.check_now()
 
-    # -- batch notices --------------------------------------------------------------------------------
-    def pump(self) -> bool:
-        """Move every waiting notice into ``notices``; raise a node's reported failure."""
+    def pump(self, timeout: float = 0.0) -> bool:
+        """Sort every waiting message (waiting up to ``timeout`` s for the first); raise a
+        node's reported failure.  True if a message was taken."""
         got = False
-        while self.store.queue_len(P.READY_QUEUE) > 0:
-            data = self.store.queue_pop(P.READY_QUEUE, False)
-            try:
-                msg = P.decode(data, kinds=("ready", "failed"), ranks=self.ranks, token=self.token)
-            except P.ProtocolError as err:
-                logger.error("rlcollect: dropped a malformed or foreign batch notice: %s", err)
-                continue
-            if msg.kind == "failed":
-                raise P.rebuild_error(msg["error"], msg.rank - 1, "collection")
-            self.notices.append(msg)
+        data = self.inbox.get(timeout)
+        while data is not None:
             got = True
+            self._sort(data)
+            data = self.inbox.get(0)
         return got
 
+    def _sort(self, data: bytes) -> None:
+        try:
+            msg = P.decode(data, kinds=("ready", "failed", "reply"), ranks=self.ranks, token=self.token)
+        except P.ProtocolError as err:
+            logger.error("rlcollect: dropped a malformed or foreign message from a node: %s", err)
+            return
+        if msg.kind == "failed":
+            raise P.rebuild_error(msg["error"], msg.rank - 1, "collection")
+        (self.notices if msg.kind == "ready" else self._replies[msg.rank]).append(msg)
+
     def wait_for(self, predicate: Callable[[], bool], what: str, timeout: float | None = None) -> None:
-        """Pump notices until ``predicate()`` holds; liveness is checked throughout, and
+        """Sort messages until ``predicate()`` holds; liveness is checked throughout, and
         ``timeout`` (seconds, None: none besides liveness) bounds the wait."""
-        backoff = Backoff()
         deadline = None if timeout is None else time.monotonic() + timeout
         while not predicate():
-            if self.pump():
-                backoff.reset()
-                continue
             self.maybe_check()
             if deadline is not None and time.monotonic() > deadline:
                 raise WorkerError(f"{what} took more than {timeout:g} s")
-            backoff.sleep()
+            self.pump(max(1e-3, self._next_check - time.monotonic()))
 
-    # -- replies ------------------------------------------------------------------------------------------
     def reply(self, rank: int, command_id: int, what: str, timeout: float) -> tuple[Any, bytes]:
         """Wait (up to ``timeout`` s) for node ``rank``'s reply to command ``command_id``:
         ``(value, payload)``; a node's exception is re-raised here."""
-        queue = P.reply_queue(rank)
-        backoff = Backoff()
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.store.queue_len(queue) > 0:
-                data = self.store.queue_pop(queue, False)
-                try:
-                    msg = P.decode(data, kinds=("reply",), rank=rank, token=self.token)
-                except P.ProtocolError as err:
-                    logger.error("rlcollect: dropped a malformed reply on node %d's queue: %s", rank - 1, err)
-                    continue
-                if msg["id"] != command_id:
+        replies = self._replies[rank]
+        found: list[P.Message] = []
+
+        def arrived() -> bool:
+            while replies and not found:
+                msg = replies.popleft()
+                if msg["id"] == command_id:
+                    found.append(msg)
+                else:
                     logger.error("rlcollect: dropped node %d's reply to command %d (waiting for %d)", rank - 1,
                                  msg["id"], command_id)
-                    continue
-                if not msg["ok"]:
-                    raise P.rebuild_error(msg["error"] or {}, rank - 1, what)
-                return msg["value"], msg.payload
-            self.pump()
-            self.maybe_check()
-            if time.monotonic() > deadline:
-                raise WorkerError(f"node {rank - 1} did not answer {what} within {timeout:g} s", rank - 1)
-            backoff.sleep()
+            return bool(found)
+
+        try:
+            self.wait_for(arrived, f"node {rank - 1}'s answer to {what}", timeout)
+        except WorkerError as err:
+            if err.worker_index is None:
+                err.worker_index = err.node_index = rank - 1
+            raise
+        msg = found[0]
+        if not msg["ok"]:
+            raise P.rebuild_error(msg["error"] or {}, rank - 1, what)
+        return msg["value"], msg.payload
+
+    def close(self) -> None:
+        self.inbox.close(self.store)
+
+
+def _first_line(err: BaseException | None) -> str:
+    text = str(err).strip().splitlines() if err is not None else []
+    return text[0] if text else type(err).__name__

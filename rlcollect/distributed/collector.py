@@ -88,8 +88,10 @@ class _Resources:
         if self.pg is not None:
             with contextlib.suppress(Exception):
                 self.pg.shutdown()
-        if channel is not None:  # a traceback that holds the channel must not hold the store
-            channel.store = None
+        if channel is not None:
+            with contextlib.suppress(Exception):
+                channel.close()
+            channel.store = None  # a traceback that holds the channel must not hold the store
         self.pg = self.channel = self.store = self.heartbeat = self.launcher = None
 
 
@@ -232,7 +234,8 @@ class DistributedCollector:
         addr, port = cfg.master_addr, self.master_port
         res.store.add(P.heartbeat_key(P.MASTER_RANK), 0)
         res.heartbeat = Heartbeat(lambda: transport.connect_store(addr, port, 30.0), P.MASTER_RANK).start()
-        res.channel = self._channel = Channel(res.store, res.world_size, self._token, self._check_alive)
+        res.channel = self._channel = Channel(res.store, lambda: transport.connect_store(addr, port, 30.0),
+                                              res.world_size, self._token, self._check_alive, secrets.token_bytes(16))
         self._silence = Silence(res.store, [], cfg.heartbeat_timeout)
         res.launcher = make_launcher(cfg.launcher, cfg.slurm_kwargs)
         res.launcher.start(addr, port, res.world_size, cfg.timeout)

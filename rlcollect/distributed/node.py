@@ -24,6 +24,7 @@ import collections
 import datetime
 import logging
 import os
+import secrets
 import socket
 import sys
 import time
@@ -34,7 +35,7 @@ import torch
 
 from rlcollect.distributed import protocol as P
 from rlcollect.distributed import transport
-from rlcollect.distributed.channel import Backoff
+from rlcollect.distributed.channel import Inbox
 from rlcollect.distributed.heartbeat import Heartbeat
 from rlcollect.distributed.launchers import PARENT_PID_ENV
 
@@ -114,19 +115,15 @@ class Node:
         self.closing = True
 
     # -- the loop -------------------------------------------------------------------------------------
-    def serve(self) -> None:
+    def serve(self, commands: Inbox) -> None:
         """Serve commands (first) and owed batches until "close"."""
-        backoff = Backoff()
-        queue = P.command_queue(self.rank)
         while not self.closing:
-            if self.store.queue_len(queue) > 0:
-                self.dispatch(self.store.queue_pop(queue, False))
-                backoff.reset()
+            # Without credits, wait for a command (the timeout only bounds each wait).
+            data = commands.get(0 if self.credits else 1.0)
+            if data is not None:
+                self.dispatch(data)
             elif self.credits:
                 self.collect_one()
-                backoff.reset()
-            else:
-                backoff.sleep()
 
     def dispatch(self, data: bytes) -> None:
         try:
@@ -148,12 +145,12 @@ class Node:
             self._reply(command_id, True, value, payload, None)
 
     def _reply(self, command_id: int, ok: bool, value: Any, payload: bytes, error: dict | None) -> None:
-        self.store.queue_push(P.reply_queue(self.rank), P.encode(
+        self.store.queue_push(P.INBOX, P.encode(
             "reply", self.rank, self.token, payload, id=command_id, ok=ok, value=value, error=error))
 
     def _fail(self, exc: BaseException) -> None:
         logger.error("rlcollect node %d: %s: %s", self.rank, type(exc).__name__, exc)
-        self.store.queue_push(P.READY_QUEUE, P.encode("failed", self.rank, self.token, error=P.error_info(exc)))
+        self.store.queue_push(P.INBOX, P.encode("failed", self.rank, self.token, error=P.error_info(exc)))
 
     def collect_one(self) -> None:
         random = self.credits.popleft()
@@ -170,7 +167,7 @@ class Node:
             self.credits.clear()
             return
         self.sends[slot] = self.pg.send([self.slots[slot].flat], P.MASTER_RANK, transport.BATCH_TAG)
-        self.store.queue_push(P.READY_QUEUE, P.encode(
+        self.store.queue_push(P.INBOX, P.encode(
             "ready", self.rank, self.token, seq=self.seq, slot=slot, frames=frames, version=version,
             seconds=time.perf_counter() - started))
         self.seq += 1
@@ -230,9 +227,11 @@ def run_node(master_addr: str, master_port: int, rank: int, world_size: int, tim
     if store.add(P.claim_key(rank), 1) != 1:
         logger.error("rlcollect node %d: rank %d is already taken by another node of this collector", rank, rank)
         return EXIT_REJECTED
-    heartbeat = Heartbeat(lambda: transport.connect_store(master_addr, master_port, 30.0), rank,
-                          on_lost=_orphaned(rank), parent_alive=_parent_watch()).start()
-    node = None
+    def connect() -> Any:
+        return transport.connect_store(master_addr, master_port, 30.0)
+
+    heartbeat = Heartbeat(connect, rank, on_lost=_orphaned(rank), parent_alive=_parent_watch()).start()
+    node = commands = None
     try:
         store.set(P.hello_key(rank), P.encode("hello", rank, world_size=world_size, pid=os.getpid(),
                                               host=socket.gethostname()))
@@ -253,11 +252,14 @@ def run_node(master_addr: str, master_port: int, rank: int, world_size: int, tim
             return EXIT_FAILED
         address = transport.local_address_towards(master_addr, master_port)
         node.pg = transport.process_group(store, rank, world_size, address, timeout)
+        # Its stop word lets this node end the thread before exiting: a thread still blocked in
+        # the store when the interpreter finalizes aborts the process.
+        commands = Inbox(connect, P.command_queue(rank), stop_word=secrets.token_bytes(16))
         store.set(P.started_key(rank), node.started_message())
         transport.join(node.pg, [P.MASTER_RANK], timeout)
         logger.info("rlcollect node %d: %s collecting for rank 0 at %s:%s", rank, type(node.collector).__name__,
                     master_addr, master_port)
-        node.serve()
+        node.serve(commands)
         store.set(P.bye_key(rank), b"1")
         return EXIT_OK
     except RuntimeError as err:  # the store or a peer connection broke: rank 0 is gone
@@ -265,6 +267,8 @@ def run_node(master_addr: str, master_port: int, rank: int, world_size: int, tim
         return EXIT_ORPHANED
     finally:
         heartbeat.stop()
+        if commands is not None:
+            commands.close(store)
         if node is not None:
             node.shutdown()
             node.pg = None

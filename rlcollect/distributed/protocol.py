@@ -19,9 +19,10 @@ arrays and tensors.
 Flow: a node claims its rank (``claim``), says ``hello``; rank 0 answers ``config`` (or
 ``reject``); the node builds its collector and says ``started`` (with its batch layout and
 weight shapes) or ``failed``.  Then rank 0 pushes ``command`` messages on the node's command
-queue and the node answers each with a ``reply`` on its reply queue, except ``collect``, whose
-answer is a ``ready`` notice per batch on the shared ready queue (or ``failed``), sent after the
-batch itself was posted on the process group.  ``bye`` is the node's last word.
+queue, and the node answers on rank 0's inbox queue: a ``reply`` to each command, except
+``collect``, answered by a ``ready`` notice per batch (sent after the batch itself was posted on
+the process group), and ``weights``; any failure outside a reply is a ``failed`` message.
+``bye`` is the node's last word.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ MAGIC = b"RLC:"
 
 # -- store keys ------------------------------------------------------------------------------------
 _ROOT = "rlc"
-READY_QUEUE = f"{_ROOT}/ready"
+#: Everything nodes send rank 0 once started: replies, batch notices, failures.
+INBOX = f"{_ROOT}/inbox"
 PG_PREFIX = f"{_ROOT}/pg/"
 
 
@@ -63,10 +65,6 @@ def started_key(rank: int) -> str:
 
 def command_queue(rank: int) -> str:
     return f"{_ROOT}/cmd/{rank}"
-
-
-def reply_queue(rank: int) -> str:
-    return f"{_ROOT}/reply/{rank}"
 
 
 def heartbeat_key(rank: int) -> str:

@@ -105,9 +105,9 @@ def test_sync_reset_starts_new_trajectories(sync_collector):
 def test_malformed_and_foreign_notices_are_dropped(sync_collector, caplog):
     c = sync_collector
     store = c._resources.store
-    store.queue_push(P.READY_QUEUE, b"garbage")
-    store.queue_push(P.READY_QUEUE, P.encode("ready", 1, "not-the-token", seq=0, slot=0, frames=1, version=0, seconds=0.0))
-    store.queue_push(P.READY_QUEUE, P.encode("ready", 9, c._token, seq=0, slot=0, frames=1, version=0, seconds=0.0))
+    store.queue_push(P.INBOX, b"garbage")
+    store.queue_push(P.INBOX, P.encode("ready", 1, "not-the-token", seq=0, slot=0, frames=1, version=0, seconds=0.0))
+    store.queue_push(P.INBOX, P.encode("ready", 9, c._token, seq=0, slot=0, frames=1, version=0, seconds=0.0))
     store.queue_push(P.command_queue(1), b"not a command")
     with caplog.at_level(logging.ERROR, logger="rlcollect"):
         batch = next(iter(c))
@@ -146,7 +146,8 @@ def test_async_weights_reach_every_node(async_collector):
     version = c.policy_version
     # Each node may deliver the two batches it had in flight with the old weights.
     seen = {0: [], 1: []}
-    for batch in c:
+    for _ in range(30):
+        batch = next(iter(c))
         seen[int(batch[NODE_ID][0])].append(batch[POLICY_VERSION].unique().tolist())
         if all(len(v) >= 3 for v in seen.values()):
             break

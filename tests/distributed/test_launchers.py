@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import torch
 
 from dist_helpers import NODE_ID, TRAJ_IDS, BLOCK, ValuePolicy, counting5, free_port, node_pids, rlcollect_command, wait_gone
 from rlcollect.distributed.collector import DistributedCollector
+from rlcollect.distributed.protocol import claim_key
 from rlcollect.distributed.launchers import submit_nodes
 from rlcollect.distributed.node import EXIT_OK, EXIT_REJECTED
 
@@ -53,6 +55,11 @@ def test_external_nodes_started_with_the_cli():
                 assert ((b[TRAJ_IDS] // BLOCK) == node).all()
             c.update_policy_weights_({"w": torch.ones(1)})
             assert c.stats()["launcher"] == "external"
+            # Both claims of rank 2 must have reached the store before it goes away (a node
+            # that finds no rank 0 keeps trying to connect for its whole --timeout).
+            deadline = time.monotonic() + 60
+            while c._resources.store.add(claim_key(2), 0) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
         assert nodes[0].wait(timeout=30) == EXIT_OK
         # Whichever of the two claimed rank 2 first served; the other was turned away.
         assert sorted([nodes[1].wait(timeout=30), intruder.wait(timeout=30)]) == [EXIT_OK, EXIT_REJECTED]
