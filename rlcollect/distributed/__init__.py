@@ -12,6 +12,7 @@ One module per role:
 - ``transport.py``: where a batch crosses the process boundary: the store server, the gloo
   process group, flat batch buffers and weight packing;
 - ``heartbeat.py``: liveness in both directions;
+- ``supervisor.py``: rank 0 watching its nodes (liveness checks) and releasing them at shutdown;
 - ``launchers.py``: how node processes are started ("mp", "submitit", "submitit_delayed",
   "external").
 

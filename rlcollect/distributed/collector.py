@@ -26,8 +26,9 @@ from rlcollect.distributed import protocol as P
 from rlcollect.distributed import transport
 from rlcollect.distributed.channel import Channel
 from rlcollect.distributed.config import DistributedConfig
-from rlcollect.distributed.heartbeat import Heartbeat, Silence
-from rlcollect.distributed.launchers import Launcher, make_launcher
+from rlcollect.distributed.heartbeat import Heartbeat
+from rlcollect.distributed.launchers import make_launcher
+from rlcollect.distributed.supervisor import Supervisor
 from rlcollect.multiprocess.protocol import WorkerError
 from rlcollect.weights.schemes import NoWeightSyncScheme
 from rlcollect.weights.store import as_state_dict
@@ -39,69 +40,6 @@ NODE_ID = ("collector", "node_id")
 #: Weight sends not yet taken by a slow node before we wait for the oldest.
 MAX_PENDING_WEIGHTS = 8
 _RENDEZVOUS_POLL_S = 0.02
-
-
-def _node_error(message: str, node: int, exitcode: int | None = None) -> WorkerError:
-    err = WorkerError(message, node, exitcode)
-    err.node_index = node
-    return err
-
-
-class _Resources:
-    """What shutdown releases; holds no reference to the collector, so that garbage collection
-    and interpreter exit can release it too."""
-
-    def __init__(self) -> None:
-        self.store: Any = None
-        self.heartbeat: Heartbeat | None = None
-        self.launcher: Launcher | None = None
-        self.channel: Channel | None = None
-        self.pg: Any = None
-        self.world_size = 0
-        self.configured: set[int] = set()
-        self.failed: set[int] = set()  # ranks found dead or silent: not waited for at shutdown
-        self.serving = False  # every node has joined the process group and serves commands
-        self.weight_sends: list[collections.deque] = []
-
-    def release(self, timeout: float = 10.0) -> None:
-        store, channel = self.store, self.channel
-        if store is not None and channel is not None:
-            reject = P.encode("reject", P.MASTER_RANK, reason="rank 0 is shutting down")
-            for rank in range(1, self.world_size):
-                with contextlib.suppress(Exception):
-                    if rank in self.configured:
-                        channel.command(rank, "close")
-                    else:
-                        store.set(P.config_key(rank), reject)
-        launcher = self.launcher
-        if launcher is not None:
-            if store is not None and not launcher.owns_processes and self.serving:
-                _wait_byes(store, self.configured - self.failed, 0.6 * timeout)
-            # Nodes still starting cannot read "close" (they may be blocked joining the process
-            # group): stop them at once rather than wait for them.
-            starting = set() if self.serving else set(range(1, self.world_size))
-            with contextlib.suppress(Exception):
-                launcher.stop(timeout, self.failed | starting)
-        if self.heartbeat is not None:
-            self.heartbeat.stop()
-        self.weight_sends = []
-        if self.pg is not None:
-            with contextlib.suppress(Exception):
-                self.pg.shutdown()
-        if channel is not None:
-            with contextlib.suppress(Exception):
-                channel.close()
-            channel.store = None  # a traceback that holds the channel must not hold the store
-        self.pg = self.channel = self.store = self.heartbeat = self.launcher = None
-
-
-def _wait_byes(store: Any, ranks: set[int], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    waiting = set(ranks)
-    with contextlib.suppress(Exception):
-        while waiting and time.monotonic() < deadline:
-            waiting = {r for r in waiting if not store.check([P.bye_key(r)])}
-            time.sleep(0.05)
 
 
 class DistributedCollector:
@@ -174,7 +112,7 @@ class DistributedCollector:
         weight_sync_schemes: dict | None = None,
     ):
         self._closed = True
-        self._resources: _Resources | None = None
+        self._sup: Supervisor | None = None
         cfg = self.config = DistributedConfig(
             create_env_fn, policy, num_nodes=num_nodes, policy_factory=policy_factory,
             frames_per_batch=frames_per_batch, total_frames=total_frames,
@@ -213,10 +151,8 @@ class DistributedCollector:
         self._last_batch_frames = 0
         self._started_at = time.perf_counter()
         self._iterator: Iterator | None = None
-        res = self._resources = _Resources()
-        res.world_size = n + 1
-        res.weight_sends = [collections.deque() for _ in range(n)]
-        self._finalizer = weakref.finalize(self, res.release)
+        sup = self._sup = Supervisor(n + 1, cfg.heartbeat_timeout)
+        self._finalizer = weakref.finalize(self, sup.release)
         self._closed = False
         try:
             self._start()
@@ -229,26 +165,25 @@ class DistributedCollector:
 
     # -- start-up ------------------------------------------------------------------------------------
     def _start(self) -> None:
-        cfg, res = self.config, self._resources
-        res.store, self.master_port = transport.open_store(cfg.master_addr, cfg.tcp_port, cfg.timeout)
+        cfg, sup = self.config, self._sup
+        sup.store, self.master_port = transport.open_store(cfg.master_addr, cfg.tcp_port, cfg.timeout)
         addr, port = cfg.master_addr, self.master_port
-        res.store.add(P.heartbeat_key(P.MASTER_RANK), 0)
-        res.heartbeat = Heartbeat(lambda: transport.connect_store(addr, port, 30.0), P.MASTER_RANK).start()
-        res.channel = self._channel = Channel(res.store, lambda: transport.connect_store(addr, port, 30.0),
-                                              res.world_size, self._token, self._check_alive, secrets.token_bytes(16))
-        self._silence = Silence(res.store, [], cfg.heartbeat_timeout)
-        res.launcher = make_launcher(cfg.launcher, cfg.slurm_kwargs)
-        res.launcher.start(addr, port, res.world_size, cfg.timeout)
+        sup.store.add(P.heartbeat_key(P.MASTER_RANK), 0)
+        sup.heartbeat = Heartbeat(lambda: transport.connect_store(addr, port, 30.0), P.MASTER_RANK).start()
+        sup.channel = self._channel = Channel(sup.store, lambda: transport.connect_store(addr, port, 30.0),
+                                              sup.world_size, self._token, sup.check_alive, secrets.token_bytes(16))
+        sup.launcher = make_launcher(cfg.launcher, cfg.slurm_kwargs)
+        sup.launcher.start(addr, port, sup.world_size, cfg.timeout)
         deadline = time.monotonic() + cfg.timeout
         self._rendezvous(deadline)
-        res.pg = transport.process_group(res.store, P.MASTER_RANK, res.world_size, transport.resolve(addr), cfg.timeout)
+        sup.pg = transport.process_group(sup.store, P.MASTER_RANK, sup.world_size, transport.resolve(addr), cfg.timeout)
         try:
-            transport.join(res.pg, list(range(1, res.world_size)), max(1.0, deadline - time.monotonic()))
+            transport.join(sup.pg, list(range(1, sup.world_size)), max(1.0, deadline - time.monotonic()))
         except RuntimeError as err:
-            self._check_alive()
+            sup.check_alive()
             raise WorkerError(f"the nodes could not connect to rank 0's process group at {addr} within timeout="
                               f"{cfg.timeout:g} s: {str(err).splitlines()[0]}") from None
-        res.serving = True
+        sup.serving = True
         self.layouts = [node["layout"] for node in self._nodes]
         self._recv = [transport.FlatBatch(layout) for layout in self.layouts]
         if self.sync and len({(tuple(lay.batch_size), lay.time, tuple(map(str, lay.fields))) for lay in self.layouts}) > 1:
@@ -257,19 +192,19 @@ class DistributedCollector:
 
     def _rendezvous(self, deadline: float) -> None:
         """Hello -> configuration -> started, for every node, before ``deadline``."""
-        cfg, res = self.config, self._resources
-        ranks = range(1, res.world_size)
+        cfg, sup = self.config, self._sup
+        ranks = range(1, sup.world_size)
         hello: set[int] = set()
         started: set[int] = set()
         while len(started) < self.num_nodes:
             for rank in ranks:
-                if rank not in hello and res.store.check([P.hello_key(rank)]):
+                if rank not in hello and sup.store.check([P.hello_key(rank)]):
                     hello.add(rank)
-                    self._configure(rank, res.store.get(P.hello_key(rank)))
-                elif rank in res.configured and rank not in started and res.store.check([P.started_key(rank)]):
-                    self._node_started(rank, res.store.get(P.started_key(rank)))
+                    self._configure(rank, sup.store.get(P.hello_key(rank)))
+                elif rank in sup.configured and rank not in started and sup.store.check([P.started_key(rank)]):
+                    self._node_started(rank, sup.store.get(P.started_key(rank)))
                     started.add(rank)
-            self._check_alive()
+            sup.check_alive()
             if time.monotonic() > deadline:
                 missing = [r - 1 for r in ranks if r not in started]
                 raise WorkerError(f"nodes {missing} did not start within timeout={cfg.timeout:g} s (launcher="
@@ -278,21 +213,20 @@ class DistributedCollector:
             time.sleep(_RENDEZVOUS_POLL_S)
 
     def _configure(self, rank: int, data: bytes) -> None:
-        res = self._resources
+        sup = self._sup
         try:
             msg = P.decode(data, kinds=("hello",), rank=rank)
         except P.ProtocolError as err:
             logger.error("rlcollect: ignored node rank %d's hello: %s", rank, err)
             return
-        if msg["world_size"] != res.world_size:
-            reason = (f"started with --world-size {msg['world_size']}, but this collector has {res.world_size} "
+        if msg["world_size"] != sup.world_size:
+            reason = (f"started with --world-size {msg['world_size']}, but this collector has {sup.world_size} "
                       f"(num_nodes={self.num_nodes} + 1)")
-            res.store.set(P.config_key(rank), P.encode("reject", P.MASTER_RANK, reason=reason))
+            sup.store.set(P.config_key(rank), P.encode("reject", P.MASTER_RANK, reason=reason))
             raise ValueError(f"node rank {rank} (host {msg['host']}, pid {msg['pid']}) was {reason}")
-        res.store.set(P.config_key(rank), P.encode("config", P.MASTER_RANK, self._token, self.config.payloads[rank - 1],
+        sup.store.set(P.config_key(rank), P.encode("config", P.MASTER_RANK, self._token, self.config.payloads[rank - 1],
                                                    node_index=rank - 1))
-        res.configured.add(rank)
-        self._silence = Silence(res.store, sorted(res.configured), self.config.heartbeat_timeout)
+        sup.watch(rank)
 
     def _node_started(self, rank: int, data: bytes) -> None:
         msg = P.decode(data, kinds=("started", "failed"), rank=rank, token=self._token)
@@ -301,25 +235,6 @@ class DistributedCollector:
         weights = None if msg["weights"] is None else P.weights_from_json(msg["weights"])
         self._nodes[rank - 1] = {"layout": P.layout_from_json(msg["layout"]), "weights": weights, "pid": msg["pid"],
                                  "host": msg["host"]}
-
-    # -- liveness -------------------------------------------------------------------------------------------
-    def _check_alive(self) -> None:
-        """Raise ``WorkerError`` for a node whose process ended or that stopped beating."""
-        res = self._resources
-        for rank, cause in sorted(res.launcher.dead().items()):
-            if rank in res.configured and res.store.check([P.started_key(rank)]):
-                msg = P.decode(res.store.get(P.started_key(rank)), kinds=("started", "failed"), rank=rank)
-                if msg.kind == "failed":  # it reported why before exiting
-                    raise P.rebuild_error(msg["error"], rank - 1, "start-up")
-            if res.channel is not None:
-                res.channel.pump()  # a failure it reported before exiting wins
-            res.failed.add(rank)
-            code = getattr(res.launcher, "processes", {}).get(rank)
-            raise _node_error(f"node {rank - 1} {cause}", rank - 1, None if code is None else code.returncode)
-        for rank, seconds in self._silence.silent():
-            res.failed.add(rank)
-            raise _node_error(f"node {rank - 1} stopped answering: no heartbeat for {seconds:.1f} s "
-                              f"(heartbeat_timeout={self.config.heartbeat_timeout:g})", rank - 1)
 
     @contextlib.contextmanager
     def _guard(self) -> Iterator[None]:
@@ -357,24 +272,16 @@ class DistributedCollector:
         """Receive the batch ``msg`` announced into that node's buffer; account for it."""
         i, buf = msg.rank - 1, self._recv[msg.rank - 1]
         try:
-            transport.wait(self._resources.pg.recv([buf.flat], msg.rank, transport.BATCH_TAG),
+            transport.wait(self._sup.pg.recv([buf.flat], msg.rank, transport.BATCH_TAG),
                            transport.transfer_timeout(buf.nbytes))
         except RuntimeError as err:
-            self._channel.pump()
-            # A killed process's sockets close a moment before it is reported dead: give the
-            # launcher that moment, for the better message (exit code, signal).
-            deadline = time.monotonic() + 1.0
-            while time.monotonic() < deadline and msg.rank not in self._resources.launcher.dead():
-                time.sleep(0.02)
-            self._check_alive()
-            self._resources.failed.add(msg.rank)
-            raise _node_error(f"node {i} lost its connection while sending a batch: {str(err).splitlines()[0]}", i) from None
+            raise self._sup.lost(msg.rank, "while sending a batch", err) from None
         self._outstanding[i] -= 1
         self._frames += msg["frames"]
         self._node_frames[i] += msg["frames"]
         self._node_versions[i] = msg["version"]
         self._since_update[i] += 1
-        sends = self._resources.weight_sends[i]
+        sends = self._sup.weight_sends[i]
         while sends and sends[0][0] <= msg["version"]:  # the node has them: those sends are done
             transport.wait(sends.popleft()[1], self.config.timeout)
         return buf.buffer.td
@@ -557,11 +464,11 @@ class DistributedCollector:
                 cache[key] = transport.pack_weights(as_state_dict(source), spec)
             packed[i] = cache[key]
         self._version += 1
-        res = self._resources
+        sup = self._sup
         for i, flat in packed.items():
             self._channel.command(i + 1, "weights", version=self._version, nbytes=flat.numel())
-            sends = res.weight_sends[i]
-            sends.append((self._version, res.pg.send([flat], i + 1, transport.WEIGHTS_TAG)))
+            sends = sup.weight_sends[i]
+            sends.append((self._version, sup.pg.send([flat], i + 1, transport.WEIGHTS_TAG)))
             if len(sends) > MAX_PENDING_WEIGHTS:
                 transport.wait(sends.popleft()[1], self.config.timeout)
             self._node_versions[i] = self._version
@@ -628,8 +535,8 @@ class DistributedCollector:
     def stats(self) -> dict[str, Any]:
         """JSON-serialisable statistics (SPEC 11), with each node's host and pid."""
         elapsed = time.perf_counter() - self._started_at
-        res = self._resources
-        dead = set() if res is None or res.launcher is None else set(res.launcher.dead())
+        sup = self._sup
+        dead = set() if sup is None or sup.launcher is None else set(sup.launcher.dead())
         nodes = [{"index": i, "frames": self._node_frames[i], "alive": not self._closed and i + 1 not in dead,
                   "restarts": 0, "policy_version": self._node_versions[i], "host": self._nodes[i].get("host"),
                   "pid": self._nodes[i].get("pid")} for i in range(self.num_nodes)]
@@ -645,14 +552,13 @@ class DistributedCollector:
     def shutdown(self, timeout: float = 10.0) -> None:
         """Close every node (then terminate, then kill, for the nodes this collector started),
         and release the store and the process group.  Idempotent."""
-        res, self._resources = self._resources, None
+        sup, self._sup = self._sup, None
         self._closed = True
-        # The store connections they hold are released with the store.
-        self._channel = self._silence = None
-        if res is None:
+        self._channel = None  # released with the store
+        if sup is None:
             return
         self._finalizer.detach()
-        res.release(timeout)
+        sup.release(timeout)
 
     def __enter__(self) -> DistributedCollector:
         return self

@@ -104,7 +104,7 @@ def test_sync_reset_starts_new_trajectories(sync_collector):
 
 def test_malformed_and_foreign_notices_are_dropped(sync_collector, caplog):
     c = sync_collector
-    store = c._resources.store
+    store = c._sup.store
     store.queue_push(P.INBOX, b"garbage")
     store.queue_push(P.INBOX, P.encode("ready", 1, "not-the-token", seq=0, slot=0, frames=1, version=0, seconds=0.0))
     store.queue_push(P.INBOX, P.encode("ready", 9, c._token, seq=0, slot=0, frames=1, version=0, seconds=0.0))

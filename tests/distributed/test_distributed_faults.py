@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dist_helpers import (ValuePolicy, counting5, failing_env, free_port, node_pids, pid_alive, read_line,
+from dist_helpers import (ValuePolicy, counting5, failing_env, free_port, node_pids, read_line,
                           rlcollect_command, wait_gone)
 from rlcollect import FaultyEnv, InjectedFault, WorkerError
 from rlcollect.distributed import transport

@@ -58,7 +58,7 @@ def test_external_nodes_started_with_the_cli():
             # Both claims of rank 2 must have reached the store before it goes away (a node
             # that finds no rank 0 keeps trying to connect for its whole --timeout).
             deadline = time.monotonic() + 60
-            while c._resources.store.add(claim_key(2), 0) < 2 and time.monotonic() < deadline:
+            while c._sup.store.add(claim_key(2), 0) < 2 and time.monotonic() < deadline:
                 time.sleep(0.05)
         assert nodes[0].wait(timeout=30) == EXIT_OK
         # Whichever of the two claimed rank 2 first served; the other was turned away.
@@ -94,7 +94,7 @@ def test_submitit_launcher_with_the_local_executor(tmp_path, monkeypatch):
                              slurm_kwargs={"executor": "local", "folder": str(tmp_path / "jobs"), "timeout_min": 10})
     try:
         assert [b.shape for b in c] == [torch.Size([2, 10])] * 2
-        jobs = c._resources.launcher.jobs
+        jobs = c._sup.launcher.jobs
         assert len(jobs) == 2 and all(not job.done() for job in jobs.values())
         pids = node_pids(c)
     finally:
