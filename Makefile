@@ -27,7 +27,7 @@ test: $(STAMP)
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
 
 demo: $(STAMP)
-	$(VENV)/bin/rlcollect collect --env CartPole-v1 --frames 20000 --frames-per-batch 1000
+	$(PY) examples/ppo_cartpole.py --out ppo_cartpole.png
 
 bench: $(STAMP)
 	$(PY) -m bench
