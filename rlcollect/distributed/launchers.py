@@ -28,6 +28,8 @@ logger = logging.getLogger("rlcollect")
 LAUNCHERS = ("mp", "submitit", "submitit_delayed", "external")
 #: Set by the "mp" launcher: the node ends when this process does.
 PARENT_PID_ENV = "RLCOLLECT_PARENT_PID"
+#: The nodes' logging level (default INFO; WARNING for the "mp" launcher's).
+LOG_LEVEL_ENV = "RLCOLLECT_LOG_LEVEL"
 #: Defaults of submitit's executor parameters; ``slurm_kwargs`` entries win.
 SLURM_DEFAULTS = {"timeout_min": 24 * 60, "nodes": 1, "tasks_per_node": 1}
 #: ``slurm_kwargs`` entries that choose the executor rather than set its parameters.
@@ -89,6 +91,8 @@ class MpLauncher(Launcher):
     def start(self, master_addr: str, master_port: int, world_size: int, timeout: float) -> None:
         env = dict(os.environ)
         env[PARENT_PID_ENV] = str(os.getpid())
+        # Local nodes share this terminal: only their warnings and errors, unless asked.
+        env.setdefault(LOG_LEVEL_ENV, "WARNING")
         # What multiprocessing's "spawn" does too: functions pickled by reference (from the
         # user's modules) import in the node as they do here.
         env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)

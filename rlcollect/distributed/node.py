@@ -37,14 +37,13 @@ from rlcollect.distributed import protocol as P
 from rlcollect.distributed import transport
 from rlcollect.distributed.channel import Inbox
 from rlcollect.distributed.heartbeat import Heartbeat
-from rlcollect.distributed.launchers import PARENT_PID_ENV
+from rlcollect.distributed.launchers import LOG_LEVEL_ENV, PARENT_PID_ENV
 
 logger = logging.getLogger("rlcollect")
 
 EXIT_OK, EXIT_FAILED, EXIT_ORPHANED, EXIT_REJECTED = 0, 1, 3, 4
 #: torchrun's names, read when the options are not given.
 ENV_VARS = {"master_addr": "MASTER_ADDR", "master_port": "MASTER_PORT", "rank": "RANK", "world_size": "WORLD_SIZE"}
-LOG_LEVEL_ENV = "RLCOLLECT_LOG_LEVEL"
 
 
 class Node:

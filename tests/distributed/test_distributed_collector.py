@@ -281,10 +281,18 @@ def test_shutdown_leaves_no_process():
         c.update_policy_weights_()
 
 
-def test_context_manager_and_endless_len():
-    with _collector(nodes=1, total_frames=-1, frames_per_batch=10) as c:
+def test_context_manager_endless_len_random_frames_and_postproc():
+    def postproc(batch):  # runs on rank 0 only: need not pickle
+        batch.set("seen_by_rank0", torch.ones(batch.shape, dtype=torch.bool))
+        return batch
+
+    with _collector(nodes=1, total_frames=-1, frames_per_batch=50, policy=ValuePolicy(1.0), init_random_frames=50,
+                    postproc=postproc) as c:
         with pytest.raises(TypeError, match="endless"):
             len(c)
-        assert next(c).shape == (1, 10)
+        first, second = next(c), next(c)
+        assert first.shape == (1, 50) and first["seen_by_rank0"].all()
+        assert first["action"].unique().tolist() == [0, 1]  # random actions for the first 50 frames
+        assert second["action"].unique().tolist() == [1]  # then the policy's
         pids = node_pids(c)
     assert not wait_gone(pids, timeout=1.0)
