@@ -116,6 +116,24 @@ def test_malformed_and_foreign_notices_are_dropped(sync_collector, caplog):
     assert "not an rlcollect message" in text and "another run's token" in text and "unknown rank 9" in text
 
 
+def _listeners(port: int) -> list[str]:
+    """Local addresses (hex, as /proc/net/tcp* writes them) listening on ``port``."""
+    out = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                address, hex_port = local.split(":")
+                if int(hex_port, 16) == port and state == "0A":
+                    out.append(address)
+    return out
+
+
+def test_rank0_listens_on_master_addr_only(sync_collector):
+    listeners = _listeners(sync_collector.master_port)
+    assert listeners == ["0100007F"]  # 127.0.0.1, and no wildcard socket (SPEC 13)
+
+
 def test_stats_are_json_serialisable(sync_collector):
     import json
 
