@@ -226,6 +226,7 @@ def run_node(master_addr: str, master_port: int, rank: int, world_size: int, tim
     if store.add(P.claim_key(rank), 1) != 1:
         logger.error("rlcollect node %d: rank %d is already taken by another node of this collector", rank, rank)
         return EXIT_REJECTED
+
     def connect() -> Any:
         return transport.connect_store(master_addr, master_port, 30.0)
 

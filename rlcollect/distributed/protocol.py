@@ -22,7 +22,7 @@ weight shapes) or ``failed``.  Then rank 0 pushes ``command`` messages on the no
 queue, and the node answers on rank 0's inbox queue: a ``reply`` to each command, except
 ``collect``, answered by a ``ready`` notice per batch (sent after the batch itself was posted on
 the process group), and ``weights``; any failure outside a reply is a ``failed`` message.
-``bye`` is the node's last word.
+A node that leaves after "close" sets its ``bye`` key.
 """
 
 from __future__ import annotations
@@ -88,7 +88,6 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "command": {"id": int, "name": str, "args": dict},  # payload: see COMMANDS
     "reply": {"id": int, "ok": bool, "value": object, "error": (dict, _NONE)},  # payload: loads_data
     "ready": {"seq": int, "slot": int, "frames": int, "version": int, "seconds": _NUMBER},
-    "bye": {},
 }
 #: Commands a node serves, with the arguments each takes (node.py has the handlers).
 COMMANDS: dict[str, dict[str, Any]] = {

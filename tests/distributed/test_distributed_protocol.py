@@ -33,7 +33,7 @@ def test_round_trip_of_every_kind():
     (P.MAGIC + b"{not json}\n", "not JSON"),
     (P.MAGIC + b"[1, 2]\n", "not a JSON object"),
     (P.MAGIC + json.dumps({"v": 99, "kind": "ready", "rank": 1}).encode() + b"\n", "protocol version 99"),
-    (P.encode("bye", 1, "tok"), "unexpected message kind 'bye'"),
+    (P.encode("hello", 1, "tok", world_size=3, pid=1, host="h"), "unexpected message kind 'hello'"),
     (P.encode("ready", 7, "tok", seq=0, slot=0, frames=1, version=0, seconds=0.1), "unknown rank 7"),
     (P.encode("ready", 1, "other", seq=0, slot=0, frames=1, version=0, seconds=0.1), "another run's token"),
     (P.encode("ready", 1, "tok", seq="0", slot=0, frames=1, version=0, seconds=0.1), "field 'seq'"),
