@@ -48,7 +48,7 @@ def test_sigkilled_node_raises_worker_error_quickly(sync):
 
 def test_frozen_node_is_detected_by_its_heartbeat():
     c = DistributedCollector([counting5] * 2, ValuePolicy(), frames_per_batch=10, total_frames=-1, sync=True,
-                             heartbeat_timeout=2.0, timeout=120.0)
+                             heartbeat_timeout=3.0, timeout=120.0)
     try:
         next(iter(c))
         pids = node_pids(c)
