@@ -51,3 +51,17 @@ def test_ppo_cartpole_help():
         assert option in proc.stdout
     assert "frames in each batch" in proc.stdout  # the dataclass field docstrings are the help
 
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 10)
+def test_dqn_cartpole_learns(tmp_path):
+    # 30,000 frames, ~6,800 gradient steps while the workers run free, with settings that learn
+    # fast (a bigger learning rate, 4 frames per step, a target copied every 250 steps).
+    # Asynchronous collection is not reproducible, so the check has a wide margin: the first
+    # line is the random policy's return (~21); the best line was 215-370 in trials.
+    rows = run_example("dqn_cartpole.py", tmp_path, "--total-frames", "30000", "--learning-starts", "2000",
+                       "--frames-per-update", "4", "--target-update-every", "250", "--learning-rate", "1e-3",
+                       "--log-every", "500", "--seed", "1")
+    assert rows[-1]["frames"] >= 30000 and rows[-1]["updates"] > 5000
+    assert all(math.isfinite(row["loss"]) for row in rows)
+    returns = [row["mean_return"] for row in rows if math.isfinite(row["mean_return"])]
+    assert max(returns) > 2 * returns[0]
