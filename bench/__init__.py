@@ -3,7 +3,11 @@
 Run it with ``python -m bench`` (or ``make bench``, or ``rlcollect bench``). For every
 configuration it measures, in the same run, the ideal rate (a bare loop doing only the
 unavoidable work: stepping the simulator and calling the policy) and the collector's rate, and
-prints both with their ratio and the collector's overhead per frame.
+prints both with their ratio and the collector's overhead per frame. Multi-process
+configurations also run one bare loop per worker at once (what the machine gives now), and the
+start-up of a multi-process collector is timed in fresh interpreters. With
+``--torchrl-python PATH`` torchrl's collectors are measured on the same configurations, in the
+same rounds, by ``bench/torchrl_side.py`` running under that interpreter.
 """
 
 from bench.suite import main

@@ -1,7 +1,10 @@
-"""Timing loops: the ideal (bare) loops and the collector loop, each run for a time budget."""
+"""Timing loops: the ideal (bare) loops and the collector loop, each run for a time budget; and
+measurements made in another interpreter (a cold start, or torchrl's side)."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +22,14 @@ class Rate:
     """Frames over seconds, with a word on how it was obtained."""
 
     frames_per_s: float
+    how: str
+
+
+@dataclass(frozen=True)
+class Duration:
+    """Seconds something took (lower is better), with a word on how it was obtained."""
+
+    seconds: float
     how: str
 
 
@@ -73,12 +84,65 @@ def gym_loop(env_id: str, num_envs: int, policy: torch.nn.Module | None, seconds
     return Rate(fps, f"bare loop over {num_envs} gymnasium env(s) with {what}")
 
 
-def collector_rate(make_collector: Callable[[], object], seconds: float) -> Rate:
-    """Iterate an endless collector for ``seconds`` after one warmup batch; frames per second."""
+def timed_loop(step_time: float, busy: bool, seconds: float) -> Rate:
+    """A bare loop doing what ``BusyEnv`` / ``SleepEnv`` do per step: spin or sleep ``step_time``."""
+
+    def step() -> int:
+        if busy:
+            deadline = time.perf_counter() + step_time
+            while time.perf_counter() < deadline:
+                pass
+        else:
+            time.sleep(step_time)
+        return 1
+
+    return Rate(run_for(step, seconds), f"bare loop that {'spins' if busy else 'sleeps'} step_time per step")
+
+
+def _loop_child(loop: Callable[[float], Rate], seconds: float, conn) -> None:
+    torch.set_num_threads(1)
+    conn.send(loop(seconds).frames_per_s)
+    conn.close()
+
+
+def at_once(loop: Callable[[float], Rate], processes: int, seconds: float) -> Rate:
+    """``processes`` copies of a bare ``loop`` running at the same time, in forked processes:
+    the most ``processes`` workers could get out of this machine now (on a machine that other
+    jobs share, less than ``processes`` times one loop alone)."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")  # cheap: the loops need nothing re-imported
+    pipes = [context.Pipe(duplex=False) for _ in range(processes)]
+    children = [context.Process(target=_loop_child, args=(loop, seconds, send)) for _, send in pipes]
+    for child in children:
+        child.start()
+    try:
+        total = 0.0
+        for (receive, send), child in zip(pipes, children):
+            send.close()
+            if not receive.poll(60 + 2 * seconds):
+                raise RuntimeError(f"a bare loop process did not report within {60 + 2 * seconds:g} s")
+            total += receive.recv()
+            receive.close()
+    finally:
+        for child in children:
+            child.join(5)
+            if child.is_alive():
+                child.kill()
+                child.join()
+    return Rate(total, f"{processes} bare loops at once")
+
+
+def collector_rate(make_collector: Callable[[], object], seconds: float, warmup: float = 0.0) -> Rate:
+    """Iterate an endless collector for ``seconds`` after one warmup batch (and more warmup
+    batches until ``warmup`` seconds have passed); frames per second."""
     collector = make_collector()
     try:
         batches = iter(collector)
+        warmup_end = time.perf_counter() + warmup
         next(batches)  # warmup: first reset, buffer allocation, first policy call
+        while time.perf_counter() < warmup_end:
+            next(batches)
         frames = 0
         start = time.perf_counter()
         while True:
@@ -88,3 +152,37 @@ def collector_rate(make_collector: Callable[[], object], seconds: float) -> Rate
                 return Rate(frames / elapsed, f"{type(collector).__name__}")
     finally:
         collector.shutdown()
+
+
+def run_json(argv: list[str], timeout: float) -> dict:
+    """Run ``argv`` (another interpreter) and return the JSON object on the last line of its
+    stdout; a failure raises ``RuntimeError`` with the end of its stderr."""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{argv[1]} did not finish within {timeout:g} s") from None
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        tail = "\n".join(done.stderr.strip().splitlines()[-15:])
+        raise RuntimeError(f"{' '.join(argv[1:3])} exited with code {done.returncode}:\n{tail}")
+    return json.loads(lines[-1])
+
+
+_SPIN = """
+import time
+end = time.perf_counter() + {seconds}
+cpu = time.process_time()
+while time.perf_counter() < end:
+    pass
+print((time.process_time() - cpu) / {seconds})
+"""
+
+
+def cpu_share(processes: int, seconds: float = 0.5) -> list[float]:
+    """How much of a core each of ``processes`` processes spinning together gets, now (1.0 on
+    an idle machine with that many cores; less while other jobs share it)."""
+    import sys
+
+    argv = [sys.executable, "-S", "-c", _SPIN.format(seconds=seconds)]
+    spinners = [subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) for _ in range(processes)]
+    return [float(p.communicate(timeout=30 + seconds)[0]) for p in spinners]

@@ -1,8 +1,10 @@
 """The table of benchmark configurations, the runner and the report.
 
 Each configuration names how to measure its ideal rate and how to build the collector under
-test; adding a configuration (multi-process collectors, distributed nodes, torchrl's collectors
-through ``--torchrl-python``) is adding an entry to ``CONFIGS`` (or another column to ``Config``).
+test, and optionally the key of the same work on torchrl's collectors (measured by
+``bench/torchrl_side.py`` under the interpreter given with ``--torchrl-python``); adding a
+configuration is adding an entry to ``CONFIGS``. The multi-process ones are built in
+``bench/multi.py``.
 """
 
 from __future__ import annotations
@@ -14,31 +16,21 @@ import json
 import os
 import platform
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 
-from bench.measure import Rate, collector_rate, gym_loop
+from bench.config import CARTPOLE, Config, StartupConfig, Target, cartpole_mlp, torchrl_key
+from bench.measure import Duration, Rate, collector_rate, cpu_share, gym_loop, run_json
+from bench.multi import BUDGET, multi_configs
 from rlcollect import BusyEnv, Collector, GymEnv, SleepEnv
-from rlcollect.cli import ArgmaxMLP
 
-CARTPOLE = "CartPole-v1"
+__all__ = ["CARTPOLE", "CONFIGS", "Config", "StartupConfig", "Target", "cartpole_mlp", "main", "run"]
 
-
-@dataclass(frozen=True)
-class Config:
-    """One benchmark: ``ideal(seconds)`` and ``collector(seconds)`` each return a ``Rate``."""
-
-    name: str
-    ideal: Callable[[float], Rate]
-    collector: Callable[[float], Rate]
-
-
-def cartpole_mlp() -> ArgmaxMLP:
-    """The benchmark's MLP policy (2 hidden layers of 64, tanh, argmax), the same every run."""
-    torch.manual_seed(0)
-    return ArgmaxMLP(obs_dim=4, num_actions=2, hidden=64, depth=2)
+TORCHRL_SIDE = Path(__file__).with_name("torchrl_side.py")
 
 
 def _cartpole(num_envs: int):
@@ -61,7 +53,8 @@ def cartpole_config(num_envs: int, mlp: bool) -> Config:
         return collector_rate(make, seconds)
 
     policy_name = "mlp 2x64" if mlp else "random"
-    return Config(f"{CARTPOLE} {policy_name}, {num_envs} env(s)", ideal, collector)
+    key = torchrl_key("single", CARTPOLE, "mlp" if mlp else "random", envs=num_envs, frames_per_batch=frames_per_batch)
+    return Config(f"{CARTPOLE} {policy_name}, {num_envs} env(s)", ideal, collector, torchrl=key)
 
 
 def timed_env_config(env_class: type, step_time: float, frames_per_batch: int) -> Config:
@@ -80,10 +73,12 @@ def timed_env_config(env_class: type, step_time: float, frames_per_batch: int) -
         )
         return collector_rate(make, seconds)
 
-    return Config(f"{env_class.__name__}(step_time={step_time:g}) random, 1 env", ideal, collector)
+    kind = env_class.__name__.removesuffix("Env").lower()
+    key = torchrl_key("single", kind, frames_per_batch=frames_per_batch, step_time=step_time)
+    return Config(f"{env_class.__name__}(step_time={step_time:g}) random, 1 env", ideal, collector, torchrl=key)
 
 
-CONFIGS: list[Config] = [
+CONFIGS: list[Config | StartupConfig] = [
     cartpole_config(num_envs=1, mlp=False),
     cartpole_config(num_envs=8, mlp=False),
     cartpole_config(num_envs=1, mlp=True),
@@ -91,6 +86,7 @@ CONFIGS: list[Config] = [
     timed_env_config(BusyEnv, step_time=1e-4, frames_per_batch=1000),
     # A 1 ms sleep takes a little longer than 1 ms, so even a perfect collector stays under 1.0.
     timed_env_config(SleepEnv, step_time=1e-3, frames_per_batch=200),
+    *multi_configs(),
 ]
 
 
@@ -102,47 +98,151 @@ class Result:
     ideal_how: str
     collector_fps: float
     collector_how: str
+    torchrl_fps: float | None = None
+    torchrl_how: str = ""
+    target: Target | None = None
+    at_once_fps: float | None = None
+    at_once_how: str = ""
 
     @property
     def ratio(self) -> float:
         return self.collector_fps / self.ideal_fps
 
     @property
+    def of_at_once(self) -> float | None:
+        """The collector's rate over what bare loops running at once got (multi-process)."""
+        return None if not self.at_once_fps else self.collector_fps / self.at_once_fps
+
+    @property
     def overhead_us(self) -> float:
         """Time the collector adds to each frame, over the ideal loop, in microseconds."""
         return (1.0 / self.collector_fps - 1.0 / self.ideal_fps) * 1e6
 
+    @property
+    def vs_torchrl(self) -> float | None:
+        """Our frames/s over torchrl's (higher is better)."""
+        return None if not self.torchrl_fps else self.collector_fps / self.torchrl_fps
+
+    @property
+    def target_met(self) -> bool | None:
+        if self.target is None:
+            return None
+        return self.target.met(self.ratio if self.target.column == "ratio" else self.vs_torchrl)
+
     def as_dict(self) -> dict:
-        return {**asdict(self), "ratio": self.ratio, "overhead_us_per_frame": self.overhead_us}
+        out = {**asdict(self), "ratio": self.ratio, "overhead_us_per_frame": self.overhead_us,
+               "of_at_once": self.of_at_once, "vs_torchrl": self.vs_torchrl}
+        out["target"] = None if self.target is None else self.target.describe()
+        out["target_met"] = self.target_met
+        return out
 
 
-def run(configs: Sequence[Config], seconds: float, rounds: int, log: Callable[[str], None]) -> list[Result]:
-    """Measure each config in ``rounds`` alternating rounds of ideal and collector runs, keeping
-    the best rate of each: the machine may be shared, and interleaving exposes both
+@dataclass
+class StartupResult:
+    config: str
+    seconds: float
+    how: str
+    samples: list[float]
+    torchrl_seconds: float | None = None
+    torchrl_how: str = ""
+    torchrl_samples: list[float] | None = None
+    target: Target | None = None
+
+    @property
+    def vs_torchrl(self) -> float | None:
+        """Our seconds over torchrl's (lower is better)."""
+        return None if not self.torchrl_seconds else self.seconds / self.torchrl_seconds
+
+    @property
+    def target_met(self) -> bool | None:
+        return None if self.target is None else self.target.met(self.vs_torchrl)
+
+    def as_dict(self) -> dict:
+        out = {**asdict(self), "vs_torchrl": self.vs_torchrl, "target_met": self.target_met}
+        out["target"] = None if self.target is None else self.target.describe()
+        return out
+
+
+def torchrl_measure(python: str, key: str, seconds: float) -> dict:
+    """Run ``bench/torchrl_side.py`` under torchrl's interpreter and return its JSON line."""
+    return run_json([python, str(TORCHRL_SIDE), key, f"{seconds:g}"], timeout=600 + seconds)
+
+
+def run(configs: Sequence[Config | StartupConfig], seconds: float, rounds: int, log: Callable[[str], None],
+        torchrl_python: str | None = None) -> list[Result | StartupResult]:
+    """Measure each config in ``rounds`` alternating rounds of ideal, collector (and torchrl)
+    runs, keeping the best of each: the machine may be shared, and interleaving exposes all
     measurements to the same load while the best round is the least disturbed."""
-    results = []
+    results: list[Result | StartupResult] = []
     for config in configs:
+        if isinstance(config, StartupConfig):
+            results.append(_run_startup(config, rounds, log, torchrl_python))
+            continue
+        per_round = seconds * config.budget / rounds
         ideal: Rate | None = None
+        bare_at_once: Rate | None = None
         measured: Rate | None = None
+        theirs: Rate | None = None
+        use_torchrl = torchrl_python is not None and config.torchrl is not None
         for i in range(rounds):
             log(f"{config.name}: round {i + 1}/{rounds}")
-            ideal = max(ideal, config.ideal(seconds / rounds), key=_fps)
-            measured = max(measured, config.collector(seconds / rounds), key=_fps)
-        results.append(Result(config.name, ideal.frames_per_s, ideal.how, measured.frames_per_s, measured.how))
+            ideal = max(ideal, config.ideal(per_round), key=_fps)
+            if config.at_once is not None:
+                bare_at_once = max(bare_at_once, config.at_once(per_round), key=_fps)
+            measured = max(measured, config.collector(per_round), key=_fps)
+            if use_torchrl:
+                try:
+                    out = torchrl_measure(torchrl_python, config.torchrl, per_round)
+                except RuntimeError as err:
+                    log(f"{config.name}: torchrl side failed, no torchrl figure: {err}")
+                    use_torchrl = False
+                else:
+                    theirs = max(theirs, Rate(out["fps"], out.get("how", "torchrl")), key=_fps)
+        results.append(Result(
+            config.name, ideal.frames_per_s, ideal.how, measured.frames_per_s, measured.how,
+            None if theirs is None else theirs.frames_per_s, "" if theirs is None else theirs.how, config.target,
+            None if bare_at_once is None else bare_at_once.frames_per_s,
+            "" if bare_at_once is None else bare_at_once.how,
+        ))
     return results
+
+
+def _run_startup(config: StartupConfig, rounds: int, log: Callable[[str], None],
+                 torchrl_python: str | None) -> StartupResult:
+    ours: list[Duration] = []
+    theirs: list[Duration] = []
+    use_torchrl = torchrl_python is not None and config.torchrl is not None
+    for i in range(rounds):
+        log(f"{config.name}: round {i + 1}/{rounds}")
+        ours.append(config.measure())
+        if use_torchrl:
+            try:
+                out = torchrl_measure(torchrl_python, config.torchrl, 0)
+            except RuntimeError as err:
+                log(f"{config.name}: torchrl side failed, no torchrl figure: {err}")
+                use_torchrl = False
+            else:
+                theirs.append(Duration(out["first_batch_s"], out.get("how", "torchrl")))
+    best = min(ours, key=lambda d: d.seconds)
+    their_best = min(theirs, key=lambda d: d.seconds) if theirs else None
+    return StartupResult(
+        config.name, best.seconds, best.how, [d.seconds for d in ours],
+        None if their_best is None else their_best.seconds, "" if their_best is None else their_best.how,
+        [d.seconds for d in theirs] or None, config.target,
+    )
 
 
 def _fps(rate: Rate | None) -> float:
     return -1.0 if rate is None else rate.frames_per_s
 
 
-def format_table(results: Sequence[Result]) -> str:
-    """A markdown table (readable as is in a terminal, and pasteable into the README)."""
-    header = ("config", "ideal fps", "collector fps", "ratio", "overhead µs/frame")
-    rows = [
-        (r.config, f"{r.ideal_fps:,.0f}", f"{r.collector_fps:,.0f}", f"{r.ratio:.2f}", f"{r.overhead_us:.1f}")
-        for r in results
-    ]
+def _target_cell(target: Target | None, met: bool | None) -> str:
+    if target is None:
+        return ""
+    return f"{target.describe()}: " + {True: "met", False: "MISSED", None: "n/a"}[met]
+
+
+def _markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
 
     def line(cells) -> str:
@@ -154,6 +254,41 @@ def format_table(results: Sequence[Result]) -> str:
     return "\n".join([line(header), separator, *(line(row) for row in rows)])
 
 
+def format_table(results: Sequence[Result]) -> str:
+    """A markdown table of throughputs (readable as is in a terminal, and pasteable into the
+    README). "bare at once": one bare loop per worker, all running at the same time (multi-process
+    configurations; it shows how much of the ideal the machine gives now, when other jobs share
+    it). The torchrl columns are blank when torchrl was not measured."""
+    header = ("config", "ideal fps", "collector fps", "ratio", "overhead µs/frame", "bare at once fps",
+              "of at once", "torchrl fps", "ours/torchrl", "target")
+    rows = [
+        (
+            r.config, f"{r.ideal_fps:,.0f}", f"{r.collector_fps:,.0f}", f"{r.ratio:.2f}", f"{r.overhead_us:.1f}",
+            "" if r.at_once_fps is None else f"{r.at_once_fps:,.0f}",
+            "" if r.of_at_once is None else f"{r.of_at_once:.2f}",
+            "" if r.torchrl_fps is None else f"{r.torchrl_fps:,.0f}",
+            "" if r.vs_torchrl is None else f"{r.vs_torchrl:.1f}",
+            _target_cell(r.target, r.target_met),
+        )
+        for r in results
+    ]
+    return _markdown(header, rows)
+
+
+def format_startup_table(results: Sequence[StartupResult]) -> str:
+    """A markdown table of start-up times: constructor to first batch, each run in a fresh
+    interpreter (best run; every run in the JSON)."""
+    header = ("start-up", "rlcollect s", "torchrl s", "ours/torchrl", "target")
+    rows = [
+        (
+            r.config, f"{r.seconds:.2f}", "" if r.torchrl_seconds is None else f"{r.torchrl_seconds:.2f}",
+            "" if r.vs_torchrl is None else f"{r.vs_torchrl:.2f}", _target_cell(r.target, r.target_met),
+        )
+        for r in results
+    ]
+    return _markdown(header, rows)
+
+
 def machine() -> dict:
     return {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -162,46 +297,81 @@ def machine() -> dict:
         "cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "platform": platform.platform(),
+        "load_average_1min": os.getloadavg()[0],
     }
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--seconds", type=float, default=3.0, help="time budget per measurement, all rounds together (default: 3)"
+        "--seconds", type=float, default=3.0,
+        help=f"time budget per measurement, all rounds together (multi-process configurations: {BUDGET:g} "
+             "times that; default: 3)",
     )
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; the best counts (default: 3)")
     parser.add_argument("--only", default=None, help="run only the configurations whose name contains this")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the results to this JSON file")
     parser.add_argument("--list", action="store_true", help="list the configurations and exit")
+    parser.add_argument(
+        "--torchrl-python", default=None, metavar="PATH",
+        help="a python interpreter with torchrl installed: also measure torchrl's collectors on the same "
+             "configurations (bench/torchrl_side.py runs under it) and print ours/torchrl",
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.seconds <= 0:
-        build_parser().error(f"--seconds must be positive, got {args.seconds}")
+        parser.error(f"--seconds must be positive, got {args.seconds}")
     if args.rounds < 1:
-        build_parser().error(f"--rounds must be at least 1, got {args.rounds}")
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    if args.torchrl_python is not None and not os.access(args.torchrl_python, os.X_OK):
+        parser.error(f"--torchrl-python {args.torchrl_python!r} is not an executable file")
     configs = [c for c in CONFIGS if args.only is None or args.only.lower() in c.name.lower()]
     if args.list:
         print("\n".join(c.name for c in CONFIGS))
         return 0
     if not configs:
-        build_parser().error(f"--only {args.only!r} matches none of: {', '.join(c.name for c in CONFIGS)}")
+        parser.error(f"--only {args.only!r} matches none of: {', '.join(c.name for c in CONFIGS)}")
 
     # One torch thread for the ideal loops and the collectors alike, so that they compare.
     torch.set_num_threads(1)
     info = machine()
-    results = run(configs, args.seconds, args.rounds, log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    # Other jobs may share the machine: say how much of each core a spinning process could get.
+    info["cpu_share_start"] = cpu_share(info["cpus"] or 1)
+    started = time.perf_counter()
+    results = run(configs, args.seconds, args.rounds, log=lambda msg: print(msg, file=sys.stderr, flush=True),
+                  torchrl_python=args.torchrl_python)
+    info["suite_seconds"] = round(time.perf_counter() - started, 1)
+    info["load_average_1min_end"] = os.getloadavg()[0]
+    info["cpu_share_end"] = cpu_share(info["cpus"] or 1)
+    torchrl_note = f", torchrl from {args.torchrl_python}" if args.torchrl_python else ""
+
+    def shares(values: list[float]) -> str:
+        return "/".join(f"{v:.2f}" for v in values)
+
     print(
         f"rlcollect benchmarks, {info['date']}: python {info['python']}, torch {info['torch']} "
         f"({info['torch_threads']} thread), {info['cpus']} cpus, best of {args.rounds} rounds "
-        f"in {args.seconds:g} s per measurement"
+        f"in {args.seconds:g} s per measurement (multi-process: {args.seconds * BUDGET:g} s){torchrl_note}.\n"
+        f"Machine load: load average {info['load_average_1min']:.1f} at start, "
+        f"{info['load_average_1min_end']:.1f} at end; {info['cpus']} processes spinning together got "
+        f"{shares(info['cpu_share_start'])} of a core at start, {shares(info['cpu_share_end'])} at end. "
+        f"The suite took {info['suite_seconds'] / 60:.1f} min."
     )
-    print(format_table(results))
+    rates = [r for r in results if isinstance(r, Result)]
+    startups = [r for r in results if isinstance(r, StartupResult)]
+    if rates:
+        print(format_table(rates))
+    if startups:
+        if rates:
+            print()
+        print(format_startup_table(startups))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"machine": info, "seconds": args.seconds, "rounds": args.rounds, "results": [r.as_dict() for r in results]}, f, indent=2)
+            json.dump({"machine": info, "seconds": args.seconds, "rounds": args.rounds,
+                       "torchrl_python": args.torchrl_python, "results": [r.as_dict() for r in results]}, f, indent=2)
         print(f"results written to {args.json}")
     return 0

@@ -1,0 +1,92 @@
+"""What a benchmark configuration is: how to measure the ideal, rlcollect and (optionally) torchrl
+on the same work, and the target the result is held to.
+
+``suite.py`` holds the table of configurations and the runner; ``multi.py`` builds the
+multi-process ones. Both build theirs from the types here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from bench.measure import Duration, Rate
+from rlcollect.cli import ArgmaxMLP
+
+CARTPOLE = "CartPole-v1"
+
+
+@dataclass(frozen=True)
+class Target:
+    """An acceptance figure: ``column`` ("ratio": collector / ideal, or "vs_torchrl": ours /
+    torchrl's) must be at least ``at_least`` or at most ``at_most``."""
+
+    column: str
+    at_least: float | None = None
+    at_most: float | None = None
+
+    def __post_init__(self):
+        if self.column not in ("ratio", "vs_torchrl"):
+            raise ValueError(f"Target.column must be 'ratio' or 'vs_torchrl', got {self.column!r}")
+        if (self.at_least is None) == (self.at_most is None):
+            raise ValueError("Target needs exactly one of at_least / at_most")
+
+    def describe(self) -> str:
+        what = "ideal" if self.column == "ratio" else "torchrl"
+        if self.at_least is not None:
+            return f"≥ {self.at_least:g}× {what}"
+        return f"≤ {self.at_most:g}× {what}"
+
+    def met(self, value: float | None) -> bool | None:
+        """Whether ``value`` (the figure of ``column``) meets the target; None when unknown."""
+        if value is None:
+            return None
+        return value >= self.at_least if self.at_least is not None else value <= self.at_most
+
+
+@dataclass(frozen=True)
+class Config:
+    """One throughput benchmark: ``ideal(seconds)`` and ``collector(seconds)`` each return a
+    ``Rate``; ``at_once(seconds)`` (multi-process only) runs one bare loop per worker at the same
+    time, which tells how much of the ideal this machine can give right now; ``torchrl`` is the
+    key ``bench/torchrl_side.py`` understands for the same work on torchrl's collectors (None:
+    no torchrl counterpart); ``budget`` multiplies ``--seconds`` (multi-process collectors take
+    seconds to build, so each round measures longer)."""
+
+    name: str
+    ideal: Callable[[float], Rate]
+    collector: Callable[[float], Rate]
+    at_once: Callable[[float], Rate] | None = None
+    torchrl: str | None = None
+    budget: float = 1.0
+    target: Target | None = None
+
+
+@dataclass(frozen=True)
+class StartupConfig:
+    """One start-up benchmark: ``measure()`` times constructor-to-first-batch in a cold
+    interpreter and returns a ``Duration``; lower is better."""
+
+    name: str
+    measure: Callable[[], Duration]
+    torchrl: str | None = None
+    target: Target | None = None
+
+
+def cartpole_mlp() -> ArgmaxMLP:
+    """The benchmark's MLP policy (2 hidden layers of 64, tanh, argmax), the same every run."""
+    torch.manual_seed(0)
+    return ArgmaxMLP(obs_dim=4, num_actions=2, hidden=64, depth=2)
+
+
+def torchrl_key(collector: str, env: str, policy: str = "random", *, workers: int = 1, envs: int = 1,
+                frames_per_batch: int, step_time: float | None = None) -> str:
+    """The key naming one configuration for ``bench/torchrl_side.py`` (``name=value`` words),
+    built from the same numbers as rlcollect's side so that the two cannot drift apart."""
+    words = [f"collector={collector}", f"env={env}", f"policy={policy}", f"workers={workers}", f"envs={envs}",
+             f"fpb={frames_per_batch}"]
+    if step_time is not None:
+        words.append(f"step_time={step_time:g}")
+    return " ".join(words)
