@@ -50,7 +50,8 @@ def test_options_reach_the_workers_collectors(make_multi, cls):
     assert (batch["next", "step_count"][..., -1, 0] == 3).all()
     assert batch["next", "truncated"][..., -1, 0].all()
     assert set(batch["action"].unique().tolist()) <= {0, 1}  # first batch random
-    # async workers have two batches in flight each: those were started as random ones too
-    for _ in range(1 if cls is MultiSyncCollector else 4):
+    # async workers start with two batches in flight each, all started as random ones; they may
+    # be delivered after batches started later, so look past all of them
+    for _ in range(1 if cls is MultiSyncCollector else 8):
         later = next(collector)
     assert later["action"][later["collector", "mask"]].unique().tolist() == [1]
