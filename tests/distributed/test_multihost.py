@@ -114,7 +114,12 @@ def test_nodes_in_other_namespaces_collect_over_veth(namespaces, tmp_path, sync)
         assert result["master"] == f"{MASTER}:{PORT}"
         expected = [[2, 10]] * 4 if sync else [[20]] * 4
         assert result["shapes"] == expected
-        assert result["blocks"] == [0, 1]  # both nodes delivered, each with its own trajectory ids
+        # Each node has its own trajectory-id block. Async is first-come-first-served: one node may
+        # deliver all four batches, so only the sync case can ask for both.
+        if sync:
+            assert result["blocks"] == [0, 1]
+        else:
+            assert result["blocks"] and set(result["blocks"]) <= {0, 1}
         assert result["updated"] == [0, 1]  # the weights crossed the veth links too
         assert [node.wait(timeout=30) for node in nodes] == [0, 0]
     finally:
