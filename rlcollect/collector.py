@@ -16,7 +16,7 @@ import torch
 
 from rlcollect._context import worker_index
 from rlcollect.config import CollectorConfig
-from rlcollect.data import TRAJ_ID_BLOCK, BatchBuffer, split_trajectories
+from rlcollect.data import TRAJ_ID_BLOCK, BatchBuffer, deliver
 from rlcollect.envs.adapter import make_env
 from rlcollect.freerun import BackgroundLoop
 from rlcollect.policy import exploration_scope, has_weights, load_weights, make_runner
@@ -266,22 +266,9 @@ class Collector:
         batch = buf.td
         if self._buffer is not None and not cfg.return_same_td and self.replay_buffer is None:
             batch = batch.clone()  # (a replay buffer copies what it keeps)
-        storing = cfg.storing_device_or_default
-        if storing is not None and storing != batch.device:
-            batch = batch.to(storing)
         self._last_batch_s = time.perf_counter() - start
-        if cfg.split_trajs:
-            batch = split_trajectories(batch)
-        if cfg.postproc is not None:
-            batch = cfg.postproc(batch)
-        if self.replay_buffer is None:
-            return batch
-        if cfg.extend_buffer:
-            self.replay_buffer.extend(batch)
-        else:
-            for t in range(batch.shape[-1]):
-                self.replay_buffer.extend(batch[..., t])
-        return None
+        return deliver(batch, storing_device=cfg.storing_device_or_default, split_trajs=cfg.split_trajs,
+                       postproc=cfg.postproc, replay_buffer=self.replay_buffer, extend_buffer=cfg.extend_buffer)
 
     def _collect_into(self, buf: BatchBuffer, random: bool = False, stop=None) -> int:
         """Fill ``buf`` with the next batch (in place); returns the valid frames written.

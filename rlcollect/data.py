@@ -148,6 +148,37 @@ def split_trajectories(td: TensorDict) -> TensorDict:
     return out
 
 
+def deliver(
+    batch: TensorDict,
+    *,
+    storing_device=None,
+    split_trajs: bool = False,
+    postproc=None,
+    replay_buffer=None,
+    extend_buffer: bool = True,
+) -> TensorDict | None:
+    """What every collector does to a finished batch: move it to ``storing_device``, split it
+    into trajectories, apply ``postproc``, and either return it or write it into
+    ``replay_buffer`` (whole, or one time step at a time) and return None."""
+    if storing_device is not None:
+        import torch as _torch
+
+        if _torch.device(storing_device) != batch.device:
+            batch = batch.to(storing_device)
+    if split_trajs:
+        batch = split_trajectories(batch)
+    if postproc is not None:
+        batch = postproc(batch)
+    if replay_buffer is None:
+        return batch
+    if extend_buffer:
+        replay_buffer.extend(batch)
+    else:
+        for t in range(batch.shape[-1]):
+            replay_buffer.extend(batch[..., t])
+    return None
+
+
 def new_traj_ids(counter: int, count: int) -> tuple[np.ndarray, int]:
     """``count`` fresh ids starting at ``counter``, and the next counter value."""
     return np.arange(counter, counter + count, dtype=np.int64), counter + count

@@ -21,7 +21,7 @@ import torch
 from tensordict import TensorDict
 
 from rlcollect.collector import Collector
-from rlcollect.data import split_trajectories
+from rlcollect.data import deliver
 from rlcollect.distributed import protocol as P
 from rlcollect.distributed import transport
 from rlcollect.distributed.channel import Channel
@@ -392,14 +392,8 @@ class DistributedCollector:
         self._backlog.clear()
 
     def _deliver(self, batch: TensorDict) -> TensorDict:
-        storing = self.config.storing_device
-        if storing is not None and torch.device(storing) != batch.device:
-            batch = batch.to(storing)
-        if self.config.split_trajs:
-            batch = split_trajectories(batch)
-        if self.config.postproc is not None:
-            batch = self.config.postproc(batch)
-        return batch
+        return deliver(batch, storing_device=self.config.storing_device, split_trajs=self.config.split_trajs,
+                       postproc=self.config.postproc)
 
     # -- weights ---------------------------------------------------------------------------------------
     def _push_due(self, nodes: Any, yielded: int) -> None:

@@ -20,7 +20,7 @@ from tensordict import TensorDict
 
 from rlcollect.collector import Collector
 from rlcollect.config import CollectorConfig, kwargs_arg, optional_positive_int, positive_int, total_frames_arg
-from rlcollect.data import split_trajectories
+from rlcollect.data import deliver
 from rlcollect.multiprocess import protocol as P
 from rlcollect.multiprocess.freerun import FreeRunning
 from rlcollect.multiprocess.weight_sync import WeightSync
@@ -321,20 +321,8 @@ class MultiCollectorBase(WeightSync, FreeRunning):
 
     # -- delivery -------------------------------------------------------------------------------
     def _deliver(self, batch: TensorDict) -> TensorDict | None:
-        if self._storing_device is not None and torch.device(self._storing_device) != batch.device:
-            batch = batch.to(self._storing_device)
-        if self.split_trajs:
-            batch = split_trajectories(batch)
-        if self.postproc is not None:
-            batch = self.postproc(batch)
-        if self.replay_buffer is None:
-            return batch
-        if self.extend_buffer:
-            self.replay_buffer.extend(batch)
-        else:
-            for t in range(batch.shape[-1]):
-                self.replay_buffer.extend(batch[..., t])
-        return None
+        return deliver(batch, storing_device=self._storing_device, split_trajs=self.split_trajs,
+                       postproc=self.postproc, replay_buffer=self.replay_buffer, extend_buffer=self.extend_buffer)
 
     def __iter__(self) -> Iterator[TensorDict | None]:
         self._check_open()

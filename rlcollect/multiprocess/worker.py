@@ -19,7 +19,7 @@ import torch
 import torch.multiprocessing  # noqa: F401  (registers the shared-memory tensor reductions)
 
 from rlcollect import _context
-from rlcollect.data import MASK, BatchLayout
+from rlcollect.data import MASK, BatchLayout, deliver
 from rlcollect.envs.base import ArraySpec
 from rlcollect.multiprocess import protocol as P
 from rlcollect.multiprocess.shm import slot_buffer
@@ -178,17 +178,8 @@ class _Worker:
             return
         batch = buffer.td if steps == layout.time else buffer.td[..., :steps]
         options = self.write_options
-        if options.get("split_trajs"):
-            from rlcollect.data import split_trajectories
-
-            batch = split_trajectories(batch)
-        if options.get("postproc") is not None:
-            batch = options["postproc"](batch)
-        if options.get("extend_buffer", True):
-            self.replay_buffer.extend(batch)
-        else:
-            for t in range(batch.shape[-1]):
-                self.replay_buffer.extend(batch[..., t])
+        deliver(batch, split_trajs=options.get("split_trajs", False), postproc=options.get("postproc"),
+                replay_buffer=self.replay_buffer, extend_buffer=options.get("extend_buffer", True))
 
     def run_free(self, init_random_frames: int) -> dict:
         """Collect into the replay buffer until a command arrives (it is served next)."""
