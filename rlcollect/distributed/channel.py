@@ -96,14 +96,16 @@ class Channel:
         store: a connection to rank 0's store (commands go out on it).
         connect: returns a new connection (for the inbox thread).
         world_size: rank 0 plus the nodes.
-        token: this run's token; messages carrying another are dropped.
+        tokens: ``{rank: token}`` of each node's current incarnation (the caller updates it when
+            it relaunches a node); a message carrying another token is dropped.
         check: the liveness check, run every ``CHECK_S`` while waiting.
         stop_word: ends the inbox thread; secret to rank 0, so no node can stop it.
     """
 
-    def __init__(self, store: Any, connect: Callable[[], Any], world_size: int, token: str,
+    def __init__(self, store: Any, connect: Callable[[], Any], world_size: int, tokens: dict[int, str],
                  check: Callable[[], None], stop_word: bytes):
-        self.store, self.token, self._check = store, token, check
+        self.store, self.tokens, self._check = store, tokens, check
+        self.retired: set[str] = set()  # tokens of node incarnations that failed and were replaced
         self.ranks = range(1, world_size)
         self._ids = [0] * world_size
         self.notices: collections.deque[P.Message] = collections.deque()
@@ -116,8 +118,15 @@ class Channel:
         P.check_command(name, args)
         self._ids[rank] += 1
         self.store.queue_push(P.command_queue(rank), P.encode(
-            "command", P.MASTER_RANK, self.token, payload, id=self._ids[rank], name=name, args=args))
+            "command", P.MASTER_RANK, self.tokens[rank], payload, id=self._ids[rank], name=name, args=args))
         return self._ids[rank]
+
+    def forget(self, rank: int) -> None:
+        """Drop what node ``rank`` sent and rank 0 has not taken yet (the node failed)."""
+        kept = [msg for msg in self.notices if msg.rank != rank]
+        self.notices.clear()
+        self.notices.extend(kept)
+        self._replies[rank].clear()
 
     def check_now(self) -> None:
         self._next_check = time.monotonic() + CHECK_S
@@ -141,12 +150,20 @@ class Channel:
 
     def _sort(self, data: bytes) -> None:
         try:
-            msg = P.decode(data, kinds=("ready", "failed", "reply"), ranks=self.ranks, token=self.token)
+            msg = P.decode(data, kinds=("ready", "failed", "reply"), ranks=self.ranks)
         except P.ProtocolError as err:
             logger.error("rlcollect: dropped a malformed or foreign message from a node: %s", err)
             return
+        if msg.token != self.tokens.get(msg.rank):
+            if msg.token in self.retired:  # a late message of a node incarnation that failed
+                logger.info("rlcollect: dropped a %r message of a replaced incarnation of node %d", msg.kind,
+                            msg.rank - 1)
+            else:
+                logger.error("rlcollect: dropped a %r message from rank %d that carries another run's token",
+                             msg.kind, msg.rank)
+            return
         if msg.kind == "failed":
-            raise P.rebuild_error(msg["error"], msg.rank - 1, "collection")
+            raise P.mark_failed(P.rebuild_error(msg["error"], msg.rank - 1, "collection"), msg.rank - 1)
         (self.notices if msg.kind == "ready" else self._replies[msg.rank]).append(msg)
 
     def wait_for(self, predicate: Callable[[], bool], what: str, timeout: float | None = None) -> None:

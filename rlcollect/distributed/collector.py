@@ -28,21 +28,19 @@ from rlcollect.distributed.channel import Channel
 from rlcollect.distributed.config import DistributedConfig
 from rlcollect.distributed.heartbeat import Heartbeat
 from rlcollect.distributed.launchers import make_launcher
+from rlcollect.distributed.node_weights import NodeWeights
+from rlcollect.distributed.recovery import NodeRecovery
 from rlcollect.distributed.supervisor import Supervisor
 from rlcollect.multiprocess.protocol import WorkerError
-from rlcollect.weights.schemes import NoWeightSyncScheme
-from rlcollect.weights.store import as_state_dict
 
 logger = logging.getLogger("rlcollect")
 
 #: ``("collector", "node_id")``: the node an async batch came from.
 NODE_ID = ("collector", "node_id")
-#: Weight sends not yet taken by a slow node before we wait for the oldest.
-MAX_PENDING_WEIGHTS = 8
 _RENDEZVOUS_POLL_S = 0.02
 
 
-class DistributedCollector:
+class DistributedCollector(NodeWeights, NodeRecovery):
     """Collect on ``num_nodes`` nodes (processes or hosts) joined over torch.distributed.
 
     Each entry of ``create_env_fn`` is one node (rank ``i + 1``; nodes are numbered from 0 in
@@ -58,7 +56,10 @@ class DistributedCollector:
     ``rlcollect node``; both need ``tcp_port``).  Rank 0 listens on ``master_addr`` only
     (default: loopback for "mp", the host's address otherwise); ``tcp_port=None`` picks a free
     port.  ``timeout`` bounds start-up and every reply; a node that dies or stops beating for
-    ``heartbeat_timeout`` seconds raises ``WorkerError`` naming it, and the rest are shut down.
+    ``heartbeat_timeout`` seconds raises ``WorkerError`` naming it, and the rest are shut down
+    (``on_node_failure="raise"``); ``"continue"`` (async only) drops it and goes on with the
+    others, ``"restart"`` ("mp" and "submitit" launchers) relaunches it, up to
+    ``max_node_restarts`` times per node: see ``recovery.py`` and docs/fault-tolerance.md.
 
     Weights: ``update_policy_weights_`` sends rank 0's ``policy`` weights (or the ones given)
     to every node or to ``worker_ids`` (node indices); nodes pass them to their workers.
@@ -110,6 +111,8 @@ class DistributedCollector:
         timeout: float = 300.0,
         heartbeat_timeout: float = 5.0,
         weight_sync_schemes: dict | None = None,
+        on_node_failure: str = "raise",
+        max_node_restarts: int = 3,
     ):
         self._closed = True
         self._sup: Supervisor | None = None
@@ -128,6 +131,7 @@ class DistributedCollector:
             max_weight_update_interval=max_weight_update_interval, update_interval=update_interval,
             launcher=launcher, tcp_port=tcp_port, master_addr=master_addr, timeout=timeout,
             heartbeat_timeout=heartbeat_timeout, weight_sync_schemes=weight_sync_schemes,
+            on_node_failure=on_node_failure, max_node_restarts=max_node_restarts,
         )
         automatic = update_after_each_batch or max_weight_update_interval != -1 or update_interval is not None
         if automatic and cfg.weight_source is None:
@@ -139,7 +143,6 @@ class DistributedCollector:
         self.frames_per_batch, self.total_frames = cfg.frames_per_batch, cfg.total_frames
         self.master_addr, self.master_port = cfg.master_addr, None
         n = self.num_nodes
-        self._token = secrets.token_hex(8)
         self._frames = self._iter = self._version = 0
         self._target = self.total_frames
         self._node_frames, self._node_versions = [0] * n, [0] * n
@@ -147,11 +150,20 @@ class DistributedCollector:
         self._expected_seq = [0] * n
         self._nodes: list[dict] = [{} for _ in range(n)]
         self._backlog: collections.deque[tuple[int, TensorDict, P.Message]] = collections.deque()
+        # Sync: the parts of the batch being assembled ({node: (td, notice)}), kept across a
+        # node's relaunch; whether its automatic weight updates were pushed.
+        self._round: dict[int, tuple[TensorDict, P.Message]] = {}
+        self._round_open = False
+        # Failures: restarts and in-flight batches lost per node, the seed each node was last
+        # given (a relaunched node derives its own), the weights each node was last sent.
+        self._restarts, self._lost_batches = [0] * n, [0] * n
+        self._seeds: list[int | None] = [None] * n
+        self._last_packed: dict[int, tuple[int, torch.Tensor]] = {}
         self._last_lag = self._wait_s = self._last_batch_s = 0.0
         self._last_batch_frames = 0
         self._started_at = time.perf_counter()
         self._iterator: Iterator | None = None
-        sup = self._sup = Supervisor(n + 1, cfg.heartbeat_timeout)
+        sup = self._sup = Supervisor(n + 1, cfg.heartbeat_timeout, cfg.timeout)
         self._finalizer = weakref.finalize(self, sup.release)
         self._closed = False
         try:
@@ -168,17 +180,16 @@ class DistributedCollector:
         cfg, sup = self.config, self._sup
         sup.store, self.master_port = transport.open_store(cfg.master_addr, cfg.tcp_port, cfg.timeout)
         addr, port = cfg.master_addr, self.master_port
+        sup.address = transport.resolve(addr)
         sup.store.add(P.heartbeat_key(P.MASTER_RANK), 0)
         sup.heartbeat = Heartbeat(lambda: transport.connect_store(addr, port, 30.0), P.MASTER_RANK).start()
         sup.channel = self._channel = Channel(sup.store, lambda: transport.connect_store(addr, port, 30.0),
-                                              sup.world_size, self._token, sup.check_alive, secrets.token_bytes(16))
+                                              sup.world_size, sup.tokens, sup.check_alive, secrets.token_bytes(16))
         sup.launcher = make_launcher(cfg.launcher, cfg.slurm_kwargs)
         sup.launcher.start(addr, port, sup.world_size, cfg.timeout)
-        deadline = time.monotonic() + cfg.timeout
-        self._rendezvous(deadline)
-        sup.pg = transport.process_group(sup.store, P.MASTER_RANK, sup.world_size, transport.resolve(addr), cfg.timeout)
+        self._rendezvous(time.monotonic() + cfg.timeout)
         try:
-            transport.join(sup.pg, list(range(1, sup.world_size)), max(1.0, deadline - time.monotonic()))
+            sup.connect_pairs(list(range(1, sup.world_size)))
         except RuntimeError as err:
             sup.check_alive()
             raise WorkerError(f"the nodes could not connect to rank 0's process group at {addr} within timeout="
@@ -213,28 +224,13 @@ class DistributedCollector:
             time.sleep(_RENDEZVOUS_POLL_S)
 
     def _configure(self, rank: int, data: bytes) -> None:
-        sup = self._sup
         try:
-            msg = P.decode(data, kinds=("hello",), rank=rank)
+            self._sup.answer_hello(rank, data, self.config.payloads[rank - 1])
         except P.ProtocolError as err:
-            logger.error("rlcollect: ignored node rank %d's hello: %s", rank, err)
-            return
-        if msg["world_size"] != sup.world_size:
-            reason = (f"started with --world-size {msg['world_size']}, but this collector has {sup.world_size} "
-                      f"(num_nodes={self.num_nodes} + 1)")
-            sup.store.set(P.config_key(rank), P.encode("reject", P.MASTER_RANK, reason=reason))
-            raise ValueError(f"node rank {rank} (host {msg['host']}, pid {msg['pid']}) was {reason}")
-        sup.store.set(P.config_key(rank), P.encode("config", P.MASTER_RANK, self._token, self.config.payloads[rank - 1],
-                                                   node_index=rank - 1))
-        sup.watch(rank)
+            logger.error("rlcollect: ignored a hello: %s", err)
 
     def _node_started(self, rank: int, data: bytes) -> None:
-        msg = P.decode(data, kinds=("started", "failed"), rank=rank, token=self._token)
-        if msg.kind == "failed":
-            raise P.rebuild_error(msg["error"], rank - 1, "start-up")
-        weights = None if msg["weights"] is None else P.weights_from_json(msg["weights"])
-        self._nodes[rank - 1] = {"layout": P.layout_from_json(msg["layout"]), "weights": weights, "pid": msg["pid"],
-                                 "host": msg["host"]}
+        self._nodes[rank - 1] = self._sup.read_started(rank, data)
 
     @contextlib.contextmanager
     def _guard(self) -> Iterator[None]:
@@ -272,7 +268,7 @@ class DistributedCollector:
         """Receive the batch ``msg`` announced into that node's buffer; account for it."""
         i, buf = msg.rank - 1, self._recv[msg.rank - 1]
         try:
-            transport.wait(self._sup.pg.recv([buf.flat], msg.rank, transport.BATCH_TAG),
+            transport.wait(self._sup.pgs[msg.rank].recv([buf.flat], transport.NODE_IN_PAIR, transport.BATCH_TAG),
                            transport.transfer_timeout(buf.nbytes))
         except RuntimeError as err:
             raise self._sup.lost(msg.rank, "while sending a batch", err) from None
@@ -283,7 +279,7 @@ class DistributedCollector:
         self._since_update[i] += 1
         sends = self._sup.weight_sends[i]
         while sends and sends[0][0] <= msg["version"]:  # the node has them: those sends are done
-            transport.wait(sends.popleft()[1], self.config.timeout)
+            self._wait_send(i, sends.popleft()[1])
         return buf.buffer.td
 
     def _grant(self, i: int, credits: int) -> None:
@@ -320,43 +316,54 @@ class DistributedCollector:
 
     def _next_batch(self) -> TensorDict:
         with self._guard():
-            self._channel.maybe_check()  # also when batches keep coming from the other nodes
             started = time.perf_counter()
             frames_before = self._frames
-            batch = self._next_sync() if self.sync else self._next_async()
+            batch = self._recovering(self._next_one)
             self._last_batch_s = time.perf_counter() - started
             self._last_batch_frames = self._frames - frames_before
         self._iter += 1
         return self._deliver(batch)
 
+    def _next_one(self) -> TensorDict:
+        self._channel.maybe_check()  # also when batches keep coming from the other nodes
+        return self._next_sync() if self.sync else self._next_async()
+
     def _next_sync(self) -> TensorDict:
-        self._push_due(range(self.num_nodes), yielded=self._iter)
-        for i in range(self.num_nodes):
-            self._grant(i, 1)
-        got: dict[int, P.Message] = {}
+        """One part from every node.  Each part is received as soon as it is announced and kept
+        in ``_round``: when a node fails and is relaunched (this runs again), the parts of the
+        others stay and only the failed node's is collected again."""
+        n, parts = self.num_nodes, self._round
+        if not self._round_open:  # not again when this batch resumes after a relaunch
+            self._push_due(range(n), yielded=self._iter)
+            self._round_open = True
 
         def all_ready() -> bool:
-            for rank in range(1, self.num_nodes + 1):
-                if rank not in got and (msg := self._take_notice(rank)) is not None:
-                    got[rank] = msg
-            return len(got) == self.num_nodes
+            self._admit()
+            for i in self._serving_nodes():
+                if i not in parts:
+                    if self._outstanding[i] == 0:
+                        self._grant(i, 1)
+                    elif (msg := self._take_notice(i + 1)) is not None:
+                        parts[i] = (self._receive(msg), msg)
+            return len(parts) == n
 
         waited = time.perf_counter()
         self._channel.wait_for(all_ready, "waiting for the nodes' batches")
         self._wait_s += time.perf_counter() - waited
-        notices = [got[rank] for rank in sorted(got)]
-        tds = [self._receive(msg) for msg in notices]
-        self._last_lag = sum(self._version - msg["version"] for msg in notices) / len(notices)
-        batch = torch.stack(tds, 0)
+        self._last_lag = sum(self._version - msg["version"] for _, msg in parts.values()) / n
+        batch = torch.stack([parts[i][0] for i in range(n)], 0)
+        parts.clear()
+        self._round_open = False
         batch.names = [None] * (batch.batch_dims - 1) + ["time"]
         return batch
 
     def _next_async(self) -> TensorDict:
-        for i in range(self.num_nodes):
-            self._grant(i, self.config.slots - self._outstanding[i])
         taken: list[P.Message] = []
 
         def one_ready() -> bool:
+            self._admit()
+            for i in self._serving_nodes():
+                self._grant(i, self.config.slots - self._outstanding[i])
             if not self._backlog and (msg := self._take_notice()) is not None:
                 taken.append(msg)
             return bool(self._backlog or taken)
@@ -384,97 +391,24 @@ class DistributedCollector:
                 self._backlog.append((msg.rank - 1, self._receive(msg).clone(), msg))
             return not any(self._outstanding)
 
+        self._settle()
         with self._guard():
-            self._channel.wait_for(drained, "waiting for the batches in flight", timeout=self.config.timeout)
+            self._recovering(lambda: self._channel.wait_for(drained, "waiting for the batches in flight",
+                                                            timeout=self.config.timeout))
+        self._settle()  # a node that failed while draining was relaunched
 
     def _discard_in_flight(self) -> None:
         self._quiesce()
         self._backlog.clear()
+        for _, msg in self._round.values():  # sync: parts of a batch that will not be delivered
+            self._frames -= msg["frames"]
+            self._node_frames[msg.rank - 1] -= msg["frames"]
+        self._round.clear()
+        self._round_open = False
 
     def _deliver(self, batch: TensorDict) -> TensorDict:
         return deliver(batch, storing_device=self.config.storing_device, split_trajs=self.config.split_trajs,
                        postproc=self.config.postproc)
-
-    # -- weights ---------------------------------------------------------------------------------------
-    def _push_due(self, nodes: Any, yielded: int) -> None:
-        """The automatic updates due before the next batch of ``nodes``, ``yielded`` batches
-        (this one included, in async mode) into the run."""
-        cfg = self.config
-        due = set()
-        if cfg.update_after_each_batch:
-            due.update(nodes)
-        if cfg.max_weight_update_interval > 0:
-            # In flight counts: a batch granted before the update may start before it arrives.
-            due.update(i for i in nodes if self._since_update[i] + self._outstanding[i] >= cfg.max_weight_update_interval)
-        if cfg.update_interval is not None and yielded and yielded % cfg.update_interval == 0:
-            due.update(range(self.num_nodes))
-        if due:
-            self._push({i: cfg.weight_source for i in sorted(due)})
-
-    def update_policy_weights_(self, weights: Any = None, *, worker_ids: Any = None, model_id: str = "policy") -> None:
-        """Send new weights to every node (or the node indices ``worker_ids``), with a new
-        version; each node passes them to its workers and acts with them from its next batch.
-
-        ``weights``: None (rank 0's ``policy``), an ``nn.Module``, a TensorDict of parameters, a
-        state dict, or ``{node_index: weights}``.
-        """
-        self._check_open()
-        if model_id != "policy":
-            raise ValueError(f"model_id must be 'policy', got {model_id!r}")
-        if isinstance(self.config.scheme, NoWeightSyncScheme):
-            return
-        with self._guard():
-            self._push(self._targets(weights, worker_ids))
-
-    def _targets(self, weights: Any, worker_ids: Any) -> dict[int, Any]:
-        n = self.num_nodes
-        ids = list(range(n)) if worker_ids is None else [worker_ids] if isinstance(worker_ids, int) else list(worker_ids)
-        bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n]
-        if bad:
-            raise ValueError(f"worker_ids must be node indices in [0, {n}), got {bad}")
-        if isinstance(weights, dict) and weights and all(isinstance(k, int) for k in weights):
-            unknown = sorted(set(weights) - set(range(n)))
-            if unknown:
-                raise ValueError(f"per-node weights for unknown nodes {unknown}; nodes are 0..{n - 1}")
-            return {i: w for i, w in weights.items() if i in ids}
-        if weights is None:
-            weights = self.config.weight_source
-            if weights is None:
-                raise RuntimeError("update_policy_weights_() without weights needs a policy with weights on rank 0; "
-                                   "pass the weights explicitly")
-        return {i: weights for i in ids}
-
-    def _push(self, targets: dict[int, Any]) -> None:
-        missing = [i for i in targets if self._nodes[i]["weights"] is None]
-        if missing:
-            raise RuntimeError(f"update_policy_weights_: the policy of nodes {missing} has no parameters or buffers, "
-                               "so there are no weights to update (a random policy?)")
-        # Pack everything first: weights that do not fit raise before any node is touched.
-        packed, cache = {}, {}
-        for i, source in targets.items():
-            spec = self._nodes[i]["weights"]
-            key = (id(source), tuple((k, s, d) for k, (s, d) in spec.items()))
-            if key not in cache:
-                cache[key] = transport.pack_weights(as_state_dict(source), spec)
-            packed[i] = cache[key]
-        self._version += 1
-        sup = self._sup
-        for i, flat in packed.items():
-            self._channel.command(i + 1, "weights", version=self._version, nbytes=flat.numel())
-            sends = sup.weight_sends[i]
-            sends.append((self._version, sup.pg.send([flat], i + 1, transport.WEIGHTS_TAG)))
-            if len(sends) > MAX_PENDING_WEIGHTS:
-                transport.wait(sends.popleft()[1], self.config.timeout)
-            self._node_versions[i] = self._version
-            self._since_update[i] = 0
-
-    def worker_policy_versions(self) -> list[int]:
-        """The weights version each node acts with (from its next batch on)."""
-        return list(self._node_versions)
-
-    @property
-    def policy_version(self) -> int:
-        return self._version
 
     # -- control ------------------------------------------------------------------------------------------
     def _ask(self, rank: int, name: str, payload: bytes = b"", **args: Any) -> tuple[Any, bytes]:
@@ -483,13 +417,14 @@ class DistributedCollector:
 
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
         """Seed node 0 with ``seed``, node 1 with what that returned, and so on; returns the last
-        seed.  Async batches in flight are discarded."""
+        seed.  Async batches in flight are discarded; dropped nodes are skipped."""
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"seed must be an int, got {seed!r}")
         self._discard_in_flight()
         with self._guard():
-            for rank in range(1, self.num_nodes + 1):
-                seed, _ = self._ask(rank, "seed", seed=seed, static_seed=bool(static_seed))
+            for i in self._serving_nodes():
+                self._seeds[i] = seed
+                seed, _ = self._ask(i + 1, "seed", seed=seed, static_seed=bool(static_seed))
         return seed
 
     def reset(self) -> None:
@@ -497,15 +432,16 @@ class DistributedCollector:
         are discarded)."""
         self._discard_in_flight()
         with self._guard():
-            for rank in range(1, self.num_nodes + 1):
-                self._ask(rank, "reset")
+            for i in self._serving_nodes():
+                self._ask(i + 1, "reset")
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"node0": ..., ..., "frames", "iter", "policy_version"}``."""
+        """``{"node0": ..., ..., "frames", "iter", "policy_version"}`` (no entry for a dropped
+        node)."""
         self._quiesce()
         with self._guard():
-            out: dict[str, Any] = {f"node{rank - 1}": P.loads_data(self._ask(rank, "state_dict")[1])
-                                   for rank in range(1, self.num_nodes + 1)}
+            out: dict[str, Any] = {f"node{i}": P.loads_data(self._ask(i + 1, "state_dict")[1])
+                                   for i in self._serving_nodes()}
         out.update(frames=self._frames, iter=self._iter, policy_version=self._version)
         return out
 
@@ -514,13 +450,15 @@ class DistributedCollector:
         discarded).  A node that rejects its part raises its error; the collector stays usable."""
         if not isinstance(state, dict):
             raise TypeError(f"load_state_dict expects the dict state_dict() returned, got {type(state).__name__}")
-        missing = [k for k in (*(f"node{i}" for i in range(self.num_nodes)), "frames", "iter") if k not in state]
+        self._settle()
+        nodes = self._serving_nodes()
+        missing = [k for k in (*(f"node{i}" for i in nodes), "frames", "iter") if k not in state]
         if missing:
             raise KeyError(f"DistributedCollector.load_state_dict: missing keys {missing}")
         self._discard_in_flight()
         with self._guard():
-            for rank in range(1, self.num_nodes + 1):
-                self._ask(rank, "load_state_dict", cloudpickle.dumps(state[f"node{rank - 1}"]))
+            for i in nodes:
+                self._ask(i + 1, "load_state_dict", cloudpickle.dumps(state[f"node{i}"]))
         self._frames, self._iter = int(state["frames"]), int(state["iter"])
         self._version = int(state.get("policy_version", self._version))
         self._target = self.total_frames  # iteration continues to total_frames (or total_frames more)
@@ -531,16 +469,30 @@ class DistributedCollector:
         elapsed = time.perf_counter() - self._started_at
         sup = self._sup
         dead = set() if sup is None or sup.launcher is None else set(sup.launcher.dead())
-        nodes = [{"index": i, "frames": self._node_frames[i], "alive": not self._closed and i + 1 not in dead,
-                  "restarts": 0, "policy_version": self._node_versions[i], "host": self._nodes[i].get("host"),
+        dropped = set() if sup is None else sup.dropped
+        nodes = [{"index": i, "frames": self._node_frames[i],
+                  "alive": not self._closed and i + 1 not in dead and i + 1 not in dropped,
+                  "state": self._node_state(i), "restarts": self._restarts[i], "lost_batches": self._lost_batches[i],
+                  "policy_version": self._node_versions[i], "host": self._nodes[i].get("host"),
                   "pid": self._nodes[i].get("pid")} for i in range(self.num_nodes)]
         return {
             "frames": self._frames, "batches": self._iter, "elapsed_s": elapsed,
             "fps": self._frames / elapsed if elapsed else 0.0,
             "fps_recent": self._last_batch_frames / self._last_batch_s if self._last_batch_s else 0.0,
-            "policy_version": self._version, "workers": nodes, "restarts": 0, "mean_policy_lag": self._last_lag,
-            "wait_s": self._wait_s, "launcher": self.config.launcher, "master": f"{self.master_addr}:{self.master_port}",
+            "policy_version": self._version, "workers": nodes, "restarts": sum(self._restarts),
+            "dropped_nodes": sorted(r - 1 for r in dropped), "lost_batches": sum(self._lost_batches),
+            "mean_policy_lag": self._last_lag, "wait_s": self._wait_s, "launcher": self.config.launcher,
+            "master": f"{self.master_addr}:{self.master_port}",
         }
+
+    def _node_state(self, i: int) -> str:
+        """"collecting", "rejoining" (relaunched, not back yet), "dropped" or "closed"."""
+        sup = self._sup
+        if sup is None:
+            return "closed"
+        if i + 1 in sup.dropped:
+            return "dropped"
+        return "collecting" if self._serving(i) else "rejoining"
 
     # -- shutdown ---------------------------------------------------------------------------------------
     def shutdown(self, timeout: float = 10.0) -> None:

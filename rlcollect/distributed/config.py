@@ -4,8 +4,10 @@ value received and what is accepted (SPEC 10)."""
 
 from __future__ import annotations
 
+import copy
 import ipaddress
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +15,7 @@ import cloudpickle
 
 from rlcollect.collector import Collector
 from rlcollect.config import CollectorConfig, kwargs_arg, optional_positive_int, positive_int, total_frames_arg
+from rlcollect.data import TRAJ_ID_BLOCK
 from rlcollect.distributed.launchers import LAUNCHERS
 from rlcollect.distributed.transport import default_host_address, resolve
 from rlcollect.multiprocess.base import resolve_collector_class
@@ -23,6 +26,9 @@ BACKENDS = ("gloo",)
 PER_NODE_ARGS = ("device", "storing_device", "env_device", "policy_device")
 #: Batches a node may have in flight: async nodes fill one buffer while rank 0 reads the other.
 ASYNC_SLOTS = 2
+NODE_FAILURE_POLICIES = ("raise", "continue", "restart")
+#: The launchers that start the nodes themselves, and so can relaunch one.
+RELAUNCHING_LAUNCHERS = ("mp", "submitit")
 
 
 def _per_node(name: str, value: Any, n: int) -> list:
@@ -84,6 +90,8 @@ class DistributedConfig:
         timeout: float,
         heartbeat_timeout: float,
         weight_sync_schemes: dict | None,
+        on_node_failure: str = "raise",
+        max_node_restarts: int = 3,
     ):
         # -- nodes ----------------------------------------------------------------------------------
         if isinstance(create_env_fn, (list, tuple)):
@@ -131,6 +139,19 @@ class DistributedConfig:
         self.master_addr = _master_addr(master_addr, launcher)
         self.timeout = _seconds("timeout", timeout)
         self.heartbeat_timeout = _seconds("heartbeat_timeout", heartbeat_timeout)
+        # -- failures ---------------------------------------------------------------------------------
+        if on_node_failure not in NODE_FAILURE_POLICIES:
+            raise ValueError(f"on_node_failure must be one of {NODE_FAILURE_POLICIES}, got {on_node_failure!r}")
+        if on_node_failure == "continue" and sync:
+            raise ValueError("on_node_failure='continue' needs sync=False: a sync batch holds one part from every "
+                             "node, so it cannot go on without one (use 'restart', or sync=False)")
+        if on_node_failure == "restart" and launcher not in RELAUNCHING_LAUNCHERS:
+            raise ValueError(f"on_node_failure='restart' needs a launcher that starts the nodes itself "
+                             f"{RELAUNCHING_LAUNCHERS}, got launcher={launcher!r} (its nodes are started by you: use "
+                             "'continue' with sync=False, or 'raise')")
+        if isinstance(max_node_restarts, bool) or not isinstance(max_node_restarts, int) or max_node_restarts < 0:
+            raise ValueError(f"max_node_restarts must be an int >= 0, got {max_node_restarts!r}")
+        self.on_node_failure, self.max_node_restarts = on_node_failure, max_node_restarts
         # -- weights ----------------------------------------------------------------------------------
         schemes = validate_schemes(weight_sync_schemes)
         unknown = set(schemes) - {"policy"}
@@ -176,6 +197,9 @@ class DistributedConfig:
         if "exploration_type" in inner_options:
             inner_options = {**inner_options, "exploration_type": as_exploration_type(inner_options["exploration_type"])}
         self.payloads: list[bytes] = []
+        self._specs: list[dict] = []
+        self._single = single
+        footprints: list[int] = []
         first_free_block = 0
         for i in range(n):
             kwargs = {"policy_factory": factories[i], "frames_per_batch": self.node_frames, "total_frames": -1,
@@ -190,13 +214,34 @@ class DistributedConfig:
             footprint = 1 if single else positive_int("num_workers", kwargs["num_workers"])
             kwargs["worker_idx"] = math.ceil(first_free_block / footprint)
             first_free_block = (kwargs["worker_idx"] + 1) * footprint
+            footprints.append(footprint)
             if single:
                 CollectorConfig(**{k: v for k, v in kwargs.items() if k in CollectorConfig.__dataclass_fields__})
             spec = {"collector_class": self.collector_class, "create_env_fn": env_fns[i],
                     "policy": None if factories[i] is not None else policy, "kwargs": kwargs, "slots": self.slots}
+            self._specs.append(spec)
             try:
                 self.payloads.append(cloudpickle.dumps(spec))
             except Exception as err:
                 raise TypeError(f"node {i}'s env factory, policy or collector_kwargs cannot be pickled for the nodes "
                                 f"({err}): pass a module-level factory function (or a gymnasium id), and build "
                                 "unpicklable policies inside the nodes with policy_factory=<a function>") from err
+        # A relaunched node draws trajectory ids from blocks past every node's: incarnation k
+        # shifts a node's blocks by k * this (a multiple of every node's footprint).
+        common = math.lcm(*footprints)
+        self._incarnation_blocks = math.ceil(first_free_block / common) * common
+        self._footprints = footprints
+
+    def relaunch_payload(self, i: int, incarnation: int, seed: int | None) -> bytes:
+        """Node ``i``'s spec for its ``incarnation`` (>= 1): the same factory and options, a
+        fresh block of trajectory ids, and ``seed`` (None: a random one)."""
+        spec = copy.copy(self._specs[i])
+        kwargs = dict(spec["kwargs"])
+        shift = incarnation * self._incarnation_blocks
+        if self._single:  # keep worker_idx (what a FaultyEnv targets); move only the ids
+            kwargs["traj_id_start"] = (kwargs["worker_idx"] + shift) * TRAJ_ID_BLOCK
+        else:
+            kwargs["worker_idx"] += shift // self._footprints[i]
+        spec["kwargs"] = kwargs
+        spec["seed"] = seed if seed is not None else int.from_bytes(os.urandom(4), "little")
+        return cloudpickle.dumps(spec)

@@ -113,6 +113,10 @@ class Silence:
                 out.append((rank, now - since))
         return out
 
+    def add(self, rank: int) -> None:
+        """Watch ``rank`` too, from now (a node configured after the others, or relaunched)."""
+        self._seen[rank] = (-1, time.monotonic())
+
     def forget(self, rank: int) -> None:
         self._seen.pop(rank, None)
 

@@ -10,7 +10,9 @@
 - ``"external"``: the user starts ``rlcollect node ...`` on any host; rank 0 waits for them.
 
 Every launcher answers ``dead()`` (nodes whose process or job has ended, with a cause) and
-``stop(timeout)`` (make sure none is left: wait, then terminate, then kill or cancel).
+``stop(timeout)`` (make sure none is left: wait, then terminate, then kill or cancel).  The
+launchers that start the nodes themselves ("mp", "submitit") can also ``kill`` one node and
+``relaunch`` it (``on_node_failure="restart"``).
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ class Launcher:
     name = "external"
     #: False: the nodes are someone else's processes; shutdown waits for their goodbye only.
     owns_processes = False
+    #: True: ``kill`` and ``relaunch`` work (``on_node_failure="restart"``).
+    can_relaunch = False
 
     def start(self, master_addr: str, master_port: int, world_size: int, timeout: float) -> None:
         ranks = range(1, world_size)
@@ -78,15 +82,25 @@ class Launcher:
         """Make sure no node is left (``failed``: nodes known dead or hung, not waited for).
         Here nothing to do: nodes exit on "close", or when rank 0's store goes away."""
 
+    def kill(self, rank: int, timeout: float = 5.0) -> None:
+        """End node ``rank`` now, if it still runs (a failed or hung node); here nothing can be
+        done: the node is someone else's process (it ends when it notices rank 0 dropped it)."""
+
+    def relaunch(self, rank: int) -> None:
+        """Start node ``rank`` again (after ``kill``)."""
+        raise NotImplementedError(f"the {self.name!r} launcher cannot relaunch nodes")
+
 
 class MpLauncher(Launcher):
     """Local node processes, started with the interpreter and ``sys.path`` of this one."""
 
     name = "mp"
     owns_processes = True
+    can_relaunch = True
 
     def __init__(self) -> None:
         self.processes: dict[int, subprocess.Popen] = {}
+        self._launch: tuple | None = None
 
     def start(self, master_addr: str, master_port: int, world_size: int, timeout: float) -> None:
         env = dict(os.environ)
@@ -96,10 +110,21 @@ class MpLauncher(Launcher):
         # What multiprocessing's "spawn" does too: functions pickled by reference (from the
         # user's modules) import in the node as they do here.
         env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)
+        self._launch = (master_addr, master_port, world_size, timeout, env)
         for rank in range(1, world_size):
-            command = [sys.executable, "-m", "rlcollect.distributed.node", *node_command(
-                master_addr, master_port, rank, world_size, timeout)[2:]]
-            self.processes[rank] = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
+            self.relaunch(rank)
+
+    def relaunch(self, rank: int) -> None:
+        master_addr, master_port, world_size, timeout, env = self._launch
+        command = [sys.executable, "-m", "rlcollect.distributed.node", *node_command(
+            master_addr, master_port, rank, world_size, timeout)[2:]]
+        self.processes[rank] = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
+
+    def kill(self, rank: int, timeout: float = 5.0) -> None:
+        process = self.processes.get(rank)
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait(timeout)
 
     def dead(self) -> dict[int, str]:
         return {rank: f"(pid {p.pid}) {describe_exit(p.returncode)}"
@@ -181,14 +206,42 @@ class SubmititLauncher(Launcher):
 
     name = "submitit"
     owns_processes = True
+    can_relaunch = True
 
     def __init__(self, slurm_kwargs: dict | None):
         self.slurm_kwargs = slurm_kwargs
         self.jobs: dict[int, Any] = {}
+        self.retired: list[Any] = []  # jobs of killed incarnations: reaped at stop
+        self._launch: tuple | None = None
 
     def start(self, master_addr: str, master_port: int, world_size: int, timeout: float) -> None:
+        self._launch = (master_addr, master_port, world_size, timeout)
         jobs = submit_nodes(master_addr, master_port, world_size, slurm_kwargs=self.slurm_kwargs, timeout=timeout)
         self.jobs = dict(zip(range(1, world_size), jobs))
+
+    def relaunch(self, rank: int) -> None:
+        master_addr, master_port, world_size, timeout = self._launch
+        [job] = submit_nodes(master_addr, master_port, world_size, slurm_kwargs=self.slurm_kwargs, timeout=timeout,
+                             ranks=[rank])
+        self.jobs[rank] = job
+
+    def kill(self, rank: int, timeout: float = 5.0) -> None:
+        job = self.jobs.get(rank)
+        if job is None:
+            return
+        if not job.done():
+            job.cancel(check=False)
+        # A local job's controller process forwards the cancel to its task (SIGINT, then
+        # SIGKILL a second later) and exits: wait for that, so the node is gone on return.
+        # Killing the controller outright would orphan the task.
+        process = getattr(job, "_process", None)
+        if process is not None:
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(5.0)
+        self.retired.append(job)
 
     def dead(self) -> dict[int, str]:
         out = {}
@@ -209,7 +262,8 @@ class SubmititLauncher(Launcher):
                 job.cancel(check=False)
         # Local jobs are child processes: reap them (cancel asks the job controller to stop
         # its task, which takes about a second).
-        local = [job._process for job in self.jobs.values() if getattr(job, "_process", None) is not None]
+        jobs = [*self.jobs.values(), *self.retired]
+        local = [job._process for job in jobs if getattr(job, "_process", None) is not None]
         _stop_processes(local, max(0.4 * timeout, 2.0))
 
 

@@ -5,8 +5,9 @@ Life of a node: connect to rank 0's store (waiting up to ``timeout`` for rank 0 
 its rank, say hello, receive its configuration (the cloudpickled env factory, policy and
 collector options: **the node executes code rank 0 sends**; start nodes only for a rank 0 you
 trust), build its inner collector (``Collector``, ``MultiSyncCollector`` or
-``MultiAsyncCollector``), report the batch layout and weight shapes, join the process group,
-then serve commands until "close".
+``MultiAsyncCollector``), report the batch layout and weight shapes, join its pair process group
+with rank 0 (one per incarnation: 0, or how many times rank 0 relaunched this rank after a
+failure), then serve commands until "close".
 
 Each command has a small handler in ``Node.handlers``.  "collect" grants credits: the node
 collects one batch per credit into a preallocated flat buffer, posts it to rank 0 on the
@@ -53,6 +54,8 @@ class Node:
         self.store, self.rank, self.token, self.timeout = store, rank, token, timeout
         torch.set_num_threads(int(spec.get("num_threads", 1)))
         self.collector = spec["collector_class"](spec["create_env_fn"], spec["policy"], **spec["kwargs"])
+        if spec.get("seed") is not None:  # a relaunched node starts from a fresh seed
+            self.collector.set_seed(spec["seed"])
         self.layout = self.collector.layout
         self.slots = [transport.FlatBatch(self.layout) for _ in range(int(spec["slots"]))]
         self.sends: list[Any] = [None] * len(self.slots)
@@ -251,12 +254,12 @@ def run_node(master_addr: str, master_port: int, rank: int, world_size: int, tim
             store.set(P.started_key(rank), P.encode("failed", rank, config.token, error=P.error_info(exc)))
             return EXIT_FAILED
         address = transport.local_address_towards(master_addr, master_port)
-        node.pg = transport.process_group(store, rank, world_size, address, timeout)
+        node.pg = transport.pair_group(store, rank, config["incarnation"], False, address, timeout)
         # Its stop word lets this node end the thread before exiting: a thread still blocked in
         # the store when the interpreter finalizes aborts the process.
         commands = Inbox(connect, P.command_queue(rank), stop_word=secrets.token_bytes(16))
         store.set(P.started_key(rank), node.started_message())
-        transport.join(node.pg, [P.MASTER_RANK], timeout)
+        transport.join([node.pg], False, timeout)
         logger.info("rlcollect node %d: %s collecting for rank 0 at %s:%s", rank, type(node.collector).__name__,
                     master_addr, master_port)
         node.serve(commands)

@@ -5,7 +5,8 @@ travel over torch.distributed point-to-point (see ``transport.py``).
 
 A message is ``MAGIC + JSON header + b"\\n" + payload``.  The header always holds ``v``
 (``PROTOCOL_VERSION``), ``kind``, ``rank`` (the sender) and ``token`` (a random string rank 0
-draws per run and hands each node with its configuration), plus the fields ``SCHEMAS`` lists
+draws per run and node incarnation and hands each node with its configuration: messages of a
+previous incarnation of a relaunched node carry a stale token and are dropped), plus the fields ``SCHEMAS`` lists
 for its kind.  ``decode`` checks all of it and raises ``ProtocolError``; the receiver logs the
 error and drops the message, so a malformed message, one from another run or one from an
 unknown rank is never acted upon (SPEC 13).
@@ -17,8 +18,9 @@ through ``loads_data``, an unpickler that only rebuilds containers, numbers, str
 arrays and tensors.
 
 Flow: a node claims its rank (``claim``), says ``hello``; rank 0 answers ``config`` (or
-``reject``); the node builds its collector and says ``started`` (with its batch layout and
-weight shapes) or ``failed``.  Then rank 0 pushes ``command`` messages on the node's command
+``reject``) with the node's incarnation (0, then 1, 2, ... for a node relaunched after a
+failure) and a token for that incarnation; the node builds its collector and says ``started``
+(with its batch layout and weight shapes) or ``failed``.  Then rank 0 pushes ``command`` messages on the node's command
 queue, and the node answers on rank 0's inbox queue: a ``reply`` to each command, except
 ``collect``, answered by a ``ready`` notice per batch (sent after the batch itself was posted on
 the process group), and ``weights``; any failure outside a reply is a ``failed`` message.
@@ -37,14 +39,13 @@ from typing import Any
 import numpy as np
 import torch
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 MAGIC = b"RLC:"
 
 # -- store keys ------------------------------------------------------------------------------------
 _ROOT = "rlc"
 #: Everything nodes send rank 0 once started: replies, batch notices, failures.
 INBOX = f"{_ROOT}/inbox"
-PG_PREFIX = f"{_ROOT}/pg/"
 
 
 def claim_key(rank: int) -> str:
@@ -75,13 +76,24 @@ def bye_key(rank: int) -> str:
     return f"{_ROOT}/bye/{rank}"
 
 
+def pg_prefix(rank: int, incarnation: int) -> str:
+    """The store prefix of the process group between rank 0 and one incarnation of a node."""
+    return f"{_ROOT}/pg/{rank}/{incarnation}/"
+
+
+def incarnation_keys(rank: int) -> list[str]:
+    """What one incarnation of node ``rank`` leaves in the store: cleared before a relaunch so
+    that the new process can claim the rank and say hello afresh (its heartbeat counter stays)."""
+    return [claim_key(rank), hello_key(rank), config_key(rank), started_key(rank), bye_key(rank), command_queue(rank)]
+
+
 # -- message formats -------------------------------------------------------------------------------
 _NONE = type(None)
 _NUMBER = (int, float)
 #: The header fields of each kind of message, and the types they must have.
 SCHEMAS: dict[str, dict[str, Any]] = {
     "hello": {"world_size": int, "pid": int, "host": str},
-    "config": {"node_index": int},  # payload: the cloudpickled node spec
+    "config": {"node_index": int, "incarnation": int},  # payload: the cloudpickled node spec
     "reject": {"reason": str},
     "started": {"layout": dict, "weights": (dict, _NONE), "pid": int, "host": str},
     "failed": {"error": dict},
@@ -139,7 +151,7 @@ def _is(value: Any, expected: Any) -> bool:
 def decode(data: Any, *, kinds: tuple[str, ...], rank: int | None = None, ranks: range | None = None,
            token: str | None = None) -> Message:
     """Parse and check one message.  ``kinds``: the kinds acceptable here; ``rank``: the only
-    sender acceptable, or ``ranks``: the senders acceptable; ``token``: the run's token."""
+    sender acceptable, or ``ranks``: the senders acceptable; ``token``: the token expected (the run's, or the node incarnation's)."""
     if not isinstance(data, (bytes, bytearray)) or not data.startswith(MAGIC):
         raise ProtocolError(f"not an rlcollect message (no {MAGIC!r} prefix): {bytes(data[:40])!r}")
     head, sep, payload = bytes(data[len(MAGIC):]).partition(b"\n")
@@ -190,6 +202,14 @@ def error_info(exc: BaseException) -> dict[str, str]:
     """What a node sends back about an exception: JSON only."""
     return {"type": f"{type(exc).__module__}.{type(exc).__qualname__}", "message": str(exc),
             "traceback": "".join(traceback.format_exception(exc))}
+
+
+def mark_failed(err: BaseException, node_index: int) -> BaseException:
+    """Mark ``err`` as the failure of node ``node_index`` (its process died, it went silent, or
+    its collection raised): what ``on_node_failure`` acts on.  Errors of commands (a bad
+    ``load_state_dict``, say) are not marked: they are raised whatever the policy."""
+    err.failed_node = node_index
+    return err
 
 
 def rebuild_error(info: dict, node_index: int, context: str) -> BaseException:

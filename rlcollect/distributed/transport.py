@@ -7,9 +7,12 @@ fields), carved into typed fields exactly as the multi-process shared-memory slo
 ``BatchLayout``.  Rank 0 allocates its receive buffers from the layout each node reports; it
 never builds an env.
 
-The process group is a private ``ProcessGroupGloo`` (not torch.distributed's default group, so
-a trainer may use torch.distributed for itself), with lazily connected pairs: rank 0 talks to
-every node, nodes never talk to each other, and only those pairs are ever connected.
+Batches and weights travel on private two-rank ``ProcessGroupGloo`` groups, one between rank 0
+(rank 0 of the pair) and each node (rank 1 of the pair), not on torch.distributed's default group
+(a trainer may use torch.distributed for itself).  Nodes never talk to each other, and a pair of
+its own per node isolates failures: a node that dies breaks only its own pair, and a node
+relaunched after a failure joins a new pair (a new store prefix per incarnation) while the other
+nodes keep sending on theirs.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
 
 from rlcollect.data import BatchBuffer, BatchLayout
 from rlcollect.multiprocess.shm import _field_bytes, slot_buffer
-from rlcollect.distributed.protocol import PG_PREFIX
+from rlcollect.distributed.protocol import MASTER_RANK, pg_prefix
 
 logger = logging.getLogger("rlcollect")
 
@@ -125,26 +128,43 @@ def connect_store(host: str, port: int, timeout: float) -> TCPStore:
     return TCPStore(resolve(host), port, None, False, _seconds(timeout))
 
 
-# -- the process group ---------------------------------------------------------------------------
-def process_group(store: Any, rank: int, world_size: int, address: str, timeout: float) -> ProcessGroupGloo:
-    """This rank's gloo group, its sockets bound to ``address``; pairs connect on first use."""
+# -- the process groups --------------------------------------------------------------------------
+#: The node's rank in its pair group with rank 0 (rank 0 is ``MASTER_RANK`` there too).
+NODE_IN_PAIR = 1
+
+
+def pair_group(store: Any, node_rank: int, incarnation: int, master: bool, address: str,
+               timeout: float) -> ProcessGroupGloo:
+    """The gloo group of rank 0 and one incarnation of node ``node_rank`` (``master``: rank 0's
+    side), its sockets bound to ``address``; the pair connects on first use (see ``join``)."""
     options = ProcessGroupGloo._Options()
     options._devices = [ProcessGroupGloo.create_device(hostname=address, lazy_init=True)]
     options._timeout = _seconds(timeout)
-    return ProcessGroupGloo(PrefixStore(PG_PREFIX, store), rank, world_size, options)
+    options._threads = 1  # point-to-point only: no collective needs worker threads
+    own_rank = MASTER_RANK if master else NODE_IN_PAIR
+    return ProcessGroupGloo(PrefixStore(pg_prefix(node_rank, incarnation), store), own_rank, 2, options)
 
 
-def join(pg: ProcessGroupGloo, peers: list[int], timeout: float) -> None:
-    """Connect this rank's pairs with ``peers`` (each side calls this for the other): one
-    byte each way.  A lazily connected gloo pair only completes its connection once both sides
-    have used it, so without this a node's first batch would wait for a receive that rank 0
-    only posts after that batch is announced.  It also proves, at start-up, that the data path
-    works (a firewall, a wrong interface) rather than at the first batch."""
-    sends = [pg.send([torch.ones(1, dtype=torch.uint8)], peer, JOIN_TAG) for peer in peers]
-    received = [torch.zeros(1, dtype=torch.uint8) for _ in peers]
-    recvs = [pg.recv([buf], peer, JOIN_TAG) for buf, peer in zip(received, peers)]
+def join(groups: list[ProcessGroupGloo], master: bool, timeout: float) -> None:
+    """Connect pair ``groups`` (each side calls this for the other): one byte each way.  A
+    lazily connected gloo pair only completes its connection once both sides have used it, so
+    without this a node's first batch would wait for a receive that rank 0 only posts after that
+    batch is announced.  It also proves, at start-up, that the data path works (a firewall, a
+    wrong interface) rather than at the first batch."""
+    peer = NODE_IN_PAIR if master else MASTER_RANK
+    sends = [pg.send([torch.ones(1, dtype=torch.uint8)], peer, JOIN_TAG) for pg in groups]
+    received = [torch.zeros(1, dtype=torch.uint8) for _ in groups]
+    recvs = [pg.recv([buf], peer, JOIN_TAG) for buf, pg in zip(received, groups)]
     for work in (*sends, *recvs):
         wait(work, timeout)
+
+
+def close_group(pg: Any) -> None:
+    """Release a pair group's sockets (best effort: its peer may be gone)."""
+    try:
+        pg.shutdown()
+    except Exception:  # noqa: BLE001  (a group whose peer died may refuse; it is dropped anyway)
+        pass
 
 
 def wait(work: Any, timeout: float) -> None:

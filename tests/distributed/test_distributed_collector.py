@@ -107,7 +107,7 @@ def test_malformed_and_foreign_notices_are_dropped(sync_collector, caplog):
     store = c._sup.store
     store.queue_push(P.INBOX, b"garbage")
     store.queue_push(P.INBOX, P.encode("ready", 1, "not-the-token", seq=0, slot=0, frames=1, version=0, seconds=0.0))
-    store.queue_push(P.INBOX, P.encode("ready", 9, c._token, seq=0, slot=0, frames=1, version=0, seconds=0.0))
+    store.queue_push(P.INBOX, P.encode("ready", 9, c._sup.tokens[1], seq=0, slot=0, frames=1, version=0, seconds=0.0))
     store.queue_push(P.command_queue(1), b"not a command")
     with caplog.at_level(logging.ERROR, logger="rlcollect"):
         batch = next(iter(c))

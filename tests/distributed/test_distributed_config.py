@@ -42,6 +42,12 @@ def _make(**kwargs):
     ({"master_addr": "no-such-host.invalid"}, ValueError, "cannot resolve"),
     ({"timeout": 0}, ValueError, "timeout must be a positive number"),
     ({"heartbeat_timeout": -1}, ValueError, "heartbeat_timeout"),
+    ({"on_node_failure": "ignore"}, ValueError, r"on_node_failure must be one of \('raise', 'continue', 'restart'\)"),
+    ({"on_node_failure": "continue", "sync": True}, ValueError, "on_node_failure='continue' needs sync=False"),
+    ({"on_node_failure": "restart", "launcher": "external", "tcp_port": 29999}, ValueError,
+     r"on_node_failure='restart' needs a launcher that starts the nodes itself \('mp', 'submitit'\), got "
+     "launcher='external'"),
+    ({"on_node_failure": "restart", "max_node_restarts": -1}, ValueError, "max_node_restarts must be an int >= 0"),
     ({"weight_sync_schemes": {"policy": SharedMemWeightSyncScheme()}}, ValueError, "DistributedWeightSyncScheme"),
     ({"weight_sync_schemes": {"critic": "distributed"}}, ValueError, "only the 'policy' model"),
     ({"policy": ValuePolicy(), "policy_factory": ValuePolicy}, ValueError, "policy and policy_factory"),
