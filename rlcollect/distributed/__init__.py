@@ -10,9 +10,12 @@ One module per role:
 - ``channel.py``: rank 0's side of the control plane: commands out, replies and "batch ready"
   notices in, every wait with a deadline and a liveness check;
 - ``transport.py``: where a batch crosses the process boundary: the store server, the gloo
-  process group, flat batch buffers and weight packing;
+  pair process groups (one per node), flat batch buffers and weight packing;
 - ``heartbeat.py``: liveness in both directions;
-- ``supervisor.py``: rank 0 watching its nodes (liveness checks) and releasing them at shutdown;
+- ``supervisor.py``: rank 0 watching its nodes (liveness checks), relaunching and readmitting a
+  failed one, and releasing them at shutdown;
+- ``recovery.py``: what the collector does with a failed node (``on_node_failure``);
+- ``node_weights.py``: pushing weights to the nodes, and to a relaunched one;
 - ``launchers.py``: how node processes are started ("mp", "submitit", "submitit_delayed",
   "external").
 
