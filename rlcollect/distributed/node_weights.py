@@ -49,8 +49,11 @@ class NodeWeights:
             raise ValueError(f"model_id must be 'policy', got {model_id!r}")
         if isinstance(self.config.scheme, NoWeightSyncScheme):
             return
+        targets = self._targets(weights, worker_ids)
         with self._guard():
-            self._push(self._targets(weights, worker_ids))
+            # A node that fails meanwhile is dropped or relaunched (on_node_failure) and the
+            # push is made again: the relaunched node gets these weights when it rejoins.
+            self._recovering(lambda: self._push(targets))
 
     def _targets(self, weights: Any, worker_ids: Any) -> dict[int, Any]:
         n = self.num_nodes
@@ -97,7 +100,11 @@ class NodeWeights:
         sup = self._sup
         self._channel.command(i + 1, "weights", version=version, nbytes=flat.numel())
         sends = sup.weight_sends[i]
-        sends.append((version, sup.pgs[i + 1].send([flat], transport.NODE_IN_PAIR, transport.WEIGHTS_TAG)))
+        try:
+            work = sup.pgs[i + 1].send([flat], transport.NODE_IN_PAIR, transport.WEIGHTS_TAG)
+        except RuntimeError as err:  # gloo refuses at once on a pair whose peer is gone
+            raise sup.lost(i + 1, "while receiving weights", err) from None
+        sends.append((version, work))
         if len(sends) > MAX_PENDING_WEIGHTS:
             self._wait_send(i, sends.popleft()[1])
 

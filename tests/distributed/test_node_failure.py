@@ -187,3 +187,24 @@ def test_restart_replaces_a_frozen_node_found_by_its_heartbeat():
     finally:
         c.shutdown()
     assert not wait_gone([*pids, *new_pids])
+
+
+def test_weights_pushed_while_a_node_is_down_reach_its_replacement():
+    c = DistributedCollector([counting5] * 2, ValuePolicy(), frames_per_batch=10, total_frames=-1, sync=False,
+                             on_node_failure="restart", timeout=120.0, collector_kwargs={"track_policy_version": True})
+    try:
+        next(iter(c))
+        pids = node_pids(c)
+        os.kill(pids[1], signal.SIGKILL)
+        assert not wait_gone([pids[1]], timeout=5.0)
+        for value in (0.0, 1.0) * 6:  # more pushes than sends allowed in flight; the last says action 1
+            c.update_policy_weights_(ValuePolicy(value))
+        version = c.policy_version
+        back = _batches_until(c, lambda b: int(b[NODE_ID].reshape(-1)[0]) == 1
+                              and bool((b[TRAJ_IDS] >= 2 * BLOCK).all()))[-1]
+        assert (back[POLICY_VERSION] == version).all() and (back["action"] == 1).all()
+        assert c.stats()["restarts"] == 1
+        new_pids = node_pids(c)
+    finally:
+        c.shutdown()
+    assert not wait_gone([*pids, *new_pids])
