@@ -11,7 +11,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlcollect.envs.base import ArraySpec, EnvBase, NestedKey
+from rlcollect.envs.base import ArraySpec, EnvBase, NestedKey, RandomActionBlocks
 
 
 def _box_dtype(dtype: np.dtype) -> np.dtype:
@@ -87,9 +87,6 @@ def _obs_writer(space: gym.Space, layout: dict[NestedKey, ArraySpec]) -> Callabl
     return write_nested
 
 
-_RANDOM_BLOCK = 256
-
-
 class GymEnv(EnvBase):
     """A gymnasium environment (or ``num_envs`` copies of it, stepped in-process).
 
@@ -143,9 +140,8 @@ class GymEnv(EnvBase):
         self.obs_layout = _observation_layout(self.observation_space)
         self.action_layout = _leaf_spec(self.action_space, "action space")
         self._write_obs = _obs_writer(self.observation_space, self.obs_layout)
-        self._rng = np.random.default_rng()
         self._scalar_actions = isinstance(self.action_space, gym.spaces.Discrete)
-        self._block, self._block_pos = self._draw(0), 0
+        self._random = RandomActionBlocks(self._draw)
         self._pending_seeds: list[int | None] = [None] * copies
         self._closed = False
 
@@ -170,16 +166,10 @@ class GymEnv(EnvBase):
             truncated[i] = trunc
 
     def _sample_actions(self, out: np.ndarray) -> None:
-        # Random actions are drawn a block of steps at a time: one numpy call per block
-        # instead of one per step (the sequence is the same whatever the block size).
-        if self._block_pos >= len(self._block):
-            self._block = self._draw(_RANDOM_BLOCK)
-            self._block_pos = 0
-        out[:] = self._block[self._block_pos]
-        self._block_pos += 1
+        self._random.sample(out)
 
-    def _draw(self, steps: int) -> np.ndarray:
-        space, rng = self.action_space, self._rng
+    def _draw(self, rng: np.random.Generator, steps: int) -> np.ndarray:
+        space = self.action_space
         size = (steps, len(self._envs), *space.shape)
         if isinstance(space, gym.spaces.Discrete):
             return rng.integers(int(space.start), int(space.start + space.n), size=size)
@@ -197,8 +187,7 @@ class GymEnv(EnvBase):
 
     def _seed(self, seed: int) -> None:
         self._pending_seeds = [seed + i for i in range(len(self._envs))]
-        self._rng = np.random.default_rng(seed)
-        self._block, self._block_pos = self._draw(0), 0
+        self._random.seed(seed)
         for i, env in enumerate(self._envs):
             env.action_space.seed(seed + i)
 
@@ -207,9 +196,8 @@ class GymEnv(EnvBase):
         """Pickled copies of the gymnasium envs and the action sampler's RNG state."""
         return {
             "envs": [cloudpickle.dumps(e) for e in self._envs],
-            "rng": self._rng.bit_generator.state,
             "pending_seeds": list(self._pending_seeds),
-            "random_block": self._block[self._block_pos :].copy(),
+            **self._random.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -222,8 +210,7 @@ class GymEnv(EnvBase):
         for env in self._envs:
             env.close()
         self._envs = envs
-        self._rng.bit_generator.state = state["rng"]
-        self._block, self._block_pos = np.asarray(state.get("random_block", self._draw(0))), 0
+        self._random.load_state_dict(state)
         self._pending_seeds = list(state["pending_seeds"])
 
     def close(self) -> None:

@@ -129,6 +129,89 @@ def test_counting_state_dict_round_trip():
     assert second[-1].tolist() == [[3.0], [3.0]]
 
 
+def _actions(env, steps):
+    out = np.zeros((steps, env.num_rows), np.int64)
+    for row in out:
+        env._sample_actions(row)
+    return out
+
+
+RANDOM_ENVS = {
+    "counting": lambda: CountingEnv(batch_size=[3], num_actions=5),
+    "sleep": lambda: SleepEnv(step_time=0.0, batch_size=[3]),
+    "busy": lambda: BusyEnv(step_time=0.0, batch_size=[3]),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(RANDOM_ENVS))
+def test_random_actions_come_in_blocks_and_stay_seeded(kind):
+    # 600 steps cross two block boundaries (actions are drawn 256 steps at a time).
+    def seq(seed):
+        env = RANDOM_ENVS[kind]()
+        env.set_seed(seed)
+        return _actions(env, 600)
+
+    first = seq(7)
+    assert np.array_equal(first, seq(7))
+    assert not np.array_equal(first, seq(8))
+    assert not np.array_equal(first[:256], first[256:512])  # each block is a fresh draw
+    assert set(np.unique(first)) == set(range(RANDOM_ENVS[kind]().num_actions))
+
+
+@pytest.mark.parametrize("kind", sorted(RANDOM_ENVS))
+def test_random_action_state_round_trips_mid_block(kind):
+    env = RANDOM_ENVS[kind]()
+    env.set_seed(3)
+    _actions(env, 100)
+    state = env.state_dict()
+    assert state["random_block"].shape == (156, 3)  # the unused rest of the current block
+    after = _actions(env, 400)
+    env.load_state_dict(state)
+    assert np.array_equal(_actions(env, 400), after)
+    other = RANDOM_ENVS[kind]()  # a fresh env continues the same stream from the state
+    other.load_state_dict(state)
+    assert np.array_equal(_actions(other, 400), after)
+
+
+def test_random_action_state_without_a_block_continues_from_the_generator():
+    # A state saved before actions came in blocks has only the generator state.
+    env = CountingEnv(batch_size=[2])
+    env.set_seed(1)
+    _actions(env, 10)
+    state = env.state_dict()
+    del state["random_block"]
+    a, b = CountingEnv(batch_size=[2]), CountingEnv(batch_size=[2])
+    a.load_state_dict(state)
+    b.load_state_dict(state)
+    assert np.array_equal(_actions(a, 300), _actions(b, 300))
+
+
+def test_counting_load_state_dict_names_missing_keys_and_changes_nothing():
+    env = CountingEnv(batch_size=[2])
+    advance(env, env.reset())
+    before = env.state_dict()
+    with pytest.raises(KeyError, match="rng"):
+        env.load_state_dict({"count": np.full(2, 3, np.int64), "total_steps": 9})
+    after = env.state_dict()
+    assert after["count"].tolist() == before["count"].tolist() == [1, 1]
+    assert after["total_steps"] == before["total_steps"]
+
+
+def test_counting_counts_survive_a_state_round_trip_with_partial_resets():
+    env = CountingEnv(max_steps=None, batch_size=[3])
+    td = env.reset()
+    for _ in range(4):
+        _, td = advance(env, td)
+    env.reset(TensorDict({"_reset": torch.tensor([[False], [True], [False]])}, batch_size=[3]))
+    _, td = advance(env, td)
+    state = env.state_dict()
+    assert state["count"].tolist() == [5, 1, 5] and state["total_steps"] == 5
+    fresh = CountingEnv(max_steps=None, batch_size=[3])
+    fresh.load_state_dict(state)
+    stepped = fresh.step(fresh.rand_action(TensorDict({}, batch_size=[3])))
+    assert stepped["next", "observation"][:, 0].tolist() == [6.0, 2.0, 6.0]
+
+
 @pytest.mark.parametrize("max_steps", [0, -3])
 def test_counting_bad_max_steps(max_steps):
     with pytest.raises(ValueError, match="max_steps"):
