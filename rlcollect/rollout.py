@@ -3,6 +3,17 @@
 Everything per step is numpy indexing into buffers allocated once; torch is only touched to
 call the policy (through tensors that share memory with those buffers).  No TensorDict is
 built per step.
+
+Each step writes into *time-major* staging arrays ``(T, n, *feature)``, one per batch field,
+owned by the rollout: the env writes its outcome straight into them (step ``t``'s slice is a
+contiguous ``(n, *feature)`` array, as the env protocol promises), and the batch, stored
+``(n, T, *feature)``, is written from them with one copy per field once the batch is done.
+Every numpy call costs 0.5-1 µs (several times that right after a sleeping env wakes up), a
+large share of a cheap env's step, so the loop makes as few as it can: the observations live in
+one ``(T + 1, n, *feature)`` array whose slice ``t + 1`` is both step ``t``'s next observation
+and step ``t + 1``'s observation (the final observations of rows that ended are kept aside
+before their reset overwrites them), and the trajectory ids, the policy version and the done
+flags are written once per batch. The price is a second, private copy of the batch's memory.
 """
 
 from __future__ import annotations
@@ -27,6 +38,28 @@ class _ObsBuffers:
         self.arrays = env._new_obs_buffers()
         shape = tuple(env.batch_size)
         self.tensors = {k: torch.from_numpy(a).reshape(*shape, *a.shape[1:]) for k, a in self.arrays.items()}
+
+
+def frame_traj_ids(start: np.ndarray, resets: list[tuple[int, np.ndarray]], steps: int, first_new: int) -> np.ndarray:
+    """The trajectory id of every frame of a batch, time-major ``(steps, n)``.
+
+    Row ``i`` starts with ``start[i]``; each ``(t, rows)`` of ``resets`` (in the order they
+    happened) gives ``rows`` new ids from step ``t + 1`` on, handed out consecutively from
+    ``first_new`` in that order, as ``Rollout._new_ids`` does.
+    """
+    n = len(start)
+    # Label each frame with an index into [start ids, new ids]; labels only grow along time
+    # within a row, so a running maximum carries each one forward to the next reset.
+    labels = np.full((steps, n), -1, np.int64)
+    labels[0] = np.arange(n)
+    given = n
+    for t, rows in resets:
+        if t + 1 < steps:
+            labels[t + 1, rows] = np.arange(given, given + len(rows))
+        given += len(rows)
+    np.maximum.accumulate(labels, axis=0, out=labels)
+    table = np.concatenate([start, np.arange(first_new, first_new + given - n, dtype=np.int64)])
+    return table[labels]
 
 
 class Rollout:
@@ -60,19 +93,24 @@ class Rollout:
         self.max_frames_per_traj = max_frames_per_traj
         self.set_truncated = set_truncated
         self.track_version = track_version
-        self.rows = env.num_rows
-        self._cur = _ObsBuffers(env)
-        self._nxt = _ObsBuffers(env)
-        self.traj_ids = np.zeros(self.rows, np.int64)
+        self.rows = rows = env.num_rows
+        # Slice 0 holds the current observations between batches (the carry).
+        self._obs = {k: np.zeros((time + 1, *a.shape), a.dtype) for k, a in env._new_obs_buffers().items()}
+        self._carry = {k: a[0] for k, a in self._obs.items()}
+        # The policy reads buffers of its own, filled from the staging before each call, so that
+        # its inputs stay the same tensors from step to step (a view of the staging would move).
+        self._policy_in = _ObsBuffers(env)
+        self.traj_ids = np.zeros(rows, np.int64)
         self.next_traj_id = traj_id_start
-        self.step_count = np.zeros(self.rows, np.int64)
+        self.step_count = np.zeros(rows, np.int64)
         self._ids_used = True
         self.needs_reset = True
-        self._reward = np.zeros(self.rows, np.float32)
-        self._terminated = np.zeros(self.rows, _BOOL)
-        self._truncated = np.zeros(self.rows, _BOOL)
-        self._done = np.zeros(self.rows, _BOOL)
-        self._random_action = env.action_layout.empty(self.rows)
+        self._reward = np.zeros((time, rows), np.float32)
+        self._terminated = np.zeros((time, rows), _BOOL)
+        self._truncated = np.zeros((time, rows), _BOOL)
+        self._step_counts = np.zeros((2, time, rows), np.int64) if max_frames_per_traj is not None else None
+        self._random_actions = np.zeros((time, rows, *env.action_layout.shape), env.action_layout.dtype)
+        self._outputs: dict[NestedKey, np.ndarray] = {}  # the policy's outputs, by key (on first use)
         self.layout: BatchLayout | None = None
 
     # -- carry -------------------------------------------------------------------------------
@@ -87,7 +125,7 @@ class Rollout:
 
     def reset_all(self) -> None:
         """Reset every row; the next frames start new trajectories."""
-        self.env._reset_rows(None, self._cur.arrays)
+        self.env._reset_rows(None, self._carry)
         if self._ids_used:
             self._new_ids(None)
             self._ids_used = False
@@ -97,7 +135,9 @@ class Rollout:
     def current_observation(self) -> dict[NestedKey, torch.Tensor]:
         if self.needs_reset:
             self.reset_all()
-        return self._cur.tensors
+        for key, array in self._carry.items():
+            self._policy_in.arrays[key][...] = array
+        return self._policy_in.tensors
 
     # -- layout ------------------------------------------------------------------------------
     def discover_layout(self, extra: dict[NestedKey, ArraySpec] | None = None) -> BatchLayout:
@@ -145,6 +185,13 @@ class Rollout:
             raise TypeError(f"the policy's 'action' is {got.dtype} but the env expects integer actions ({want.dtype})")
 
     # -- the loop ----------------------------------------------------------------------------
+    def _output(self, key: NestedKey, like: np.ndarray) -> np.ndarray:
+        """The staging array of the policy output ``key`` (shaped after the batch field ``like``)."""
+        array = self._outputs.get(key)
+        if array is None or array.dtype != like.dtype or array.shape[2:] != like.shape[2:]:
+            array = self._outputs[key] = np.zeros((self.time, self.rows, *like.shape[2:]), like.dtype)
+        return array
+
     def fill(self, buf: BatchBuffer, *, random: bool = False, version: int = 0, stop: np.ndarray | None = None) -> int:
         """Collect ``time`` steps into ``buf`` (in place) and return how many were filled.
 
@@ -153,89 +200,116 @@ class Rollout:
         """
         if self.needs_reset:
             self.reset_all()
-        env, runner, arrays = self.env, self.runner, buf.arrays
-        rows, n_time = self.rows, self.time
-        obs_keys = list(env.obs_layout)
-        obs_pairs = [(arrays[k], k) for k in obs_keys]
-        next_obs_pairs = [(arrays[_next(k)], k) for k in obs_keys]
+        env, runner, n_time = self.env, self.runner, self.time
         random = random or runner.is_random
-        out_arrays = [] if random else [(arrays[k], k) for k in runner.out_keys]
-        action_arr = arrays["action"]
+        obs_items = list(self._obs.items())
+        policy_in, policy_tensors = self._policy_in.arrays, self._policy_in.tensors
+        if random:
+            outputs, actions = [], self._random_actions
+        else:
+            outputs = [(key, self._output(key, buf.arrays[key])) for key in runner.out_keys]
+            actions = self._output("action", buf.arrays["action"])
         action_dtype = env.action_layout.dtype
-        action_shape = (rows, *env.action_layout.shape)
-        ids_arr = arrays[TRAJ_IDS]
-        version_arr = arrays.get(POLICY_VERSION)
-        step_arr = arrays.get("step_count")
-        next_step_arr = arrays.get(("next", "step_count"))
-        reward_arr = arrays[("next", "reward")]
-        term_arr, trunc_arr, done_arr = (arrays[("next", k)] for k in ("terminated", "truncated", "done"))
-        reward, terminated, truncated, done = self._reward, self._terminated, self._truncated, self._done
-        step_count, max_steps = self.step_count, self.max_frames_per_traj
-        random_action = self._random_action
-        if random and not runner.is_random:
-            for array, _ in out_arrays:
-                array.fill(0)
+        step_rows, sample, reset_rows = env._step_rows, env._sample_actions, env._reset_rows
+        reward, terminated, truncated = self._reward, self._terminated, self._truncated
+        step_count, max_steps, counts = self.step_count, self.max_frames_per_traj, self._step_counts
+        last = n_time - 1 if self.set_truncated else -1
+        go_on = bytes(self.rows)  # a flag array's tobytes() when no row is set: 10x cheaper than any()
+        start_ids, first_new = self.traj_ids.copy(), self.next_traj_id
+        resets: list[tuple[int, np.ndarray, dict]] = []  # (step, rows that ended, their final observations)
         self._ids_used = True
-        filled = n_time
-        for t in range(n_time):
-            if stop is not None and stop[0]:
-                filled = t
-                break
-            cur, nxt = self._cur, self._nxt
-            # 1. act
-            if random:
-                env._sample_actions(random_action)
-                action = random_action
-                action_arr[:, t] = action
+        obs_keys = [key for key, _ in obs_items]
+        # Step t's slices of the staging arrays, handed out by iteration (cheaper than indexing).
+        lanes = zip(actions, reward, terminated, truncated, *(array[1:] for _, array in obs_items))
+        t = 0
+        try:
+            for action, rew, term, trunc, *next_obs in lanes:
+                if stop is not None and stop[0]:
+                    break
+                # 1. act
+                if random:
+                    sample(action)
+                else:
+                    for key, array in obs_items:
+                        policy_in[key][...] = array[t]
+                    out = runner(policy_tensors)
+                    for key, array in outputs:
+                        array[t] = out[key].detach().cpu().numpy().reshape(array.shape[1:])
+                    if action.dtype != action_dtype:
+                        action = action.astype(action_dtype)
+                # 2. step: the outcome lands in the staging arrays at t (observations at t + 1)
+                nxt = dict(zip(obs_keys, next_obs))
+                step_rows(action, nxt, rew, term, trunc)
+                if max_steps is not None:
+                    counts[0, t] = step_count
+                    step_count += 1
+                    counts[1, t] = step_count
+                    trunc |= step_count >= max_steps
+                if t == last:
+                    trunc.fill(True)
+                t += 1
+                # 3. rows that ended are reset: their next observation becomes the reset one
+                if term.tobytes() != go_on or trunc.tobytes() != go_on:
+                    rows = np.flatnonzero(term | trunc)
+                    resets.append((t - 1, rows, {key: array[rows] for key, array in nxt.items()}))
+                    reset_rows(rows, nxt)
+                    step_count[rows] = 0
+                    self._new_ids(rows)
+            self._write(buf, t, outputs if not random else None, resets, start_ids, first_new, version)
+        finally:
+            if t:  # the observations at t are the current ones (also after an error)
+                for _, array in obs_items:
+                    array[0] = array[t]
+        return t
+
+    def _write(self, buf: BatchBuffer, steps: int, outputs: list | None, resets: list, start_ids: np.ndarray,
+               first_new: int, version: int) -> None:
+        """Write the first ``steps`` steps of the staging arrays into ``buf`` (``(n, T, ...)``),
+        and mark the rest invalid. ``outputs`` is None for a random batch."""
+        arrays = buf.arrays
+        n_time = self.time
+        if steps:
+            span = slice(0, steps)
+            for key, array in self._obs.items():
+                np.copyto(arrays[key][:, span], array[:steps].swapaxes(0, 1))
+                np.copyto(arrays[_next(key)][:, span], array[1 : steps + 1].swapaxes(0, 1))
+            for t, rows, finals in resets:
+                for key, value in finals.items():
+                    arrays[_next(key)][rows, t] = value
+            if outputs is None:
+                np.copyto(arrays["action"][:, span], self._random_actions[:steps].swapaxes(0, 1), casting="unsafe")
+                if not self.runner.is_random:  # a random batch of a real policy: its other outputs are zero
+                    for key in self.runner.out_keys:
+                        if key != "action":
+                            arrays[key][:, span] = 0
             else:
-                out = runner(cur.tensors)
-                for array, key in out_arrays:
-                    array[:, t] = out[key].detach().cpu().numpy().reshape(array.shape[0], *array.shape[2:])
-                action = action_arr[:, t]
-                if action.dtype != action_dtype:
-                    action = action.astype(action_dtype)
-                action = action.reshape(action_shape)
-            # 2. record the state the action was taken in
-            for array, key in obs_pairs:
-                array[:, t] = cur.arrays[key]
-            ids_arr[:, t] = self.traj_ids
-            if version_arr is not None:
-                version_arr[:, t] = version
-            # 3. step
-            env._step_rows(action, nxt.arrays, reward, terminated, truncated)
-            if max_steps is not None:
-                step_arr[:, t, 0] = step_count
-                step_count += 1
-                next_step_arr[:, t, 0] = step_count
-                truncated |= step_count >= max_steps
-            if self.set_truncated and t == n_time - 1:
-                truncated[:] = True
-            np.logical_or(terminated, truncated, out=done)
-            for array, key in next_obs_pairs:
-                array[:, t] = nxt.arrays[key]
-            reward_arr[:, t, 0] = reward
-            term_arr[:, t, 0] = terminated
-            trunc_arr[:, t, 0] = truncated
-            done_arr[:, t, 0] = done
-            # 4. carry over: the next observation becomes current; ended rows are reset
-            self._cur, self._nxt = nxt, cur
-            if done.any():
-                ended = np.flatnonzero(done)
-                env._reset_rows(ended, nxt.arrays)
-                step_count[ended] = 0
-                self._new_ids(ended)
+                for key, array in outputs:
+                    np.copyto(arrays[key][:, span], array[:steps].swapaxes(0, 1))
+            for key, array in (("reward", self._reward), ("terminated", self._terminated),
+                               ("truncated", self._truncated)):
+                np.copyto(arrays[("next", key)][:, span, 0], array[:steps].T)
+            done = arrays[("next", "done")][:, span, 0]
+            np.logical_or(self._terminated[:steps].T, self._truncated[:steps].T, out=done)
+            for key in DONE_KEYS:  # every frame's root state is one that goes on (ended rows were reset)
+                arrays[key][:, span] = False
+            if self._step_counts is not None:
+                np.copyto(arrays["step_count"][:, span, 0], self._step_counts[0, :steps].T)
+                np.copyto(arrays[("next", "step_count")][:, span, 0], self._step_counts[1, :steps].T)
+            ids = frame_traj_ids(start_ids, [(t, rows) for t, rows, _ in resets], steps, first_new)
+            np.copyto(arrays[TRAJ_IDS][:, span], ids.T)
+            if POLICY_VERSION in arrays:
+                arrays[POLICY_VERSION][:, span] = version
         mask = arrays.get(MASK)
         if mask is not None:
-            mask[:, :filled] = True
-            mask[:, filled:] = False
-        if filled < n_time:
-            ids_arr[:, filled:] = -1
-        return filled
+            mask[:, :steps] = True
+            mask[:, steps:] = False
+        if steps < n_time:
+            arrays[TRAJ_IDS][:, steps:] = -1
 
     # -- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {
-            "obs": {k: v.copy() for k, v in self._cur.arrays.items()},
+            "obs": {k: v.copy() for k, v in self._carry.items()},
             "traj_ids": self.traj_ids.copy(),
             "next_traj_id": self.next_traj_id,
             "step_count": self.step_count.copy(),
@@ -247,13 +321,13 @@ class Rollout:
         missing = {"obs", "traj_ids", "next_traj_id", "step_count", "needs_reset", "ids_used"} - set(state)
         if missing:
             raise KeyError(f"rollout state is missing {sorted(missing)}")
-        if set(state["obs"]) != set(self._cur.arrays):
+        if set(state["obs"]) != set(self._carry):
             raise ValueError(f"rollout state has observation keys {sorted(map(str, state['obs']))}, "
-                             f"this env has {sorted(map(str, self._cur.arrays))}")
+                             f"this env has {sorted(map(str, self._carry))}")
         for key, value in state["obs"].items():
-            if np.shape(value) != self._cur.arrays[key].shape:
+            if np.shape(value) != self._carry[key].shape:
                 raise ValueError(f"rollout state: observation {key!r} has shape {np.shape(value)}, "
-                                 f"expected {self._cur.arrays[key].shape}")
+                                 f"expected {self._carry[key].shape}")
         if np.shape(state["traj_ids"]) != self.traj_ids.shape:
             raise ValueError(f"rollout state: traj_ids has shape {np.shape(state['traj_ids'])}, expected {self.traj_ids.shape}")
         if np.shape(state["step_count"]) != self.step_count.shape:
@@ -268,7 +342,7 @@ class Rollout:
     def load_state_dict(self, state: dict) -> None:
         self.check_state_dict(state)
         for key, value in state["obs"].items():
-            self._cur.arrays[key][:] = value
+            self._carry[key][...] = value
         self.traj_ids[:] = state["traj_ids"]
         self.next_traj_id = int(state["next_traj_id"])
         self.step_count[:] = state["step_count"]

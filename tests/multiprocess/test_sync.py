@@ -59,6 +59,16 @@ def test_stack_shape_is_workers_env_batch_time(stacked):
         assert MASK not in batch.keys(include_nested=True)
 
 
+def test_root_done_flags_are_written_not_left_as_slot_poison(stacked):
+    # Regression: the rollout never wrote the root done family, so stacked batches showed the
+    # shared slot's poison bytes (True) there. Those flags describe states that go on.
+    _, batches = stacked
+    for batch in batches:
+        for name in ("done", "terminated", "truncated"):
+            assert not batch[name].any(), name
+    assert any(batch["next", "done"].any() for batch in batches)  # trajectories did end
+
+
 def test_len_and_total_frames_stop_iteration(stacked):
     collector, batches = stacked
     assert len(collector) == 4 == len(batches)
