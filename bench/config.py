@@ -18,23 +18,31 @@ from rlcollect.cli import ArgmaxMLP
 CARTPOLE = "CartPole-v1"
 
 
+#: What each column a ``Target`` can read compares the collector with.
+TARGET_COLUMNS = {
+    "ratio": "ideal",  # collector / ideal
+    "vs_torchrl": "torchrl",  # ours / torchrl's
+    "of_bare": "workers × bare loop",  # collector / (workers × one bare loop measured alone)
+}
+
+
 @dataclass(frozen=True)
 class Target:
-    """An acceptance figure: ``column`` ("ratio": collector / ideal, or "vs_torchrl": ours /
-    torchrl's) must be at least ``at_least`` or at most ``at_most``."""
+    """An acceptance figure: ``column`` (one of ``TARGET_COLUMNS``) must be at least
+    ``at_least`` or at most ``at_most``."""
 
     column: str
     at_least: float | None = None
     at_most: float | None = None
 
     def __post_init__(self):
-        if self.column not in ("ratio", "vs_torchrl"):
-            raise ValueError(f"Target.column must be 'ratio' or 'vs_torchrl', got {self.column!r}")
+        if self.column not in TARGET_COLUMNS:
+            raise ValueError(f"Target.column must be one of {sorted(TARGET_COLUMNS)}, got {self.column!r}")
         if (self.at_least is None) == (self.at_most is None):
             raise ValueError("Target needs exactly one of at_least / at_most")
 
     def describe(self) -> str:
-        what = "ideal" if self.column == "ratio" else "torchrl"
+        what = TARGET_COLUMNS[self.column]
         if self.at_least is not None:
             return f"≥ {self.at_least:g}× {what}"
         return f"≤ {self.at_most:g}× {what}"
@@ -50,7 +58,9 @@ class Target:
 class Config:
     """One throughput benchmark: ``ideal(seconds)`` and ``collector(seconds)`` each return a
     ``Rate``; ``at_once(seconds)`` (multi-process only) runs one bare loop per worker at the same
-    time, which tells how much of the ideal this machine can give right now; ``torchrl`` is the
+    time, which tells how much of the ideal this machine can give right now; ``bare(seconds)``
+    (multi-process configurations whose ideal is defined rather than measured) is workers × the
+    rate of one bare single-env loop measured alone, in this process; ``torchrl`` is the
     key ``bench/torchrl_side.py`` understands for the same work on torchrl's collectors (None:
     no torchrl counterpart); ``budget`` multiplies ``--seconds`` (multi-process collectors take
     seconds to build, so each round measures longer)."""
@@ -59,6 +69,7 @@ class Config:
     ideal: Callable[[float], Rate]
     collector: Callable[[float], Rate]
     at_once: Callable[[float], Rate] | None = None
+    bare: Callable[[float], Rate] | None = None
     torchrl: str | None = None
     budget: float = 1.0
     target: Target | None = None

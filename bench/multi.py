@@ -3,7 +3,11 @@
 as cores, and the time from constructor to first batch.
 
 The ideal of a throughput configuration is ``workers ×`` the single-process rate of one worker's
-work (the bare gymnasium loop measured in the same run, or ``1 / step_time``). Beside it, the
+work (the bare gymnasium loop measured in the same run, or ``1 / step_time``). Where the ideal is
+``workers / step_time`` by definition, the suite also measures ``workers ×`` the rate of one bare
+loop doing what the env does per step, alone in one process ("of workers × bare"): a 1 ms
+``time.sleep`` takes a little longer than 1 ms, so that is the most the workers could reach even
+on an idle machine, and the figure the acceptance target is stated in. Beside it, the
 same bare loop runs in one process per worker at once: on a machine that other jobs share, that
 is what the workers could get at best, and "collector / at once" is the collector's own
 efficiency. Each round builds the collector once (its workers start in seconds) and measures it
@@ -72,10 +76,16 @@ def multi_cartpole_config(mode: str, workers: int, envs_per_worker: int, mlp: bo
 def timed_env_multi_config(env_class: type, step_time: float, workers: int, frames_per_batch: int,
                            target: Target | None = None) -> Config:
     """``workers`` processes each stepping one env that spends ``step_time`` per step: the
-    ideal is ``workers / step_time`` by definition (for a sleeping env, whatever the cores)."""
+    ideal is ``workers / step_time`` by definition (for a sleeping env, whatever the cores);
+    ``bare`` is ``workers ×`` what one bare loop spending ``step_time`` per step gets alone."""
+    kind = env_class.__name__.removesuffix("Env").lower()
 
     def ideal(seconds: float) -> Rate:
         return Rate(workers / step_time, f"{workers} / step_time")
+
+    def bare(seconds: float) -> Rate:
+        one = timed_loop(step_time, kind == "busy", seconds)
+        return Rate(workers * one.frames_per_s, f"{workers} × {one.how}, one process alone")
 
     def collector(seconds: float) -> Rate:
         make = functools.partial(
@@ -83,8 +93,6 @@ def timed_env_multi_config(env_class: type, step_time: float, workers: int, fram
             frames_per_batch=frames_per_batch, total_frames=-1,
         )
         return collector_rate(make, seconds, warmup=WARMUP_S)
-
-    kind = env_class.__name__.removesuffix("Env").lower()
 
     def bare_at_once(seconds: float) -> Rate:
         return at_once(functools.partial(timed_loop, step_time, kind == "busy"), workers, seconds)
@@ -94,6 +102,7 @@ def timed_env_multi_config(env_class: type, step_time: float, workers: int, fram
         ideal,
         collector,
         at_once=bare_at_once,
+        bare=bare,
         torchrl=torchrl_key("sync", kind, workers=workers, frames_per_batch=frames_per_batch, step_time=step_time),
         budget=BUDGET,
         target=target,
@@ -152,7 +161,8 @@ def multi_configs() -> list[Config | StartupConfig]:
         multi_cartpole_config("sync", 2, 8, True, 2048, Target("ratio", at_least=0.6)),
         multi_cartpole_config("async", 2, 8, True, 1024),
         # 200 steps per worker per batch: 0.2 s of stepping, so the per-batch exchange is small.
-        timed_env_multi_config(SleepEnv, 1e-3, 8, 8 * 200, Target("ratio", at_least=0.9)),
+        # The issue states this one against "8 × the single-env rate" (a bare sleeping loop), not 8 / step_time.
+        timed_env_multi_config(SleepEnv, 1e-3, 8, 8 * 200, Target("of_bare", at_least=0.9)),
         timed_env_multi_config(BusyEnv, 1e-3, cores, cores * 200, Target("ratio", at_least=0.85)),
         first_batch_config(4, 1000, Target("vs_torchrl", at_most=0.5)),
     ]

@@ -103,6 +103,8 @@ class Result:
     target: Target | None = None
     at_once_fps: float | None = None
     at_once_how: str = ""
+    bare_fps: float | None = None
+    bare_how: str = ""
 
     @property
     def ratio(self) -> float:
@@ -112,6 +114,12 @@ class Result:
     def of_at_once(self) -> float | None:
         """The collector's rate over what bare loops running at once got (multi-process)."""
         return None if not self.at_once_fps else self.collector_fps / self.at_once_fps
+
+    @property
+    def of_bare(self) -> float | None:
+        """The collector's rate over workers × one bare loop measured alone (multi-process
+        configurations whose ideal is defined rather than measured)."""
+        return None if not self.bare_fps else self.collector_fps / self.bare_fps
 
     @property
     def overhead_us(self) -> float:
@@ -127,11 +135,11 @@ class Result:
     def target_met(self) -> bool | None:
         if self.target is None:
             return None
-        return self.target.met(self.ratio if self.target.column == "ratio" else self.vs_torchrl)
+        return self.target.met(getattr(self, self.target.column))  # each target column is a property here
 
     def as_dict(self) -> dict:
         out = {**asdict(self), "ratio": self.ratio, "overhead_us_per_frame": self.overhead_us,
-               "of_at_once": self.of_at_once, "vs_torchrl": self.vs_torchrl}
+               "of_at_once": self.of_at_once, "of_bare": self.of_bare, "vs_torchrl": self.vs_torchrl}
         out["target"] = None if self.target is None else self.target.describe()
         out["target_met"] = self.target_met
         return out
@@ -181,6 +189,7 @@ def run(configs: Sequence[Config | StartupConfig], seconds: float, rounds: int, 
         per_round = seconds * config.budget / rounds
         ideal: Rate | None = None
         bare_at_once: Rate | None = None
+        bare: Rate | None = None
         measured: Rate | None = None
         theirs: Rate | None = None
         use_torchrl = torchrl_python is not None and config.torchrl is not None
@@ -189,6 +198,8 @@ def run(configs: Sequence[Config | StartupConfig], seconds: float, rounds: int, 
             ideal = max(ideal, config.ideal(per_round), key=_fps)
             if config.at_once is not None:
                 bare_at_once = max(bare_at_once, config.at_once(per_round), key=_fps)
+            if config.bare is not None:
+                bare = max(bare, config.bare(per_round), key=_fps)
             measured = max(measured, config.collector(per_round), key=_fps)
             if use_torchrl:
                 try:
@@ -203,6 +214,7 @@ def run(configs: Sequence[Config | StartupConfig], seconds: float, rounds: int, 
             None if theirs is None else theirs.frames_per_s, "" if theirs is None else theirs.how, config.target,
             None if bare_at_once is None else bare_at_once.frames_per_s,
             "" if bare_at_once is None else bare_at_once.how,
+            None if bare is None else bare.frames_per_s, "" if bare is None else bare.how,
         ))
     return results
 
@@ -258,14 +270,18 @@ def format_table(results: Sequence[Result]) -> str:
     """A markdown table of throughputs (readable as is in a terminal, and pasteable into the
     README). "bare at once": one bare loop per worker, all running at the same time (multi-process
     configurations; it shows how much of the ideal the machine gives now, when other jobs share
-    it). The torchrl columns are blank when torchrl was not measured."""
+    it). "workers × bare": workers × one bare loop measured alone, where the ideal is defined
+    rather than measured (``SleepEnv`` / ``BusyEnv`` workers: a 1 ms sleep takes longer than
+    1 ms). The torchrl columns are blank when torchrl was not measured."""
     header = ("config", "ideal fps", "collector fps", "ratio", "overhead µs/frame", "bare at once fps",
-              "of at once", "torchrl fps", "ours/torchrl", "target")
+              "of at once", "workers × bare fps", "of workers × bare", "torchrl fps", "ours/torchrl", "target")
     rows = [
         (
             r.config, f"{r.ideal_fps:,.0f}", f"{r.collector_fps:,.0f}", f"{r.ratio:.2f}", f"{r.overhead_us:.1f}",
             "" if r.at_once_fps is None else f"{r.at_once_fps:,.0f}",
             "" if r.of_at_once is None else f"{r.of_at_once:.2f}",
+            "" if r.bare_fps is None else f"{r.bare_fps:,.0f}",
+            "" if r.of_bare is None else f"{r.of_bare:.2f}",
             "" if r.torchrl_fps is None else f"{r.torchrl_fps:,.0f}",
             "" if r.vs_torchrl is None else f"{r.vs_torchrl:.1f}",
             _target_cell(r.target, r.target_met),

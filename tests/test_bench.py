@@ -63,6 +63,7 @@ def test_targets_read_their_column():
     at_most = Target("vs_torchrl", at_most=0.5)
     assert at_most.met(0.4) and not at_most.met(0.6)
     assert at_most.describe() == "≤ 0.5× torchrl"
+    assert Target("of_bare", at_least=0.9).describe() == "≥ 0.9× workers × bare loop"
     with pytest.raises(ValueError, match="column"):
         Target("speed", at_least=1)
     with pytest.raises(ValueError, match="exactly one"):
@@ -102,7 +103,8 @@ def test_run_without_torchrl_leaves_its_columns_blank(monkeypatch):
     (result,) = suite.run([_fake("a", 1000.0, 500.0, "collector=single env=x fpb=1")], 1.0, 1, lambda m: None)
     assert result.torchrl_fps is None
     row = suite.format_table([result]).splitlines()[-1]
-    assert [cell.strip() for cell in row.split("|")[1:-1]] == ["a", "1,000", "500", "0.50", "1000.0", "", "", "", "", ""]
+    cells = [cell.strip() for cell in row.split("|")[1:-1]]
+    assert cells == ["a", "1,000", "500", "0.50", "1000.0", "", "", "", "", "", "", ""]
 
 
 def test_a_failing_torchrl_side_is_logged_and_not_retried(monkeypatch):
@@ -167,3 +169,27 @@ def test_bare_loops_at_once_add_up():
 
     rate = at_once(functools.partial(timed_loop, 1e-3, False), 2, 0.3)
     assert 1000 < rate.frames_per_s <= 2000
+
+
+def test_timed_multi_configs_also_measure_workers_times_one_bare_loop():
+    config = Config("sleep", lambda s: Rate(8000.0, "8 / step_time"), lambda s: Rate(6800.0, "ours"),
+                    at_once=lambda s: Rate(7300.0, "8 bare loops at once"),
+                    bare=lambda s: Rate(7400.0, "8 × bare loop alone"), target=Target("of_bare", at_least=0.9))
+    (result,) = suite.run([config], 1.0, 2, lambda m: None)
+    assert result.ratio == pytest.approx(0.85)  # still against the defined ideal
+    assert result.bare_fps == 7400.0 and result.of_bare == pytest.approx(6800 / 7400)
+    assert result.target_met is True
+    assert result.as_dict()["of_bare"] == pytest.approx(6800 / 7400)
+    table = suite.format_table([result])
+    assert "workers × bare fps" in table.splitlines()[0]
+    cells = [cell.strip() for cell in table.splitlines()[-1].split("|")[1:-1]]
+    assert cells[7:9] == ["7,400", "0.92"]
+    assert cells[-1] == "≥ 0.9× workers × bare loop: met"
+
+
+def test_only_the_timed_multi_configs_have_a_bare_figure_and_sleep_is_held_to_it():
+    configs = {c.name: c for c in multi_configs() if isinstance(c, Config)}
+    with_bare = [name for name, c in configs.items() if c.bare is not None]
+    assert sorted(n.split("(")[0] for n in with_bare) == ["BusyEnv", "SleepEnv"]
+    sleep = next(c for name, c in configs.items() if name.startswith("SleepEnv"))
+    assert sleep.target == Target("of_bare", at_least=0.9)
