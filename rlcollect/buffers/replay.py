@@ -60,12 +60,14 @@ import tempfile
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from rlcollect.buffers.checkpoint import Checkpointing
+from rlcollect.buffers.frames import frames_of, to_tensordict
+from rlcollect.buffers.lifetime import pid_alive, release, ring_segments, shm_root
 from rlcollect.buffers.storage import (
     ALLOCATED,
     CURSOR,
@@ -83,49 +85,10 @@ if TYPE_CHECKING:  # tensordict is imported where a TensorDict is built: workers
 logger = logging.getLogger("rlcollect")
 
 STORAGES = ("memory", "memmap")
-MASK: NestedKey = ("collector", "mask")
 #: A writer waits this long for a live process to commit slots it wants before taking them over.
 STALL_TIMEOUT_S = 30.0
 #: sample() gives up if it cannot read a complete frame for this long (every slot in flight).
 SAMPLE_TIMEOUT_S = 30.0
-
-
-def _shm_root() -> str | None:
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-
-
-def _release(region: Region, remove: str | None, owner_pid: int) -> None:
-    """Finalizer: unmap, and remove the directory if this process created it."""
-    region.close()
-    # The pid check keeps a forked child (which inherits this finalizer) from deleting the
-    # parent's storage when its copy of the buffer is collected.
-    if remove is not None and os.getpid() == owner_pid:
-        shutil.rmtree(remove, ignore_errors=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie has stopped writing for good
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X")
-    except OSError:
-        return True
-
-
-def _segments(first: int, count: int, capacity: int) -> list[tuple[int, int]]:
-    """The ring slots ``first, first+1, ... (count of them)`` as at most two slices."""
-    end = first + count
-    if end <= capacity:
-        return [(first, end)]
-    return [(first, capacity), (0, end - capacity)]
 
 
 class ReplayBuffer(Checkpointing):
@@ -186,7 +149,7 @@ class ReplayBuffer(Checkpointing):
             self._directory = None
             self._adopt(Region.private(self._capacity), remove=None)
         elif self._user_path is None:
-            self._directory = tempfile.mkdtemp(prefix="rlcollect-rb-", dir=_shm_root() if storage == "memory" else None)
+            self._directory = tempfile.mkdtemp(prefix="rlcollect-rb-", dir=shm_root() if storage == "memory" else None)
             self._create_in(self._directory, remove=self._directory)
         else:
             self._directory = self._user_path
@@ -219,7 +182,7 @@ class ReplayBuffer(Checkpointing):
 
     def _adopt(self, region: Region, remove: str | None) -> None:
         self._region = region
-        self._finalizer = weakref.finalize(self, _release, region, remove, os.getpid())
+        self._finalizer = weakref.finalize(self, release, region, remove, os.getpid())
 
     # -- pickling: a handle on the same storage ------------------------------------------------
     def __getstate__(self) -> dict:
@@ -264,7 +227,7 @@ class ReplayBuffer(Checkpointing):
             return self
         with self._local:
             old = self._region
-            directory = tempfile.mkdtemp(prefix="rlcollect-rb-", dir=_shm_root())
+            directory = tempfile.mkdtemp(prefix="rlcollect-rb-", dir=shm_root())
             try:
                 region = Region.create(directory, self._capacity)
                 if old.attached:
@@ -415,7 +378,7 @@ class ReplayBuffer(Checkpointing):
             [0, 1, 10]
             >>> rb.close()
         """
-        frames, count = _frames_of(td)
+        frames, count = frames_of(td)
         if count == 0:
             return torch.empty(0, dtype=torch.long)
         region = self._writable_region(frames)
@@ -463,7 +426,7 @@ class ReplayBuffer(Checkpointing):
             with region.lock():
                 header, seq, owner = region.header, region.seq, region.owner
                 start = int(header[CURSOR])
-                segs = _segments((start + count - written) % cap, written, cap)
+                segs = ring_segments((start + count - written) % cap, written, cap)
                 blockers = self._blockers(region, segs)
                 if blockers and waiting_since is None:
                     waiting_since = time.monotonic()
@@ -495,7 +458,7 @@ class ReplayBuffer(Checkpointing):
             busy = (region.seq[a:b] & 1).astype(bool)
             if busy.any():
                 pids.update(int(p) for p in np.unique(region.owner[a:b][busy]))
-        return {p for p in pids if _pid_alive(p)}
+        return {p for p in pids if pid_alive(p)}
 
     def _finish(self, region: Region, slots: list, committed: bool) -> None:
         """Commit (seq -> even) or abandon (owner -> 0) the slots this call reserved.
@@ -541,7 +504,7 @@ class ReplayBuffer(Checkpointing):
         if size == 0 or not region.attached:
             raise RuntimeError("sample() on an empty ReplayBuffer: nothing has been written yet (len == 0)")
         idx = torch.randint(size, (int(batch_size),))
-        return _to_tensordict(self._read(region, idx, redraw_below=size), [int(batch_size)])
+        return to_tensordict(self._read(region, idx, redraw_below=size), [int(batch_size)])
 
     def __getitem__(self, index: int | slice | torch.Tensor | list) -> TensorDictBase:
         """The frames in the given ring slots (as returned by :meth:`extend`), in that order.
@@ -564,7 +527,7 @@ class ReplayBuffer(Checkpointing):
         idx = torch.arange(size)[index]
         flat = idx.reshape(-1)
         out = self._read(region, flat, redraw_below=None)
-        return _to_tensordict(out, [flat.numel()]).reshape(idx.shape)
+        return to_tensordict(out, [flat.numel()]).reshape(idx.shape)
 
     def _read(self, region: Region, idx: torch.Tensor, redraw_below: int | None) -> dict[NestedKey, torch.Tensor]:
         """Copy the frames in slots ``idx``, none of them torn.
@@ -611,7 +574,7 @@ class ReplayBuffer(Checkpointing):
     @staticmethod
     def _check_not_abandoned(region: Region, slots: torch.Tensor) -> None:
         for slot in slots.tolist():
-            if region.seq[slot] & 1 and not _pid_alive(int(region.owner[slot])):
+            if region.seq[slot] & 1 and not pid_alive(int(region.owner[slot])):
                 raise RuntimeError(f"ReplayBuffer slot {slot} holds no complete frame: the write into it failed")
 
     def empty(self) -> None:
@@ -632,57 +595,3 @@ class ReplayBuffer(Checkpointing):
         with region.lock():
             region.header[CURSOR] = 0
             region.header[SIZE] = 0
-
-
-def _to_tensordict(tensors: dict[NestedKey, torch.Tensor], batch_size: list[int]) -> TensorDictBase:
-    from tensordict import TensorDict
-
-    td = TensorDict({}, batch_size=batch_size)
-    for key, value in tensors.items():
-        td.set(key[0] if len(key) == 1 else key, value)
-    return td
-
-
-_KEYS: dict[Any, NestedKey | None] = {}
-
-
-def _stored_key(key: str | tuple) -> NestedKey | None:
-    """``key`` as a tuple, or None for a key that is not stored (a component starts with "_")."""
-    try:
-        return _KEYS[key]
-    except KeyError:
-        pass
-    as_tuple = (key,) if isinstance(key, str) else tuple(key)
-    stored = None if any(part.startswith("_") for part in as_tuple) else as_tuple
-    if len(_KEYS) < 4096:  # memoised: extend() is on the hot path and key sets are small
-        _KEYS[key] = stored
-    return stored
-
-
-def _frames_of(td: Any) -> tuple[dict[NestedKey, torch.Tensor], int]:
-    """``{key: (k, *shape)}`` leaves of ``td`` flattened row-major, masked, "_" keys dropped."""
-    from tensordict import TensorDictBase
-
-    if not isinstance(td, TensorDictBase):
-        raise TypeError(f"extend() expects a TensorDict, got {type(td).__name__}")
-    dims = td.batch_dims
-    count = int(np.prod(tuple(td.batch_size), dtype=np.int64))
-    frames: dict[NestedKey, torch.Tensor] = {}
-    mask = None
-    for key, value in td.items(include_nested=True, leaves_only=True):
-        key = _stored_key(key)
-        if key is None:
-            continue
-        if not isinstance(value, torch.Tensor):
-            raise TypeError(f"extend(): key {key} holds a {type(value).__name__}, only tensors can be stored")
-        flat = value.reshape(count, *value.shape[dims:])
-        if key == MASK:
-            mask = flat.reshape(count).to(torch.bool)
-        else:
-            frames[key] = flat
-    if mask is not None and not bool(mask.all()):
-        frames = {key: value[mask] for key, value in frames.items()}
-        count = int(mask.sum())
-    if not frames and count:
-        raise ValueError("extend(): the batch has no tensor to store")
-    return frames, count
