@@ -60,6 +60,8 @@ class DistributedCollector(NodeWeights, NodeRecovery):
     (``on_node_failure="raise"``); ``"continue"`` (async only) drops it and goes on with the
     others, ``"restart"`` ("mp" and "submitit" launchers) relaunches it, up to
     ``max_node_restarts`` times per node: see ``recovery.py`` and docs/fault-tolerance.md.
+    ``node_timeout=s``: a node that has not announced a batch ``s`` seconds after it started it
+    (a hung env step, while its heartbeat goes on) has failed too (default None: no limit).
 
     Weights: ``update_policy_weights_`` sends rank 0's ``policy`` weights (or the ones given)
     to every node or to ``worker_ids`` (node indices); nodes pass them to their workers.
@@ -113,6 +115,7 @@ class DistributedCollector(NodeWeights, NodeRecovery):
         weight_sync_schemes: dict | None = None,
         on_node_failure: str = "raise",
         max_node_restarts: int = 3,
+        node_timeout: float | None = None,
     ):
         self._closed = True
         self._sup: Supervisor | None = None
@@ -131,7 +134,7 @@ class DistributedCollector(NodeWeights, NodeRecovery):
             max_weight_update_interval=max_weight_update_interval, update_interval=update_interval,
             launcher=launcher, tcp_port=tcp_port, master_addr=master_addr, timeout=timeout,
             heartbeat_timeout=heartbeat_timeout, weight_sync_schemes=weight_sync_schemes,
-            on_node_failure=on_node_failure, max_node_restarts=max_node_restarts,
+            on_node_failure=on_node_failure, max_node_restarts=max_node_restarts, node_timeout=node_timeout,
         )
         automatic = update_after_each_batch or max_weight_update_interval != -1 or update_interval is not None
         if automatic and cfg.weight_source is None:
@@ -159,6 +162,8 @@ class DistributedCollector(NodeWeights, NodeRecovery):
         self._restarts, self._lost_batches = [0] * n, [0] * n
         self._seeds: list[int | None] = [None] * n
         self._last_packed: dict[int, tuple[int, torch.Tensor]] = {}
+        # node_timeout: when each node's oldest unannounced batch started (None: none owed).
+        self._batch_started: list[float | None] = [None] * n
         self._last_lag = self._wait_s = self._last_batch_s = 0.0
         self._last_batch_frames = 0
         self._started_at = time.perf_counter()
@@ -273,6 +278,8 @@ class DistributedCollector(NodeWeights, NodeRecovery):
         except RuntimeError as err:
             raise self._sup.lost(msg.rank, "while sending a batch", err) from None
         self._outstanding[i] -= 1
+        # The node's next batch (if owed) started when this one was announced, at the latest.
+        self._batch_started[i] = time.monotonic() if self._outstanding[i] else None
         self._frames += msg["frames"]
         self._node_frames[i] += msg["frames"]
         self._node_versions[i] = msg["version"]
@@ -285,6 +292,8 @@ class DistributedCollector(NodeWeights, NodeRecovery):
     def _grant(self, i: int, credits: int) -> None:
         if credits > 0:
             self._channel.command(i + 1, "collect", credits=credits, random=self._random_now())
+            if not self._outstanding[i]:
+                self._batch_started[i] = time.monotonic()
             self._outstanding[i] += credits
 
     def _random_now(self) -> bool:
@@ -339,6 +348,7 @@ class DistributedCollector(NodeWeights, NodeRecovery):
 
         def all_ready() -> bool:
             self._admit()
+            self._check_deadlines()
             for i in self._serving_nodes():
                 if i not in parts:
                     if self._outstanding[i] == 0:
@@ -362,6 +372,7 @@ class DistributedCollector(NodeWeights, NodeRecovery):
 
         def one_ready() -> bool:
             self._admit()
+            self._check_deadlines()
             for i in self._serving_nodes():
                 self._grant(i, self.config.slots - self._outstanding[i])
             if not self._backlog and (msg := self._take_notice()) is not None:
@@ -387,6 +398,7 @@ class DistributedCollector(NodeWeights, NodeRecovery):
         """Receive every batch still owed (within ``timeout``); they stay queued for delivery."""
 
         def drained() -> bool:
+            self._check_deadlines()
             while (msg := self._take_notice()) is not None:
                 self._backlog.append((msg.rank - 1, self._receive(msg).clone(), msg))
             return not any(self._outstanding)

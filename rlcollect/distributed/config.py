@@ -92,6 +92,7 @@ class DistributedConfig:
         weight_sync_schemes: dict | None,
         on_node_failure: str = "raise",
         max_node_restarts: int = 3,
+        node_timeout: float | None = None,
     ):
         # -- nodes ----------------------------------------------------------------------------------
         if isinstance(create_env_fn, (list, tuple)):
@@ -139,6 +140,7 @@ class DistributedConfig:
         self.master_addr = _master_addr(master_addr, launcher)
         self.timeout = _seconds("timeout", timeout)
         self.heartbeat_timeout = _seconds("heartbeat_timeout", heartbeat_timeout)
+        self.node_timeout = None if node_timeout is None else _seconds("node_timeout", node_timeout)
         # -- failures ---------------------------------------------------------------------------------
         if on_node_failure not in NODE_FAILURE_POLICIES:
             raise ValueError(f"on_node_failure must be one of {NODE_FAILURE_POLICIES}, got {on_node_failure!r}")

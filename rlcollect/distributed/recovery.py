@@ -12,15 +12,19 @@
   one node its next failure is raised.
 
 A failure is an exception marked with ``failed_node`` (``protocol.mark_failed``): a node process
-that died, a node that stopped beating, a node whose collection raised, a broken connection.
+that died, a node that stopped beating, a node whose collection raised, a node that took more
+than ``node_timeout`` seconds for one batch, a broken connection.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
+from rlcollect.distributed import protocol as P
+from rlcollect.distributed.supervisor import node_error
 from rlcollect.multiprocess.protocol import WorkerError
 
 logger = logging.getLogger("rlcollect")
@@ -55,6 +59,7 @@ class NodeRecovery:
                               getattr(error, "exitcode", None), getattr(error, "worker_traceback", None)) from error
         self._lost_batches[node] += self._outstanding[node]
         self._outstanding[node] = 0
+        self._batch_started[node] = None
         self._expected_seq[node] = 0
         sup.drop(rank, for_good=mode == "continue")
         if mode == "continue":
@@ -71,6 +76,26 @@ class NodeRecovery:
                        cfg.max_node_restarts, _first_line(error))
         sup.relaunch(rank, cfg.relaunch_payload(node, incarnation, seed))
         return True
+
+    def _check_deadlines(self) -> None:
+        """Raise for a node that owes a batch it started more than ``node_timeout`` seconds ago
+        and has not announced (its heartbeat may be fine: a hung env step)."""
+        limit = self.config.node_timeout
+        if limit is None:
+            return
+        now = time.monotonic()
+        late = [i for i, started in enumerate(self._batch_started) if started is not None and now - started > limit]
+        if late:
+            self._channel.pump()  # notices that arrived meanwhile (the trainer was busy) count
+        for i in late:
+            started = self._batch_started[i]
+            announced = sum(1 for msg in self._channel.notices if msg.rank == i + 1)
+            if announced >= self._outstanding[i]:
+                continue  # done, only not taken yet (the trainer was busy)
+            self._sup.failed.add(i + 1)  # hung: killed, not waited for
+            raise P.mark_failed(node_error(f"node {i} has not delivered a batch it started {now - started:.1f} s ago "
+                                           f"(node_timeout={limit:g}; its heartbeat may be alive: a hung env step?)",
+                                           i), i)
 
     def _admit(self) -> None:
         """Make the relaunched nodes that rejoined serve again: check their layout, give them

@@ -48,6 +48,7 @@ def _make(**kwargs):
      r"on_node_failure='restart' needs a launcher that starts the nodes itself \('mp', 'submitit'\), got "
      "launcher='external'"),
     ({"on_node_failure": "restart", "max_node_restarts": -1}, ValueError, "max_node_restarts must be an int >= 0"),
+    ({"node_timeout": 0}, ValueError, "node_timeout must be a positive number of seconds"),
     ({"weight_sync_schemes": {"policy": SharedMemWeightSyncScheme()}}, ValueError, "DistributedWeightSyncScheme"),
     ({"weight_sync_schemes": {"critic": "distributed"}}, ValueError, "only the 'policy' model"),
     ({"policy": ValuePolicy(), "policy_factory": ValuePolicy}, ValueError, "policy and policy_factory"),

@@ -208,3 +208,53 @@ def test_weights_pushed_while_a_node_is_down_reach_its_replacement():
     finally:
         c.shutdown()
     assert not wait_gone([*pids, *new_pids])
+
+
+def test_node_timeout_catches_a_hung_step_while_the_heartbeat_goes_on(tmp_path):
+    counter = str(tmp_path / "fired")
+    # Node 1's env hangs (sleeps forever) at its 15th step, once in total; its heartbeat thread
+    # keeps beating, so only node_timeout can tell.
+    faulty = functools.partial(FaultyEnv, "hang", at_step=15, worker_ids=[1], times=1, counter_file=counter)
+    c = DistributedCollector([faulty, faulty], None, frames_per_batch=20, total_frames=200, sync=True,
+                             on_node_failure="restart", node_timeout=3.0, timeout=120.0)
+    try:
+        pids = node_pids(c)
+        started = time.monotonic()
+        batches = list(c)
+        assert time.monotonic() - started < 60.0
+        assert [b.shape for b in batches] == [torch.Size([2, 10])] * 10
+        assert c.stats()["frames"] == 200 and [w["restarts"] for w in c.stats()["workers"]] == [0, 1]
+        assert not wait_gone([pids[1]], timeout=5.0)  # the hung process was killed
+        new_pids = node_pids(c)
+    finally:
+        c.shutdown()
+    assert not wait_gone([*pids, *new_pids])
+
+
+def test_node_timeout_raises_with_the_default_policy():
+    faulty = functools.partial(FaultyEnv, "hang", at_step=5, worker_ids=[0])
+    c = DistributedCollector([faulty], None, frames_per_batch=10, total_frames=-1, node_timeout=2.0, timeout=120.0)
+    try:
+        pids = node_pids(c)
+        started = time.monotonic()
+        with pytest.raises(WorkerError, match=r"node 0 has not delivered a batch .*node_timeout=2"):
+            for _ in c:
+                pass
+        assert time.monotonic() - started < 15.0
+    finally:
+        c.shutdown()
+    assert not wait_gone(pids)
+
+
+def test_node_timeout_does_not_fire_while_the_trainer_is_busy():
+    c = DistributedCollector([counting5] * 2, None, frames_per_batch=10, total_frames=-1, sync=False,
+                             node_timeout=1.0, timeout=120.0)
+    try:
+        it = iter(c)
+        next(it)
+        time.sleep(2.5)  # the nodes finished their batches long ago; they were only not taken
+        for _ in range(10):
+            next(it)
+        assert c.stats()["restarts"] == 0
+    finally:
+        c.shutdown()
