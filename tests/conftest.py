@@ -312,8 +312,15 @@ def kill_children(pids) -> None:
 
 
 def remove_shm(names) -> None:
-    """Unlink leaked /dev/shm entries (after they were reported)."""
-    for name in names:
+    """Unlink leaked /dev/shm entries (after they were reported), except those that another
+    process (outside this one's tree) holds or owns by now: /dev/shm is shared with every
+    process on the machine, and an entry nobody held a moment ago may be one that a concurrent
+    run has just created and not yet mapped."""
+    ours = {os.getpid(), *descendants()}
+    names = {n for n in names if not _shm_is_foreign(n, ours)}
+    for name, pids in shm_holders(names).items():
+        if pids - ours:
+            continue
         try:
             os.unlink(os.path.join(SHM_DIR, name))
         except OSError:

@@ -233,3 +233,38 @@ def test_the_session_check_adds_up_small_leaks(pytester):
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-o", "addopts=", "-q")
     result.assert_outcomes(passed=12, errors=1)
     assert "the test session leaked resources" in result.stdout.str()
+
+
+@pytest.mark.timeout(60)
+def test_remove_shm_spares_an_entry_another_process_holds(leak_checker, tmp_path):
+    """/dev/shm is shared with the whole machine: an entry a process outside this test's tree
+    holds is never unlinked (say, a concurrent test run's), one nobody holds is."""
+    name = f"rlcollect-leakcheck-{os.getpid()}"
+    path = os.path.join(leak_checker.SHM_DIR, name)
+    pid_file = tmp_path / "pid"
+    with open(path, "wb") as f:
+        f.write(b"x")
+    # A daemon (double fork: reparented away from this process) that keeps the entry open.
+    code = textwrap.dedent(f"""
+        import os, time
+        if os.fork() == 0:
+            os.setsid()
+            f = open({path!r}, "rb")
+            with open({str(pid_file)!r} + ".tmp", "w") as out:
+                out.write(str(os.getpid()))
+            os.rename({str(pid_file)!r} + ".tmp", {str(pid_file)!r})
+            time.sleep(60)
+        os._exit(0)
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True)
+    leak_checker._wait_until(pid_file.exists, 10.0)
+    holder = int(pid_file.read_text())
+    try:
+        assert holder not in leak_checker.descendants()
+        leak_checker.remove_shm({name})
+        assert os.path.exists(path)  # held by a foreign process: spared
+    finally:
+        os.kill(holder, 9)
+    leak_checker._wait_until(lambda: not leak_checker.shm_holders({name})[name], 10.0)
+    leak_checker.remove_shm({name})
+    assert not os.path.exists(path)  # nobody holds it now: removed
