@@ -1,6 +1,6 @@
 """Lifetime helpers of a replay buffer's storage: where shared storage lives, the finalizer
-that unmaps (and, in the owner, removes) it, whether a writer's process still runs, and the ring
-slots of a write."""
+that unmaps (and, in the owner, removes) it, and the ring slots of a write (whether a writer's
+process still runs: ``rlcollect._pids``)."""
 
 from __future__ import annotations
 
@@ -21,23 +21,6 @@ def release(region: Region, remove: str | None, owner_pid: int) -> None:
     # parent's storage when its copy of the buffer is collected.
     if remove is not None and os.getpid() == owner_pid:
         shutil.rmtree(remove, ignore_errors=True)
-
-
-def pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie has stopped writing for good
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X")
-    except OSError:
-        return True
 
 
 def ring_segments(first: int, count: int, capacity: int) -> list[tuple[int, int]]:

@@ -67,7 +67,8 @@ import torch
 
 from rlcollect.buffers.checkpoint import Checkpointing
 from rlcollect.buffers.frames import frames_of, to_tensordict
-from rlcollect.buffers.lifetime import pid_alive, release, ring_segments, shm_root
+from rlcollect._pids import pid_alive
+from rlcollect.buffers.lifetime import release, ring_segments, shm_root
 from rlcollect.buffers.storage import (
     ALLOCATED,
     CURSOR,

@@ -200,9 +200,9 @@ def _parent_watch() -> Any:
     parent = os.environ.get(PARENT_PID_ENV)
     if not parent:
         return None
-    from rlcollect.multiprocess.worker import _alive
+    from rlcollect._pids import pid_alive
 
-    return lambda: _alive(int(parent))
+    return lambda: pid_alive(int(parent))
 
 
 def _orphaned(rank: int):

@@ -19,6 +19,7 @@ import torch
 import torch.multiprocessing  # noqa: F401  (registers the shared-memory tensor reductions)
 
 from rlcollect import _context
+from rlcollect._pids import pid_alive
 from rlcollect.data import MASK, BatchLayout, deliver
 from rlcollect.envs.base import ArraySpec
 from rlcollect.multiprocess import protocol as P
@@ -28,27 +29,12 @@ from rlcollect.policy import has_weights, load_weights
 _WATCHDOG_PERIOD_S = 0.1
 
 
-def _alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie, dead but not yet reaped, counts as dead)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return True  # no /proc: os.kill found the process
-
-
 def _watch_parent(parent_pid: int) -> None:
     # Watch the main process itself rather than os.getppid(): with "forkserver" the parent is
     # the fork server, so getppid() never equals the main process's pid.
     while True:
         time.sleep(_WATCHDOG_PERIOD_S)
-        if not _alive(parent_pid):
+        if not pid_alive(parent_pid):
             os._exit(0)
 
 
