@@ -119,14 +119,22 @@ def test_restart_relaunches_a_killed_node_which_rejoins_with_the_current_weights
     assert not wait_gone([*pids, *new_pids])
 
 
-def test_restart_after_a_node_raises_completes_with_exact_frames(tmp_path):
+@pytest.mark.parametrize("fault, at_step, options", [
+    ("raise", 13, {}),
+    # A hung env step: its heartbeat thread keeps beating, so only node_timeout can tell.
+    ("hang", 15, {"node_timeout": 3.0}),
+])
+def test_restart_after_a_transient_fault_completes_with_exact_frames(tmp_path, fault, at_step, options):
     counter = str(tmp_path / "fired")
-    # Node 1 raises at its 13th step, once in total: its relaunched incarnation runs clean.
-    faulty = functools.partial(FaultyEnv, "raise", at_step=13, worker_ids=[1], times=1, counter_file=counter)
+    # Node 1 fails at that step, once in total: its relaunched incarnation runs clean.
+    faulty = functools.partial(FaultyEnv, fault, at_step=at_step, worker_ids=[1], times=1, counter_file=counter)
     c = DistributedCollector([faulty, faulty], None, frames_per_batch=20, total_frames=200, sync=True,
-                             on_node_failure="restart", timeout=120.0)
+                             on_node_failure="restart", timeout=120.0, **options)
     try:
+        pids = node_pids(c)
+        started = time.monotonic()
         batches = list(c)
+        assert time.monotonic() - started < 60.0
         assert [b.shape for b in batches] == [torch.Size([2, 10])] * 10
         assert sum(b.numel() for b in batches) == 200 == c.stats()["frames"]
         assert [w["restarts"] for w in c.stats()["workers"]] == [0, 1]
@@ -135,8 +143,11 @@ def test_restart_after_a_node_raises_completes_with_exact_frames(tmp_path):
         pairs = torch.stack([torch.cat([b[TRAJ_IDS].reshape(-1) for b in batches]),
                              torch.cat([b["observation"][..., 0].reshape(-1) for b in batches]).long()], 1)
         assert len({tuple(p) for p in pairs.tolist()}) == 200
+        assert not wait_gone([pids[1]], timeout=5.0)  # the failed (or hung) process was killed
+        new_pids = node_pids(c)
     finally:
         c.shutdown()
+    assert not wait_gone([*pids, *new_pids])
 
 
 def test_a_node_that_keeps_failing_stops_after_max_node_restarts():
@@ -204,27 +215,6 @@ def test_weights_pushed_while_a_node_is_down_reach_its_replacement():
                               and bool((b[TRAJ_IDS] >= 2 * BLOCK).all()))[-1]
         assert (back[POLICY_VERSION] == version).all() and (back["action"] == 1).all()
         assert c.stats()["restarts"] == 1
-        new_pids = node_pids(c)
-    finally:
-        c.shutdown()
-    assert not wait_gone([*pids, *new_pids])
-
-
-def test_node_timeout_catches_a_hung_step_while_the_heartbeat_goes_on(tmp_path):
-    counter = str(tmp_path / "fired")
-    # Node 1's env hangs (sleeps forever) at its 15th step, once in total; its heartbeat thread
-    # keeps beating, so only node_timeout can tell.
-    faulty = functools.partial(FaultyEnv, "hang", at_step=15, worker_ids=[1], times=1, counter_file=counter)
-    c = DistributedCollector([faulty, faulty], None, frames_per_batch=20, total_frames=200, sync=True,
-                             on_node_failure="restart", node_timeout=3.0, timeout=120.0)
-    try:
-        pids = node_pids(c)
-        started = time.monotonic()
-        batches = list(c)
-        assert time.monotonic() - started < 60.0
-        assert [b.shape for b in batches] == [torch.Size([2, 10])] * 10
-        assert c.stats()["frames"] == 200 and [w["restarts"] for w in c.stats()["workers"]] == [0, 1]
-        assert not wait_gone([pids[1]], timeout=5.0)  # the hung process was killed
         new_pids = node_pids(c)
     finally:
         c.shutdown()
