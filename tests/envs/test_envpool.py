@@ -118,3 +118,11 @@ def test_asynchronous_mode_and_bad_input_are_refused():
     with pytest.raises(TypeError, match="state of a .* cannot be saved"):
         env.state_dict()
     env.close()
+
+
+@pytest.mark.timeout(300)
+def test_docs_envpool_example_runs():
+    from test_vector_pools import doc_block
+
+    namespace = {"__name__": "rlcollect_doc_envpool"}
+    exec(compile(doc_block("EnvPoolEnv"), "vector-envs.md[envpool]", "exec"), namespace)

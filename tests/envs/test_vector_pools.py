@@ -140,3 +140,18 @@ class _Seeded:
 
     def close(self):
         self.pool.close()
+
+
+def doc_block(marker: str) -> str:
+    """The ```py block of docs/vector-envs.md that contains ``marker`` (the optional-dependency
+    examples, which tests/test_docs.py does not run)."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "vector-envs.md").read_text()
+    (block,) = [b for b in re.findall(r"^```py\n(.*?)^```", text, re.S | re.M) if marker in b]
+    return block
+
+
+def test_docs_ale_example_runs(ale_vector):
+    exec(compile(doc_block("AtariVectorEnv"), "vector-envs.md[ale]", "exec"), {"__name__": "rlcollect_doc_ale"})
