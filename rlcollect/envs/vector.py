@@ -20,7 +20,6 @@ way, in every mode.
 
 from __future__ import annotations
 
-import logging
 import pickle
 from collections.abc import Callable
 from typing import Any
@@ -31,10 +30,9 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
 
-from rlcollect.envs.base import ArraySpec, EnvBase, NestedKey, RandomActionBlocks
+from rlcollect.envs.base import EnvBase, NestedKey, RandomActionBlocks
 from rlcollect.envs.gym import _leaf_spec, _obs_writer, _observation_layout
 
-logger = logging.getLogger("rlcollect")
 
 
 def _space_paths(space: gym.Space, path: tuple = ()) -> list[tuple]:
@@ -135,6 +133,13 @@ class VectorEnv(EnvBase):
 
     def _setup(self, env: gym.vector.VectorEnv) -> None:
         n = int(env.num_envs)
+        batch = getattr(env, "batch_size", n)
+        if isinstance(batch, int) and not isinstance(batch, bool) and batch != n:
+            raise ValueError(
+                f"{type(self).__name__}: {type(env).__name__} has batch_size {batch} != num_envs {n}: an asynchronous "
+                "vector env hands back a different subset of sub-envs at each step, which the collector's fixed "
+                "rows cannot hold; build it with batch_size equal to num_envs"
+            )
         self.batch_size = torch.Size([n])
         self.autoreset_mode = autoreset_mode_of(env)
         self.single_observation_space = env.single_observation_space
@@ -320,8 +325,9 @@ class VectorEnv(EnvBase):
             self.env.close()
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}({type(self.env).__name__}, batch_size={list(self.batch_size)}, "
-                f"autoreset_mode={self.autoreset_mode.name})")
+        mode = getattr(self, "autoreset_mode", None)
+        return (f"{type(self).__name__}({type(getattr(self, 'env', None)).__name__}, batch_size={list(self.batch_size)}, "
+                f"autoreset_mode={getattr(mode, 'name', None)})")
 
 
 def wrap_vector_env(env: gym.vector.VectorEnv) -> VectorEnv:

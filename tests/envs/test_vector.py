@@ -293,3 +293,41 @@ def test_state_dict_of_an_async_vector_env_raises():
         env.state_dict()
     env.close()
     env.close()  # idempotent
+
+
+def test_multiasync_two_workers_match_single_envs():
+    from rlcollect import MultiAsyncCollector
+
+    factory = functools.partial(make_worker_env, "sync", "NEXT_STEP")
+    collector = MultiAsyncCollector([factory, factory], policy=None, frames_per_batch=K * T,
+                                    total_frames=K * T * 6, max_frames_per_traj=1000, mp_start_method="forkserver")
+    collector.set_seed(SEED)
+    try:
+        batches = [b.clone() for b in collector]
+    finally:
+        collector.shutdown()
+    assert len(batches) == 6
+    for worker in range(2):  # each worker's batches, in the order they came, continue each other
+        mine = [b for b in batches if int(b[TRAJ_IDS][0, 0]) // TRAJ_ID_BLOCK == worker]
+        assert mine
+        stream = torch.cat(mine, dim=-1)
+        ref = reference(stream["action"].numpy(), SEED + worker * K, 20, 1000, id_start=worker * TRAJ_ID_BLOCK)
+        assert_matches(stream, ref)
+
+
+def test_mujoco_vector_env_gives_gymenvs_batches():
+    """Box actions and float64 observations (HalfCheetah-v5): the same batches as ``GymEnv``."""
+    pytest.importorskip("mujoco", reason="mujoco is not installed: pip install 'rlcollect[mujoco]'")
+
+    def run(factory):
+        collector = Collector(factory, policy=None, frames_per_batch=2 * 50, total_frames=2 * 100,
+                              max_frames_per_traj=30)
+        collector.set_seed(SEED)
+        return collect(collector)
+
+    ours = run(lambda: VectorEnv("HalfCheetah-v5", num_envs=2, vectorization_mode="sync"))
+    theirs = run(lambda: GymEnv("HalfCheetah-v5", num_envs=2))
+    assert ours["observation"].dtype == torch.float32 and ours["action"].shape == (2, 100, 6)
+    assert ours["next", "truncated"].sum() == 2 * 3  # cut at 30 steps: 3 times per row in 100 steps
+    for key in theirs.keys(True, True):
+        assert torch.equal(ours[key], theirs[key]), key

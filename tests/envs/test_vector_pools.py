@@ -155,3 +155,10 @@ def doc_block(marker: str) -> str:
 
 def test_docs_ale_example_runs(ale_vector):
     exec(compile(doc_block("AtariVectorEnv"), "vector-envs.md[ale]", "exec"), {"__name__": "rlcollect_doc_ale"})
+
+
+def test_ale_asynchronous_batch_size_is_refused(ale_vector):
+    pool = ale_vector("breakout", 4, batch_size=2, **ALE_KWARGS)
+    with pytest.raises(ValueError, match="AtariVectorEnv has batch_size 2 != num_envs 4"):
+        VectorEnv(pool)
+    pool.close()
