@@ -84,7 +84,8 @@ class VectorEnv(EnvBase):
 
     Args:
         env: a ``gymnasium.vector.VectorEnv`` (``gymnasium.make_vec(...)``, ``SyncVectorEnv``,
-            ``AsyncVectorEnv``, ale-py's ``AtariVectorEnv``, an EnvPool env, ...), a gymnasium
+            ``AsyncVectorEnv``, ale-py's ``AtariVectorEnv``, ...; for an EnvPool pool use
+            ``EnvPoolEnv``, which can reseed it, as collectors do), a gymnasium
             id (built with ``gymnasium.make_vec(env, num_envs, **make_kwargs)``), or a callable
             returning a vector env (called with ``**make_kwargs``).
         num_envs: the number of sub-envs, only with an id (default 1).
