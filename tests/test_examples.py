@@ -102,11 +102,11 @@ def test_dqn_cartpole_learns(tmp_path):
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 10)
 def test_ppo_mujoco_learns(tmp_path):
-    # 5 updates of 2,000 frames on Hopper-v5 (seeded, deterministic): the mean return of the
-    # finished episodes rises from ~20 (a nearly random Gaussian policy) to ~XX.
+    # 4 updates of 1,000 frames on Hopper-v5 (seeded, deterministic): the mean return of the
+    # finished episodes rises from 10.3 (a nearly random Gaussian policy) to 33.8.
     pytest.importorskip("mujoco", reason="the [mujoco] extra is not installed")
-    rows = run_example("ppo_mujoco.py", tmp_path, "--total-frames", "10000", "--seed", "1")
-    assert [row["frames"] for row in rows] == [2000, 4000, 6000, 8000, 10000]
+    rows = run_example("ppo_mujoco.py", tmp_path, "--total-frames", "4000", "--frames-per-batch", "1000", "--seed", "1")
+    assert [row["frames"] for row in rows] == [1000, 2000, 3000, 4000]
     for row in rows:
         assert all(math.isfinite(row[k]) for k in ("mean_return", "policy_loss", "value_loss", "entropy", "approx_kl"))
         assert row["collect_s"] > 0 and row["train_s"] > 0
