@@ -231,7 +231,7 @@ def ppo_update(actor, critic, optimizer, data: dict[str, torch.Tensor], args: Ar
     return {key: value / steps for key, value in sums.items()}
 
 
-def train(args: Args) -> list[dict]:
+def train(args: Args, log=lambda row: None) -> list[dict]:
     torch.set_num_threads(args.torch_threads)
     torch.manual_seed(args.seed)
     probe = make_env(args.env_id)  # only to read the spaces
@@ -296,6 +296,7 @@ def train(args: Args) -> list[dict]:
                    "episodes": len(returns), **losses, "fps": frames / elapsed, "collect_s": collect_s,
                    "train_s": train_s, "elapsed_s": elapsed}
             history.append(row)
+            log(row)
             print(f"frames {frames:>9,d}  return {row['mean_return']:7.1f} ({len(returns):3d} episodes)  "
                   f"policy {losses['policy_loss']:+.4f}  value {losses['value_loss']:7.3f}  "
                   f"entropy {losses['entropy']:+.3f}  kl {losses['approx_kl']:.4f}  "
@@ -327,6 +328,16 @@ def parse_args() -> Args:
     return Args(**vars(parser.parse_args()))
 
 
+def smoothed(history: list[dict], window: int = 10) -> list[float]:
+    """Mean return over the last `window` batches' episodes (few episodes end in one batch)."""
+    out = []
+    for i in range(len(history)):
+        rows = history[max(0, i - window + 1):i + 1]
+        n = sum(r["episodes"] for r in rows)
+        out.append(sum(r["mean_return"] * r["episodes"] for r in rows if r["episodes"]) / n if n else float("nan"))
+    return out
+
+
 def summarize(history: list[dict], args: Args) -> None:
     last = history[-1]
     print(f"done: {last['frames']:,d} frames in {last['elapsed_s']:.1f} s ({last['fps']:,.0f} fps); "
@@ -339,13 +350,23 @@ def summarize(history: list[dict], args: Args) -> None:
               f"last 10 batches {np.mean(finite[-10:]):.1f}")
 
 
+class CsvLog:
+    """Appends each batch's row to the CSV as it comes (a long run stopped early keeps its data)."""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.file, self.writer = open(path, "w", newline=""), None
+
+    def __call__(self, row: dict) -> None:
+        if self.writer is None:
+            self.writer = csv.DictWriter(self.file, fieldnames=list(row))
+            self.writer.writeheader()
+        self.writer.writerow(row)
+        self.file.flush()
+
+
 def write_curve(history: list[dict], args: Args) -> None:
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.with_suffix(".csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(history[0]))
-        writer.writeheader()
-        writer.writerows(history)
     try:
         import matplotlib
     except ImportError:
@@ -354,11 +375,13 @@ def write_curve(history: list[dict], args: Args) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    frames = [r["frames"] for r in history]
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot([r["frames"] for r in history], [r["mean_return"] for r in history], label=f"seed {args.seed}")
-    ax.set(xlabel="frames", ylabel="mean return of episodes finished in the batch",
+    ax.plot(frames, [r["mean_return"] for r in history], ".", alpha=0.3, label=f"seed {args.seed}, per batch")
+    ax.plot(frames, smoothed(history), label="mean over 10 batches")
+    ax.set(xlabel="frames", ylabel="return of episodes finished",
            title=f"PPO on {args.env_id} (rlcollect MultiSyncCollector, {args.workers}x{args.envs_per_worker} envs)")
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper left")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
@@ -367,6 +390,6 @@ def write_curve(history: list[dict], args: Args) -> None:
 
 if __name__ == "__main__":  # the guard matters: workers re-import this file ("spawn")
     args = parse_args()
-    history = train(args)
+    history = train(args, log=CsvLog(Path(args.out).with_suffix(".csv")))
     summarize(history, args)
     write_curve(history, args)

@@ -116,8 +116,9 @@ def test_ppo_mujoco_learns(tmp_path):
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 10)
 def test_ppo_atari_runs(tmp_path):
-    # 3 updates of 256 frames on Breakout: too short to learn, long enough to check that pixels
-    # (uint8 4x84x84 stacks) go through collection, GAE and the CNN update, and games end.
+    # 3 updates of 256 frames on Breakout (8 games x 32 steps each): too short to learn or to end
+    # a game (a random one lasts ~200 steps), long enough to check that pixels (uint8 4x84x84
+    # stacks) go through collection, GAE and the CNN update.
     pytest.importorskip("ale_py", reason="the [atari] extra is not installed")
     rows = run_example("ppo_atari.py", tmp_path, "--total-frames", "768", "--frames-per-batch", "256",
                        "--minibatch-size", "128", "--seed", "1")
@@ -125,7 +126,7 @@ def test_ppo_atari_runs(tmp_path):
     for row in rows:
         assert all(math.isfinite(row[k]) for k in ("policy_loss", "value_loss", "entropy", "approx_kl"))
         assert 0 < row["entropy"] <= math.log(4) + 1e-6  # Breakout's 4 actions, a near-uniform policy
-    assert sum(row["episodes"] for row in rows) >= 1  # a random game lasts ~200 steps
+        assert row["value_loss"] > 0 and row["collect_s"] > 0 and row["train_s"] > 0
 
 
 @pytest.mark.parametrize("script", ["ppo_mujoco.py", "ppo_atari.py"])
