@@ -22,7 +22,9 @@ The contract a collector may rely on:
 - ``sample()`` never returns a frame that is being written or was half-written by a process that
   died: it is drawn uniformly among the complete frames.
 - Only the owner (the process that constructed the buffer) removes storage; handles in workers
-  only unmap on ``close()``, so a worker exiting or crashing leaves the buffer intact.
+  only unmap on ``close()``, so a worker exiting or crashing leaves the buffer intact.  If the
+  owner dies without closing (even by SIGKILL), its reaper process removes the storage
+  (``lifetime.Reaper``).  Lock waits are bounded by ``lock_timeout`` (``LockTimeout``).
 
 How concurrent writers stay exact (see :meth:`ReplayBuffer.extend`): a writer takes the
 cross-process lock only to reserve its slots (advance the cursor and the counters, mark the slots
