@@ -18,6 +18,7 @@ import os
 import secrets
 import shutil
 import subprocess
+import sys
 import tempfile
 
 import numpy as np
@@ -34,6 +35,24 @@ REAPER_EXIT_TIMEOUT_S = 10.0
 # ends); ``read`` returns non-zero at EOF, and the owner never writes.
 _REAPER_SCRIPT = 'trap "" INT TERM HUP QUIT; while read -r _; do :; done; exec rm -rf -- "$1"'
 REAPER_NAME = "rlcollect-rb-reaper"  # its $0: what ps shows
+# The same in Python, where there is no /bin/sh (a distroless image, say).
+_REAPER_PYTHON = """
+import os, shutil, signal, sys
+for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+    signal.signal(sig, signal.SIG_IGN)
+while os.read(0, 512):
+    pass
+shutil.rmtree(sys.argv[1], ignore_errors=True)
+"""
+
+
+SHELL = "/bin/sh"
+
+
+def _reaper_argv(directory: str) -> list[str]:
+    if os.access(SHELL, os.X_OK):
+        return [SHELL, "-c", _REAPER_SCRIPT, REAPER_NAME, directory]
+    return [sys.executable, "-I", "-S", "-c", _REAPER_PYTHON, directory]
 
 _WRITE_ENDS: set[int] = set()  # the reapers' pipes this process holds: closed in forked children
 
@@ -67,7 +86,7 @@ class Reaper:
         read_end, write_end = os.pipe()  # both non-inheritable: no other child gets them
         try:
             self.process = subprocess.Popen(
-                ["/bin/sh", "-c", _REAPER_SCRIPT, REAPER_NAME, directory],
+                _reaper_argv(directory),
                 stdin=read_end,
                 stdout=subprocess.DEVNULL,
                 close_fds=True,

@@ -150,3 +150,19 @@ def test_close_and_garbage_collection_end_the_reaper():
     reaper, path = rb._reaper.process.pid, rb.path
     rb.close()
     assert not os.path.exists(path) and not pid_alive(reaper)
+
+
+@pytest.mark.timeout(60)
+def test_without_a_shell_the_reaper_is_python(monkeypatch):
+    from rlcollect.buffers import lifetime
+
+    monkeypatch.setattr(lifetime, "SHELL", "/nonexistent/sh")
+    rb = ReplayBuffer(8)
+    reaper, path = rb._reaper.process, rb.path
+    assert reaper.args[0] == sys.executable
+    rb._reaper._write_end, write_end = -1, rb._reaper._write_end  # as if the owner had died:
+    os.close(write_end)  # EOF for the reaper
+    lifetime._WRITE_ENDS.discard(write_end)
+    assert reaper.wait(timeout=30) == 0
+    assert not os.path.exists(path)
+    rb.close()
