@@ -21,6 +21,7 @@ so that tests/test_leak_check.py can show that the checker sees what it should.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import shutil
@@ -386,14 +387,19 @@ def open_fds() -> dict[int, str]:
     """``{fd: target}`` of this process's open file descriptors, helpers excluded."""
     fds: dict[int, str] = {}
     helpers = _helper_fds()
-    for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
-        if fd in helpers:
-            continue
-        try:
-            fds[fd] = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:
-            continue  # closed meanwhile (the directory handle listdir itself used, for one)
+    tracker = _TRACKER if _TRACKER is not None and _TRACKER.pid == os.getpid() else None
+    # Under the tracker's lock: its poll (a thread) opens an fd or two for a moment.
+    with tracker._lock if tracker is not None else contextlib.nullcontext():
+        names = os.listdir("/proc/self/fd")
+        targets = {}
+        for name in names:
+            try:
+                targets[name] = os.readlink(f"/proc/self/fd/{name}")
+            except OSError:
+                continue  # closed meanwhile (the directory handle listdir itself used, for one)
+    for name, target in targets.items():
+        if int(name) not in helpers:
+            fds[int(name)] = target
     return fds
 
 
