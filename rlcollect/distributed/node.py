@@ -258,10 +258,9 @@ def _wait_config(store: Any, keys: Keys, rank: int, token: str, hello: bytes, de
                     drops.drop("its configuration key", P.claimed_sender(data), str(err))
         if time.monotonic() >= next_hello:
             next_hello = time.monotonic() + 1.0
-            current = store.get(P.hello_key(rank)) if store.check([P.hello_key(rank)]) else b""
-            try:
-                P.decode(current, keys.to_rank0, kinds=("hello",), to=P.MASTER_RANK, rank=rank)
-            except P.ProtocolError:  # not a node's hello (a foreign write, or gone): say ours again
+            # Overwritten (a foreign write, or a second node for this rank) before rank 0 read
+            # it: say it again (rank 0 answers each session once).
+            if not store.check([P.hello_key(rank)]) or store.get(P.hello_key(rank)) != hello:
                 store.set(P.hello_key(rank), hello)
         time.sleep(_CONFIG_POLL_S)
     return None

@@ -113,11 +113,13 @@ class Supervisor:
             msg = P.decode(data, self.keys.to_rank0, kinds=("hello",), to=P.MASTER_RANK, rank=rank)
             if msg["run"] != self.run:
                 raise P.ProtocolError("it is for another run (a replay, or a node of an earlier collector)")
-            if len(msg.token) < 16 or msg.token in self.seen_tokens:
-                raise P.ProtocolError("its session was seen before (a replay)")
+            if len(msg.token) < 16:
+                raise P.ProtocolError("its session token is too short")
         except P.ProtocolError as err:
             self.drops.drop(f"node rank {rank}'s hello key", P.claimed_sender(data), str(err))
             return rank in self.configured
+        if msg.token in self.seen_tokens:
+            return rank in self.configured  # a node saying its hello again, or a replay: answered already
         self.seen_tokens.add(msg.token)
         if rank in self.configured or payload is None:
             reason = f"rank {rank} is already taken by another node of this collector"
