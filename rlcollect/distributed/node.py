@@ -1,8 +1,9 @@
 """A distributed node: the process behind ``rlcollect node``, the "mp" launcher's processes and
 the submitit jobs.
 
-Life of a node: connect to rank 0's store (waiting up to ``timeout`` for rank 0 to be up), claim
-its rank, say hello, receive its configuration (the cloudpickled env factory, policy and
+Life of a node: connect to rank 0's store (waiting up to ``timeout`` for rank 0 to be up),
+start its heartbeat and its watch on rank 0, learn the run's nonce from two authentic beats of
+rank 0, say hello (signed with the run's secret: see ``auth.py``), receive its configuration (the cloudpickled env factory, policy and
 collector options: **the node executes code rank 0 sends**; start nodes only for a rank 0 you
 trust), build its inner collector (``Collector``, ``MultiSyncCollector`` or
 ``MultiAsyncCollector``), report the batch layout and weight shapes, join its pair process group
@@ -14,8 +15,11 @@ collects one batch per credit into a preallocated flat buffer, posts it to rank 
 process group and then announces it on the ready queue; rank 0 only receives batches that were
 announced.  Commands are served between batches, never during one.
 
-The node ends by itself when rank 0 is gone (its store unreachable, its heartbeat stalled, or,
-for nodes rank 0 started itself, its process ended): see ``heartbeat.py``.
+The node ends by itself when rank 0 is gone (its store unreachable, no authentic heartbeat of it
+for ``rank0_timeout`` seconds, or, for nodes rank 0 started itself, its process ended): see
+``heartbeat.py`` and the "mp" launcher's bootstrap in ``launchers.py``.  Every message it takes
+is authenticated (MAC, session, counter) before anything of it is used; one that is not is
+dropped and logged once per sender.
 """
 
 from __future__ import annotations
@@ -313,6 +317,7 @@ def run_node(master_addr: str, master_port: int, rank: int, world_size: int, tim
             logger.error("rlcollect node %d: rank 0 did not answer its hello within %g s", rank, timeout)
             return EXIT_FAILED
         if config.kind == "reject":
+            store.set(P.refused_key(rank, token), b"1")
             logger.error("rlcollect node %d: rank 0 refused this node: %s", rank, config["reason"])
             return EXIT_REJECTED
         try:  # authenticated above: rank 0's own configuration

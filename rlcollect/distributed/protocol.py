@@ -80,6 +80,11 @@ def bye_key(rank: int) -> str:
     return f"{_ROOT}/bye/{rank}"
 
 
+def refused_key(rank: int, token: str) -> str:
+    """Where a refused node acknowledges its refusal (rank 0 waits for it before it exits)."""
+    return f"{_ROOT}/refused/{rank}/{token}"
+
+
 def pg_prefix(rank: int, incarnation: int) -> str:
     """The store prefix of the process group between rank 0 and one incarnation of a node."""
     return f"{_ROOT}/pg/{rank}/{incarnation}/"

@@ -35,6 +35,8 @@ logger = logging.getLogger("rlcollect")
 
 #: How long a node whose connection broke may take to be reported dead by its launcher.
 _DEATH_NOTICE_S = 1.0
+#: How long rank 0 waits for a node it refused to read the refusal, before raising.
+_REFUSAL_READ_S = 2.0
 #: How often rank 0 looks for a second node claiming a taken rank, once serving.
 _HELLO_POLL_S = 0.5
 
@@ -142,6 +144,10 @@ class Supervisor:
             reason = (f"started with --world-size {msg['world_size']}, but this collector has {self.world_size} "
                       f"(num_nodes={self.world_size - 1} + 1)")
             self._refuse(rank, msg, reason)
+            # Rank 0 raises and goes away: give the node a moment to read why (its exit code 4).
+            deadline = time.monotonic() + _REFUSAL_READ_S
+            while time.monotonic() < deadline and not self.store.check([P.refused_key(rank, msg.token)]):
+                time.sleep(0.02)
             raise ValueError(f"node rank {rank} (host {msg['host']}, pid {msg['pid']}) was {reason}")
         self.tokens[rank], self.sent[rank], self.received[rank] = msg.token, 0, 0
         self.store.set(P.config_key(rank, msg.token), P.encode(
