@@ -63,6 +63,17 @@ class DistributedCollector(NodeWeights, NodeRecovery):
     ``max_node_restarts`` times per node: see ``recovery.py`` and docs/fault-tolerance.md.
     ``node_timeout=s``: a node that has not announced a batch ``s`` seconds after it started it
     (a hung env step, while its heartbeat goes on) has failed too (default None: no limit).
+    ``start_timeout`` (default 120 s) bounds start-up: a node that has not started by then
+    raises ``WorkerError`` naming it "during start-up", and is killed.  Nodes exit by themselves
+    when rank 0 dies, or has not beaten for ``rank0_timeout`` seconds (default 60: a frozen
+    rank 0).
+
+    Every control message is authenticated (HMAC-SHA256) with a per-run secret that never enters
+    the store or a command line: "mp" and "submitit" hand it to their nodes themselves; external
+    nodes and "submitit_delayed" jobs read ``secret_file`` (the same 0600 file on both sides;
+    ``rlcollect node --secret-file``) or ``$RLCOLLECT_SECRET``.  See docs/distributed.md,
+    "Trust and the wire", for what this protects against and what it does not (batches travel
+    unauthenticated).
 
     Weights: ``update_policy_weights_`` sends rank 0's ``policy`` weights (or the ones given)
     to every node or to ``worker_ids`` (node indices); nodes pass them to their workers.

@@ -290,10 +290,19 @@ class SubmititLauncher(Launcher):
         self.jobs = dict(zip(range(1, world_size), self._submit(list(range(1, world_size)))))
 
     def _submit(self, ranks: list[int]) -> list:
+        import runpy
+        from pathlib import Path
+
         master_addr, master_port, world_size, timeout, parent = self._launch
-        return submit_nodes(master_addr, master_port, world_size, secret_file=self.secret_file,
-                            slurm_kwargs=self.slurm_kwargs, timeout=timeout, ranks=ranks,
-                            rank0_timeout=self.rank0_timeout, parent=parent)
+        executor = make_executor(self.slurm_kwargs)
+        if getattr(executor, "cluster", type(executor).__name__) not in ("local", "LocalExecutor"):
+            parent = None  # rank 0 runs on another host than a SLURM job: its store connection tells its death
+        # The job is job_bootstrap.py run by path: it watches rank 0 before its slow imports.
+        script = str(Path(__file__).with_name("job_bootstrap.py"))
+        return [executor.submit(runpy.run_path, script, {"RLCOLLECT_NODE_ARGS": dict(
+            master_addr=master_addr, master_port=master_port, rank=rank, world_size=world_size, timeout=timeout,
+            secret_file=str(self.secret_file), rank0_timeout=self.rank0_timeout, parent=parent)})
+            for rank in ranks]
 
     def relaunch(self, rank: int) -> None:
         [job] = self._submit([rank])

@@ -48,7 +48,7 @@ def _rank0(tmp_path, env: str = "counting5", **kwargs) -> subprocess.Popen:
     script.write_text(textwrap.dedent(_RANK0.format(helpers=HELPERS, env=env, kwargs=args)))
     # Its own process group: a Ctrl-C test signals that group, as a terminal would.
     return subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+                            start_new_session=True, env={**os.environ, "PYTHONPATH": HELPERS})
 
 
 def _children(pid: int) -> list[int]:
@@ -61,6 +61,15 @@ def _children(pid: int) -> list[int]:
                         out.append(int(entry))
             except (OSError, IndexError, ValueError):
                 pass
+    return out
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        children = _children(todo.pop())
+        out += children
+        todo += children
     return out
 
 
@@ -88,22 +97,30 @@ def _reap(process: subprocess.Popen, pids: list[int]) -> None:
             stream.close()
 
 
-@pytest.mark.parametrize("phase", ["importing", "building", "collecting"])
-def test_nodes_end_within_5_s_of_rank_0_killed(tmp_path, phase):
+@pytest.mark.parametrize("launcher, phase", [("mp", "importing"), ("mp", "building"), ("mp", "collecting"),
+                                             ("submitit", "importing"), ("submitit", "collecting")])
+def test_nodes_end_within_5_s_of_rank_0_killed(tmp_path, launcher, phase):
     marker = tmp_path / "building"
-    rank0 = _rank0(tmp_path, env=f"__import__('functools').partial(hanging_env, {str(marker)!r})"
-                   if phase == "building" else "counting5", launcher="mp")
+    env = f"__import__('functools').partial(hanging_env, {str(marker)!r})" if phase == "building" else "counting5"
+    kwargs = {"launcher": launcher}
+    if launcher == "submitit":  # local jobs: a controller process per job, the node its child
+        kwargs["slurm_kwargs"] = {"executor": "local", "folder": str(tmp_path / "jobs"), "timeout_min": 10}
+    rank0 = _rank0(tmp_path, env=env, **kwargs)
+    per_node = 1 if launcher == "mp" else 2
     nodes: list[int] = []
     try:
-        nodes = _wait_for(lambda: len(_children(rank0.pid)) == 2 and _children(rank0.pid), 60, "two node processes")
+        nodes = _wait_for(lambda: len(_descendants(rank0.pid)) >= 2 * per_node and _descendants(rank0.pid), 90,
+                          "the node processes")
         if phase == "building":
             _wait_for(marker.exists, 90, "a node building its env")
         elif phase == "collecting":
-            read_line(rank0, "COLLECTING", 120)
+            read_line(rank0, "COLLECTING", 150)
+        nodes = _descendants(rank0.pid)
         rank0.kill()
         rank0.wait()
         killed = time.monotonic()
-        assert not wait_gone(nodes, 5.0), f"nodes alive 5 s after rank 0 was killed while {phase}"
+        alive = wait_gone(nodes, 5.0)
+        assert not alive, f"{alive} of {nodes} alive 5 s after rank 0 ({launcher}) was killed while {phase}"
         assert time.monotonic() - killed <= 5.0
     finally:
         _reap(rank0, nodes)
