@@ -161,6 +161,9 @@ class DistributedConfig:
                 secret_from_env()
             except SecretError as err:
                 raise ValueError(str(err)) from None
+        elif launcher == "submitit_delayed":
+            raise ValueError("launcher='submitit_delayed' needs secret_file=PATH (the file given to "
+                             f"submit_nodes(secret_file=PATH)) or the secret in ${SECRET_ENV}")
         # -- failures ---------------------------------------------------------------------------------
         if on_node_failure not in NODE_FAILURE_POLICIES:
             raise ValueError(f"on_node_failure must be one of {NODE_FAILURE_POLICIES}, got {on_node_failure!r}")
