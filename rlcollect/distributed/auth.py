@@ -122,8 +122,15 @@ class DropLog:
         self.who = who
         self.counts: dict[tuple[str, str], int] = {}
 
+    #: Distinct (where, sender) pairs logged; beyond it (a forger claiming ever new ranks)
+    #: the rest share one line, so no forger can flood the log or grow this table.
+    MAX_SENDERS = 64
+
     def drop(self, where: str, sender: str, reason: str) -> None:
         key = (where, sender)
+        if key not in self.counts and len(self.counts) >= self.MAX_SENDERS:
+            key = ("*", "more senders")
+            sender = "any of many more senders"
         self.counts[key] = self.counts.get(key, 0) + 1
         if self.counts[key] == 1:
             logger.error("%s: dropped a message on %s claiming to come from %s: %s (further ones from this sender "

@@ -157,3 +157,18 @@ def test_weights_pack_and_unpack():
         transport.pack_weights({"0.weight": torch.zeros(2, 3)}, spec)
     with pytest.raises(ValueError, match="wrong shapes"):
         transport.pack_weights({**module.state_dict(), "0.bias": torch.zeros(5)}, spec)
+
+
+def test_drops_are_logged_once_per_sender_and_bounded(caplog):
+    import logging
+
+    from rlcollect.distributed.auth import DropLog
+
+    drops = DropLog("test")
+    with caplog.at_level(logging.ERROR, logger="rlcollect"):
+        for _ in range(3):
+            drops.drop("the inbox", "rank 1", "forged")
+        for rank in range(1000):  # a forger claiming ever new senders
+            drops.drop("the inbox", f"rank {rank + 2}", "forged")
+    assert drops.total == 1003
+    assert len(caplog.records) == DropLog.MAX_SENDERS + 1 and len(drops.counts) == DropLog.MAX_SENDERS + 1
