@@ -245,6 +245,7 @@ class Rollout:
         ``stop`` (preemption): a shared flag checked before each step; once it is set the
         remaining steps are marked invalid (traj id -1, ``("collector", "mask")`` False).
         """
+        self.env._arm_checks()
         if self.needs_reset:
             self.reset_all()
         env, runner, n_time = self.env, self.runner, self.time

@@ -11,7 +11,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlcollect.envs.base import ArraySpec, EnvBase, NestedKey, RandomActionBlocks
+from rlcollect.envs.base import ArraySpec, EnvBase, NestedKey, RandomActionBlocks, check_output
 
 
 def _box_dtype(dtype: np.dtype) -> np.dtype:
@@ -87,6 +87,46 @@ def _obs_writer(space: gym.Space, layout: dict[NestedKey, ArraySpec]) -> Callabl
     return write_nested
 
 
+def _obs_leaves(space: gym.Space, layout: dict[NestedKey, ArraySpec]) -> Callable:
+    """A function ``leaves(obs)`` listing ``(key, value)`` of one gym observation, in layout order
+    (a Dict or Tuple observation that lacks an entry gives ``None`` for it)."""
+    if not isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
+        (key,) = layout
+        return lambda obs: [(key, obs)]
+    paths: list[tuple] = []
+
+    def collect(sp: gym.Space, path: tuple) -> None:
+        if isinstance(sp, gym.spaces.Dict):
+            for name, sub in sp.spaces.items():
+                collect(sub, (*path, name))
+        elif isinstance(sp, gym.spaces.Tuple):
+            for i, sub in enumerate(sp.spaces):
+                collect(sub, (*path, i))
+        else:
+            paths.append(path)
+
+    collect(space, ())
+
+    def leaves(obs: Any) -> list:
+        out = []
+        for key, path in zip(layout, paths):
+            value = obs
+            for part in path:
+                try:
+                    value = value[part]
+                except (KeyError, IndexError, TypeError):
+                    value = None
+                    break
+            out.append((key, value))
+        return out
+
+    return leaves
+
+
+_REWARD = ArraySpec((), np.dtype(np.float32))
+_FLAG = ArraySpec((), np.dtype(np.bool_))
+
+
 class GymEnv(EnvBase):
     """A gymnasium environment (or ``num_envs`` copies of it, stepped in-process).
 
@@ -140,6 +180,7 @@ class GymEnv(EnvBase):
         self.obs_layout = _observation_layout(self.observation_space)
         self.action_layout = _leaf_spec(self.action_space, "action space")
         self._write_obs = _obs_writer(self.observation_space, self.obs_layout)
+        self._leaves = _obs_leaves(self.observation_space, self.obs_layout)
         self._scalar_actions = isinstance(self.action_space, gym.spaces.Discrete)
         self._random = RandomActionBlocks(self._draw)
         self._pending_seeds: list[int | None] = [None] * copies
@@ -152,9 +193,20 @@ class GymEnv(EnvBase):
             seed = self._pending_seeds[i]
             self._pending_seeds[i] = None
             obs, _ = self._envs[i].reset(seed=seed)
+            if self._check_reset:
+                self._check_obs(obs, "reset() observation")
             self._write_obs(obs, i, obs_out)
+        self._check_reset = False
+
+    def _check_obs(self, obs: Any, what: str) -> None:
+        layout = self.obs_layout
+        for key, value in self._leaves(obs):
+            check_output(self, what, key, value, layout[key])
 
     def _step_rows(self, action, obs_out, reward, terminated, truncated) -> None:
+        if self._check_step:
+            self._step_rows_checked(action, obs_out, reward, terminated, truncated)
+            return
         write = self._write_obs
         # Python ints for discrete actions: gymnasium's contains() checks them much faster.
         actions = action.tolist() if self._scalar_actions else action
@@ -164,6 +216,25 @@ class GymEnv(EnvBase):
             reward[i] = r
             terminated[i] = term
             truncated[i] = trunc
+
+    def _step_rows_checked(self, action, obs_out, reward, terminated, truncated) -> None:
+        """``_step_rows`` checking everything each copy returns against the layout."""
+        actions = action.tolist() if self._scalar_actions else action
+        for i, env in enumerate(self._envs):
+            result = env.step(actions[i])
+            if not isinstance(result, tuple) or len(result) != 5:
+                raise ValueError(f"{self!r}: step() must return (obs, reward, terminated, truncated, info), "
+                                 f"got {type(result).__name__} {result!r:.100}")
+            obs, r, term, trunc, _ = result
+            self._check_obs(obs, "step() observation")
+            check_output(self, "step() reward", "reward", r, _REWARD)
+            check_output(self, "step() flag", "terminated", term, _FLAG)
+            check_output(self, "step() flag", "truncated", trunc, _FLAG)
+            self._write_obs(obs, i, obs_out)
+            reward[i] = r
+            terminated[i] = term
+            truncated[i] = trunc
+        self._check_step = False
 
     def _sample_actions(self, out: np.ndarray) -> None:
         self._random.sample(out)
@@ -220,4 +291,5 @@ class GymEnv(EnvBase):
                 env.close()
 
     def __repr__(self) -> str:
-        return f"GymEnv({self.env_id!r}, batch_size={list(self.batch_size)})"
+        name = self.env_id if self.env_id is not None else type(self._envs[0].unwrapped).__name__
+        return f"GymEnv({name!r}, batch_size={list(self.batch_size)})"
