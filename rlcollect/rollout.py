@@ -222,9 +222,19 @@ class Rollout:
     def _check_action(self, got: ArraySpec) -> None:
         want = self.env.action_layout
         if got.shape != want.shape:
+            if want.shape == () and len(got.shape) == 1:
+                hint = ("the env takes an action index: turn logits or a one-hot vector into the index "
+                        "(argmax or sampling), or, for a gymnasium id, make the env with "
+                        "GymEnv(..., categorical_action_encoding=False) to take one-hot actions")
+            elif len(want.shape) == 1 and got.shape == ():
+                hint = (f"the env takes one-hot actions of {want.shape[0]} entries: one-hot encode the index "
+                        f"(torch.nn.functional.one_hot(index, {want.shape[0]})), or, for a gymnasium id, make the env "
+                        "with GymEnv(..., categorical_action_encoding=True) to take indices")
+            else:
+                hint = "make the policy's action match the env's action space"
             raise TypeError(
                 f"the policy's 'action' has shape {got.shape} per env row but the env expects {want.shape} "
-                f"(dtype {want.dtype}); e.g. turn logits into an index with argmax or sampling"
+                f"(dtype {want.dtype}); {hint}"
             )
         if np.issubdtype(want.dtype, np.integer) and not (
             np.issubdtype(got.dtype, np.integer) or got.dtype == _BOOL
