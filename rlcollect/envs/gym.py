@@ -189,7 +189,7 @@ class GymEnv(EnvBase):
         if env is None:
             env = make_kwargs.pop("env_name", None)
             if env is None:
-                raise TypeError("GymEnv: give the env (a gymnasium id, a gymnasium.Env or a callable)")
+                raise TypeError("GymEnv: env must be given (a gymnasium id, a gymnasium.Env or a callable), got None")
         if "device" in make_kwargs and torch.device(make_kwargs["device"]).type == "cpu":
             del make_kwargs["device"]  # what GymEnv does anyway
         refused = sorted(set(make_kwargs) & set(_TORCHRL_ONLY))
@@ -233,7 +233,8 @@ class GymEnv(EnvBase):
         first = self._envs[0]
         self.observation_space = first.observation_space
         self.action_space = first.action_space
-        self.obs_layout = _observation_layout(self.observation_space)
+        # a pixels-only env observes the frame alone: its key is "pixels", as in torchrl
+        self.obs_layout = _observation_layout(self.observation_space, ("pixels",) if from_pixels and pixels_only else ())
         self._one_hot = not categorical_action_encoding and isinstance(self.action_space, gym.spaces.Discrete)
         if self._one_hot:
             self.action_layout = ArraySpec((int(self.action_space.n),), np.dtype(np.int64))
