@@ -220,8 +220,8 @@ def _write_foreign(replay_buffer, batch: TensorDict, extend_buffer: bool, stacke
                 step = part[..., t]
                 if add is not None:
                     add(step)
-                else:
-                    replay_buffer.extend(step.unsqueeze(0))
+                else:  # a buffer with extend() only gets each step's rows
+                    replay_buffer.extend(step)
 
 
 def new_traj_ids(counter: int, count: int) -> tuple[np.ndarray, int]:
