@@ -168,10 +168,11 @@ def test_transformed_env_values_are_the_transforms():
 
 
 # -- recurrent policies: the carry is torchrl's, exactly -------------------------------------------
-def test_lstm_policy_hidden_states_equal_torchrls_collector_exactly():
-    env, policy = recurrent()
+@pytest.mark.parametrize("env_fn", [cartpole, serial_cartpole], ids=["GymEnv", "SerialEnv"])
+def test_lstm_policy_hidden_states_equal_torchrls_collector_exactly(env_fn):
+    env, policy = recurrent(env_fn)
     theirs = torchrl_batches(env, policy, n=3, seed=0)
-    env, policy = recurrent()
+    env, policy = recurrent(env_fn)
     ours = our_batches(env, policy, n=3, seed=0)
     for a, b in zip(theirs, ours):
         assert leaves(a) == leaves(b)
@@ -274,3 +275,15 @@ def test_multisync_with_a_batched_env_stores_env_rows_as_torchrl_does():
         c.shutdown()
     assert len(rb) == 4  # 2 workers x 2 env rows, each a 50-step row
     assert rb.sample(3).shape == (3, 50)
+
+
+# -- rlcollect.GymEnv against torchrl's GymEnv ----------------------------------------------------------
+@pytest.mark.parametrize("categorical", [True, False], ids=["index", "one-hot"])
+def test_our_gymenv_batches_have_torchrls_gymenv_layout(categorical):
+    from rlcollect import GymEnv as OurGymEnv
+
+    theirs = torchrl_batches(cartpole(categorical), None)[0]
+    ours = our_batches(OurGymEnv("CartPole-v1", categorical_action_encoding=categorical), None)[0]
+    assert leaves(ours) == leaves(theirs)
+    if not categorical:
+        assert ours["action"].sum(-1).eq(1).all()
