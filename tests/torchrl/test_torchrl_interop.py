@@ -7,6 +7,8 @@ Runs in the venv where torchrl is installed first and rlcollect second (``make t
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 # (torchrl.collectors, not torchrl: without torchrl installed, "torchrl" would import this very
@@ -45,6 +47,14 @@ from rlcollect import Collector, MultiSyncCollector  # noqa: E402
 pytestmark = pytest.mark.timeout(120)
 
 FRAMES = 100
+
+
+@pytest.fixture(autouse=True)
+def _collect_torchrl_buffers():
+    """torchrl's buffer storages hold multiprocessing ``Value`` locks (named semaphores in
+    /dev/shm) until they are garbage-collected: collect them before the leak check looks."""
+    yield
+    gc.collect()
 
 
 # -- envs and policies (module level: the multi-process tests send them to workers) --------------
@@ -287,3 +297,37 @@ def test_our_gymenv_batches_have_torchrls_gymenv_layout(categorical):
     assert leaves(ours) == leaves(theirs)
     if not categorical:
         assert ours["action"].sum(-1).eq(1).all()
+
+
+def test_slice_sampler_on_our_trajectory_ids():
+    from torchrl.data import SliceSampler
+
+    rb = ReplayBuffer(storage=LazyTensorStorage(1000), batch_size=40,
+                      sampler=SliceSampler(num_slices=4, traj_key=("collector", "traj_ids"), strict_length=True))
+    c = Collector(cartpole(), None, frames_per_batch=200, total_frames=400, replay_buffer=rb)
+    list(c)
+    c.shutdown()
+    sample = rb.sample()
+    ids = sample["collector", "traj_ids"].reshape(4, 10)
+    assert (ids == ids[:, :1]).all()  # each slice lies within one of our trajectories
+    steps = sample["observation"].reshape(4, 10, 4)
+    assert torch.equal(sample["next", "observation"].reshape(4, 10, 4)[:, :-1], steps[:, 1:])
+
+
+# -- weights reaching workers ---------------------------------------------------------------------------
+def test_updated_probabilistic_actor_weights_reach_multisync_workers():
+    actor = probabilistic_actor()
+    c = MultiSyncCollector([cartpole, cartpole], actor, frames_per_batch=40, total_frames=80)
+    try:
+        it = iter(c)
+        next(it)
+        with torch.no_grad():
+            for p in actor.parameters():
+                p.add_(1.0)
+        c.update_policy_weights_()
+        batch = next(it)
+    finally:
+        c.shutdown()
+    with torch.no_grad():
+        want = actor.module[0](batch.select("observation").clone())["logits"]
+    assert torch.allclose(batch["logits"], want, atol=1e-6)
