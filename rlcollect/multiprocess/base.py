@@ -320,9 +320,10 @@ class MultiCollectorBase(WeightSync, FreeRunning):
             self._pool.request(index, P.UPDATE_WEIGHTS, state, version)
 
     # -- delivery -------------------------------------------------------------------------------
-    def _deliver(self, batch: TensorDict) -> TensorDict | None:
+    def _deliver(self, batch: TensorDict, stacked_workers: bool = False) -> TensorDict | None:
         return deliver(batch, storing_device=self._storing_device, split_trajs=self.split_trajs,
-                       postproc=self.postproc, replay_buffer=self.replay_buffer, extend_buffer=self.extend_buffer)
+                       postproc=self.postproc, replay_buffer=self.replay_buffer, extend_buffer=self.extend_buffer,
+                       stacked_workers=stacked_workers)
 
     def __iter__(self) -> Iterator[TensorDict | None]:
         self._check_open()

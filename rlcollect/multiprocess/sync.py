@@ -81,7 +81,7 @@ class MultiSyncCollector(MultiCollectorBase):
             batch = self._gather(infos)
             self._last_batch_s = time.perf_counter() - started
         self._iter += 1
-        return self._deliver(batch)
+        return self._deliver(batch, stacked_workers=self.cat_results == "stack")
 
     def _account(self, infos: list[dict]) -> int:
         valid = sum(info["frames"] for info in infos)
