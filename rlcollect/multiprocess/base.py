@@ -24,7 +24,7 @@ from rlcollect.data import deliver
 from rlcollect.multiprocess import protocol as P
 from rlcollect.multiprocess.freerun import FreeRunning
 from rlcollect.multiprocess.weight_sync import WeightSync
-from rlcollect.multiprocess.pool import WorkerPool
+from rlcollect.multiprocess.pool import DEFAULT_START_TIMEOUT_S, WorkerPool
 from rlcollect.multiprocess.restart import RestartPolicy
 from rlcollect.multiprocess.shm import allocate_slot, slot_buffer
 from rlcollect.policy import as_exploration_type, has_weights
@@ -111,6 +111,7 @@ class MultiCollectorBase(WeightSync, FreeRunning):
         num_sub_threads: int = 1,
         mp_start_method: str = "spawn",
         worker_timeout: float | None = None,
+        start_timeout: float = DEFAULT_START_TIMEOUT_S,
         on_worker_failure: str = "raise",
         max_worker_restarts: int = 3,
         init_random_frames: int | None = None,
@@ -185,6 +186,11 @@ class MultiCollectorBase(WeightSync, FreeRunning):
                                            or worker_timeout <= 0):
             raise ValueError(f"worker_timeout must be a positive number of seconds or None, got {worker_timeout!r}")
         self.worker_timeout = None if worker_timeout is None else float(worker_timeout)
+        if isinstance(start_timeout, bool) or not isinstance(start_timeout, (int, float)) \
+                or not math.isfinite(start_timeout) or start_timeout <= 0:
+            raise ValueError(f"start_timeout must be a positive, finite number of seconds (default "
+                             f"{DEFAULT_START_TIMEOUT_S:g}), got {start_timeout!r}")
+        self.start_timeout = float(start_timeout)
         optional_positive_int("num_threads", num_threads)
         positive_int("num_sub_threads", num_sub_threads)
         self.collector_class = resolve_collector_class(collector_class)
@@ -262,7 +268,8 @@ class MultiCollectorBase(WeightSync, FreeRunning):
         self._last_batch_frames = 0
         self._iterator: Iterator | None = None
         try:
-            self._pool = WorkerPool(mp.get_context(mp_start_method), payloads, num_sub_threads, self.worker_timeout)
+            self._pool = WorkerPool(mp.get_context(mp_start_method), payloads, num_sub_threads, self.worker_timeout,
+                                    self.start_timeout)
         except BaseException:
             torch.set_num_threads(self._previous_threads)  # no shutdown() will run to restore it
             raise

@@ -20,7 +20,8 @@ from rlcollect.multiprocess.worker import worker_main
 
 logger = logging.getLogger("rlcollect")
 
-STARTUP_TIMEOUT_S = 300.0
+#: Default ``start_timeout``: "spawn" under load has been measured at 30-40 s for 2 workers.
+DEFAULT_START_TIMEOUT_S = 120.0
 _STARTUP_HINT = (
     " before it was ready. If the script that builds the collector runs it at import time, guard it with "
     "`if __name__ == '__main__':` (the 'spawn' start method imports the main module in every worker); the "
@@ -73,11 +74,14 @@ class WorkerPool:
         payloads: one cloudpickled worker spec per worker.
         num_sub_threads: torch threads in each worker.
         worker_timeout: seconds a worker may spend on one batch (None: no limit).
+        start_timeout: seconds a worker may take to build its collector and report ready.
     """
 
-    def __init__(self, context: Any, payloads: list[bytes], num_sub_threads: int, worker_timeout: float | None):
+    def __init__(self, context: Any, payloads: list[bytes], num_sub_threads: int, worker_timeout: float | None,
+                 start_timeout: float = DEFAULT_START_TIMEOUT_S):
         self.context = context
         self.worker_timeout = worker_timeout
+        self.start_timeout = start_timeout
         self.num_sub_threads = num_sub_threads
         self.handles: list[_Handle] = []
         self.closed = False
@@ -116,14 +120,26 @@ class WorkerPool:
         return len(self.handles)
 
     def _await_ready(self, handles: list[_Handle]) -> None:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        deadline = time.monotonic() + self.start_timeout
         waiting = {h.index for h in handles}
         while waiting:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise WorkerError(f"workers {sorted(waiting)} did not start within {STARTUP_TIMEOUT_S:.0f} s")
+                late = sorted(waiting)
+                for i in late:
+                    self.handles[i].hung = self.handles[i].failed = True  # killed at shutdown, not asked
+                who = f"worker {late[0]}" if len(late) == 1 else f"workers {late}"
+                raise WorkerError(
+                    f"{who} hung during start-up: not ready within start_timeout={self.start_timeout:g} s (the worker "
+                    "builds its env and policy then; a constructor that blocks is the usual cause). Raise "
+                    "start_timeout if start-up is legitimately slow", late[0], None)
             for handle in self._wait([self.handles[i] for i in sorted(waiting)], remaining):
-                kind, value = handle.conn.recv()
+                try:
+                    kind, value = handle.conn.recv()
+                except (EOFError, OSError) as err:
+                    handle.failed = True
+                    raise WorkerError(f"worker {handle.index} {_describe_death(handle)}{_STARTUP_HINT}",
+                                      handle.index, handle.process.exitcode) from err
                 if kind == P.ERROR:
                     handle.failed = True
                     raise P.unpack_exception(value, "start-up")
@@ -137,8 +153,15 @@ class WorkerPool:
         ready = wait([*by_conn, *by_sentinel], timeout)
         out = [by_conn[r] for r in ready if r in by_conn]
         for r in ready:
-            if r in by_sentinel and by_sentinel[r] not in out and not by_sentinel[r].conn.poll():
+            if r in by_sentinel and by_sentinel[r] not in out:
                 dead = by_sentinel[r]
+                if dead.conn.poll():
+                    # The process closes its file descriptors one by one as it dies, so the
+                    # sentinel can fire a moment before its pipe reads as closed. The pipe
+                    # holds a last reply or EOF now: reading it raises the WorkerError (or
+                    # delivers the reply) instead of reporting "nothing ready".
+                    out.append(dead)
+                    continue
                 dead.failed = True
                 hint = "" if dead.info else _STARTUP_HINT
                 raise WorkerError(f"worker {dead.index} {_describe_death(dead)}{hint}", dead.index, dead.process.exitcode)
