@@ -86,9 +86,12 @@ class WorkerPool:
         self.handles: list[_Handle] = []
         self.closed = False
         try:
+            # start_timeout counts from here: a fork server's or spawned interpreter's start-up
+            # is part of the wait a user sees.
+            deadline = time.monotonic() + start_timeout
             for index, payload in enumerate(payloads):
                 self.handles.append(self._spawn(index, payload))
-            self._await_ready(self.handles)
+            self._await_ready(self.handles, deadline)
         except BaseException:
             self.shutdown(timeout=2.0)
             raise
@@ -113,14 +116,14 @@ class WorkerPool:
         old.conn.close()
         with contextlib.suppress(ValueError):
             old.process.close()
+        deadline = time.monotonic() + self.start_timeout
         self.handles[index] = self._spawn(index, payload)
-        self._await_ready([self.handles[index]])
+        self._await_ready([self.handles[index]], deadline)
 
     def __len__(self) -> int:
         return len(self.handles)
 
-    def _await_ready(self, handles: list[_Handle]) -> None:
-        deadline = time.monotonic() + self.start_timeout
+    def _await_ready(self, handles: list[_Handle], deadline: float) -> None:
         waiting = {h.index for h in handles}
         while waiting:
             remaining = deadline - time.monotonic()
