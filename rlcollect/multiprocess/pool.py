@@ -16,6 +16,7 @@ from typing import Any
 
 from rlcollect.multiprocess import protocol as P
 from rlcollect.multiprocess.protocol import WorkerError
+from rlcollect.multiprocess.reaper import Reaper
 from rlcollect.multiprocess.worker import worker_main
 
 logger = logging.getLogger("rlcollect")
@@ -85,7 +86,9 @@ class WorkerPool:
         self.num_sub_threads = num_sub_threads
         self.handles: list[_Handle] = []
         self.closed = False
+        self.reaper = Reaper()  # before the first worker: it ends them if this process dies
         try:
+            self._watch_fork_server()
             # start_timeout counts from here: a fork server's or spawned interpreter's start-up
             # is part of the wait a user sees.
             deadline = time.monotonic() + start_timeout
@@ -96,6 +99,18 @@ class WorkerPool:
             self.shutdown(timeout=2.0)
             raise
 
+    def _watch_fork_server(self) -> None:
+        """With "forkserver", the server imports the main module before it serves (seconds) and
+        would finish that, and fork a worker, after this process died: the guard ends it too."""
+        if self.context.get_start_method() != "forkserver":
+            return
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+        server_pid = getattr(forkserver._forkserver, "_forkserver_pid", None)  # no public accessor
+        if server_pid:
+            self.reaper.watch(server_pid)
+
     def _spawn(self, index: int, payload: bytes) -> _Handle:
         parent_conn, child_conn = self.context.Pipe(duplex=True)
         process = self.context.Process(
@@ -104,8 +119,11 @@ class WorkerPool:
             name=f"rlcollect-worker-{index}",
             daemon=False,  # a worker may itself run a multi-process collector
         )
-        process.start()
-        child_conn.close()
+        try:
+            process.start()
+        finally:
+            child_conn.close()
+        self.reaper.watch(process.pid)
         return _Handle(index, process, parent_conn)
 
     def restart(self, index: int, payload: bytes) -> None:
@@ -113,6 +131,7 @@ class WorkerPool:
         killed if it still runs) and wait until it is ready."""
         old = self.handles[index]
         _stop_process(old.process)
+        self.reaper.forget(old.process.pid)
         old.conn.close()
         with contextlib.suppress(ValueError):
             old.process.close()
@@ -264,5 +283,7 @@ class WorkerPool:
                 handle.process.close()
             except ValueError:
                 logger.error("rlcollect: worker %d could not be reaped", handle.index)
+        # Clears what it watches (the fork server lives on for other pools) and exits.
+        self.reaper.close()
 
 
