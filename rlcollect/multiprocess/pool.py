@@ -9,6 +9,7 @@ import collections
 import contextlib
 import logging
 import os
+import signal
 import time
 from multiprocessing.connection import wait
 from typing import Any
@@ -28,6 +29,27 @@ _STARTUP_HINT = (
     "`if __name__ == '__main__':` (the 'spawn' start method imports the main module in every worker); the "
     "worker's own error, if any, is on stderr above"
 )
+
+
+@contextlib.contextmanager
+def _ctrl_c_deferred():
+    """Block SIGINT in this thread while starting a worker (or the fork server).
+
+    A child inherits the signal mask through fork and exec, so a worker starts with Ctrl-C
+    blocked and ignores it from the first line of ``worker_main``: Ctrl-C is the main process's
+    to handle (it shuts the workers down), and a worker still importing never prints a
+    KeyboardInterrupt traceback. Here it is only deferred: it arrives when the mask is restored.
+    """
+    from multiprocessing import resource_tracker
+
+    # Starting the resource tracker unblocks SIGINT in this thread when it is done: have it
+    # running (a no-op once it is) before blocking.
+    resource_tracker.ensure_running()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 class _Handle:
@@ -95,7 +117,10 @@ class WorkerPool:
             for index, payload in enumerate(payloads):
                 self.handles.append(self._spawn(index, payload))
             self._await_ready(self.handles, deadline)
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt):
+                for handle in self.handles:  # Ctrl-C: no worker is waited for, all are terminated now
+                    handle.hung = True
             self.shutdown(timeout=2.0)
             raise
 
@@ -106,7 +131,8 @@ class WorkerPool:
             return
         from multiprocessing import forkserver
 
-        forkserver.ensure_running()
+        with _ctrl_c_deferred():  # the server's forks inherit its mask
+            forkserver.ensure_running()
         server_pid = getattr(forkserver._forkserver, "_forkserver_pid", None)  # no public accessor
         if server_pid:
             self.reaper.watch(server_pid)
@@ -120,7 +146,8 @@ class WorkerPool:
             daemon=False,  # a worker may itself run a multi-process collector
         )
         try:
-            process.start()
+            with _ctrl_c_deferred():
+                process.start()
         finally:
             child_conn.close()
         self.reaper.watch(process.pid)
