@@ -26,7 +26,7 @@ from rlcollect.multiprocess.freerun import FreeRunning
 from rlcollect.multiprocess.weight_sync import WeightSync
 from rlcollect.multiprocess.pool import DEFAULT_START_TIMEOUT_S, WorkerPool
 from rlcollect.multiprocess.restart import RestartPolicy
-from rlcollect.multiprocess.shm import allocate_slot, slot_buffer
+from rlcollect.multiprocess.shm import allocate_slot, check_free_space, slot_buffer, slot_bytes
 from rlcollect.policy import as_exploration_type, has_weights
 from rlcollect.weights.schemes import validate_schemes
 
@@ -289,6 +289,10 @@ class MultiCollectorBase(WeightSync, FreeRunning):
         """Allocate every worker's shared batch slots and weight store and hand them over."""
         pool = self._pool
         self.layouts = [h.info["layout"] for h in pool.handles]
+        # Known only now (the workers report their layouts): check before allocating anything,
+        # rather than fail half-way (or have a write hit SIGBUS) on a full /dev/shm.
+        needed = sum(self._slots_per_worker * slot_bytes(layout) for layout in self.layouts)
+        check_free_space(needed, f"the batch slots of {self.num_workers} workers ({self._slots_per_worker} each)")
         self._slots = [[allocate_slot(layout) for _ in range(self._slots_per_worker)] for layout in self.layouts]
         self._buffers = [[slot_buffer(flat, layout) for flat in slots] for slots, layout in zip(self._slots, self.layouts)]
         self._stops = [torch.zeros(1, dtype=torch.uint8).share_memory_() for _ in range(self.num_workers)]
