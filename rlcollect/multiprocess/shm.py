@@ -59,7 +59,16 @@ def _full(needed: int, free: int | None, what: str) -> OSError:
 
 
 def check_free_space(needed: int, what: str) -> None:
-    """Raise ``OSError(ENOSPC)`` naming ``what`` if :data:`SHM_DIR` has less than ``needed`` bytes free."""
+    """Raise ``OSError(ENOSPC)`` naming ``what`` if :data:`SHM_DIR` has less than ``needed`` bytes free.
+
+    Example:
+        >>> check_free_space(64, "a tiny slot")  # fine: returns None
+        >>> try:
+        ...     check_free_space(1 << 62, "an absurd slot")
+        ... except OSError as err:
+        ...     print(err.errno == errno.ENOSPC, "an absurd slot" in str(err))
+        True True
+    """
     try:
         stat = os.statvfs(SHM_DIR)
     except OSError:
