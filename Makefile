@@ -18,7 +18,7 @@ $(PY):
 
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet '$(TORCH)'
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,atari,mujoco,envpool]'
 	touch $(STAMP)
 
 # pytest exits with 5 when it collects no test: that is not a failure of the suite.

@@ -21,6 +21,7 @@ _EXPORTS = {
     "DistributedCollector": "rlcollect.distributed.collector",
     "DistributedWeightSyncScheme": "rlcollect.weights.schemes",
     "EnvBase": "rlcollect.envs.base",
+    "EnvPoolEnv": "rlcollect.envs.envpool",
     "ExplorationType": "rlcollect.policy",
     "FaultyEnv": "rlcollect.envs.testing",
     "GymEnv": "rlcollect.envs.gym",
@@ -34,6 +35,7 @@ _EXPORTS = {
     "SerialEnv": "rlcollect.envs.serial",
     "SharedMemWeightSyncScheme": "rlcollect.weights.schemes",
     "SleepEnv": "rlcollect.envs.testing",
+    "VectorEnv": "rlcollect.envs.vector",
     "WeightSyncScheme": "rlcollect.weights.schemes",
     "WorkerError": "rlcollect.multiprocess.protocol",
     "current_worker_index": "rlcollect._context",
@@ -63,9 +65,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from rlcollect.data import split_trajectories
     from rlcollect.distributed.collector import DistributedCollector
     from rlcollect.envs.base import EnvBase
+    from rlcollect.envs.envpool import EnvPoolEnv
     from rlcollect.envs.gym import GymEnv
     from rlcollect.envs.serial import SerialEnv
     from rlcollect.envs.testing import BusyEnv, CountingEnv, FaultyEnv, InjectedFault, SleepEnv
+    from rlcollect.envs.vector import VectorEnv
     from rlcollect.multiprocess.asynchronous import MultiAsyncCollector
     from rlcollect.multiprocess.factory import MultiCollector
     from rlcollect.multiprocess.protocol import WorkerError

@@ -2,7 +2,7 @@
 
     rlcollect collect --env CartPole-v1 --frames 100000 --frames-per-batch 1000
     rlcollect bench [--seconds 3] [--only CartPole] [--json results.json]
-    rlcollect node --master-addr HOST --master-port PORT --rank R --world-size W
+    rlcollect node --master-addr HOST --master-port PORT --rank R --world-size W --secret-file PATH
 
 ``collect`` runs a collection with a progress bar (frames, frames/s) on stderr and prints a
 summary on stdout. ``bench`` runs the benchmark suite of ``bench/`` (a source checkout) and
@@ -106,8 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
         "node",
         help="run a distributed node for a DistributedCollector(launcher='external')",
         description="Join the DistributedCollector at --master-addr:--master-port as node --rank and collect what it "
-        "asks for. The node runs the code that collector sends it: only join a collector you trust. torchrun's "
-        "MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE stand in for missing options.",
+        "asks for. The node runs the code that collector sends it, once authenticated with the run's secret "
+        "(--secret-file, the file rank 0 was given as secret_file, or $RLCOLLECT_SECRET): only join a collector you "
+        "trust. torchrun's MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE stand in for missing options. The node "
+        "exits when rank 0 dies, or has not beaten for --rank0-timeout seconds.",
     )
     from rlcollect.distributed.node import add_arguments
 

@@ -3,7 +3,10 @@
 After each test we check that it left behind
 - no live child process (descendants of this process, given ~3 s to exit; zombies are reaped),
 - no new entry in /dev/shm (torch's ``torch_*`` files, multiprocessing's ``psm_*`` and
-  ``sem.*``; given a short grace period),
+  ``sem.*``, replay-buffer directories; given a short grace period) that this process's tree
+  made: /dev/shm is the whole machine's, so an entry counts only if this process created it or
+  a process of its tree held it, by inode (``ShmTracker``); another program's entries are never
+  reported nor removed,
 - no more than ``FD_SLACK`` extra open file descriptors (re-measured after a garbage
   collection and a short wait, so that only growth that persists counts).
 
@@ -20,8 +23,10 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -36,6 +41,8 @@ CHILD_GRACE_S = 3.0
 SHM_GRACE_S = 2.0
 FD_GRACE_S = 0.5
 SHM_DIR = "/dev/shm"
+SHM_POLL_S = 0.05  # how often new /dev/shm entries are attributed to their holders
+SHM_UNCLAIMED_S = 5.0  # a new entry nobody of ours held for this long is someone else's
 # Long-lived helpers that multiprocessing and torch start on first use and keep for the
 # whole interpreter: they are not leaks of the test that happened to start them.
 HELPER_CMDLINE_MARKERS = ("resource_tracker", "forkserver", "torch_shm_manager")
@@ -153,42 +160,223 @@ def shm_entries() -> set[str]:
         return set()
 
 
+def _shm_inodes(names=None) -> dict[str, tuple[int, int]]:
+    """``{name: (st_dev, st_ino)}`` of the /dev/shm entries (all, or those of ``names`` that exist)."""
+    found: dict[str, tuple[int, int]] = {}
+    for name in shm_entries() if names is None else names:
+        try:
+            st = os.stat(os.path.join(SHM_DIR, name), follow_symlinks=False)
+        except OSError:
+            continue
+        found[name] = (st.st_dev, st.st_ino)
+    return found
+
+
 def _shm_is_foreign(name: str, ours: set[int]) -> bool:
     """True if ``name`` is a torch file of another live process (say, a concurrent test run);
     cheap enough to poll, unlike ``shm_holders``.
 
     torch names its files ``torch_<pid>_<random>_<counter>``; other names carry no owner.
     """
+    pid = _torch_creator(name)
+    return pid is not None and pid not in ours and os.path.exists(f"/proc/{pid}")
+
+
+def _torch_creator(name: str) -> int | None:
     parts = name.split("_")
     if len(parts) < 3 or parts[0] != "torch" or not parts[1].isdigit():
-        return False
-    pid = int(parts[1])
-    return pid not in ours and os.path.exists(f"/proc/{pid}")
+        return None
+    return int(parts[1])
+
+
+def _top_inode(path: str, cache: dict[str, tuple[int, int] | None]) -> tuple[int, int] | None:
+    """The inode of the /dev/shm entry that contains ``path`` (a directory such as a replay
+    buffer's, whose files are what is mapped), or None for a top-level file or a vanished one."""
+    rest = path[len(SHM_DIR) + 1 :]
+    if "/" not in rest:
+        return None
+    top = os.path.join(SHM_DIR, rest.split("/", 1)[0])
+    if top not in cache:
+        try:
+            st = os.stat(top, follow_symlinks=False)
+            cache[top] = (st.st_dev, st.st_ino)
+        except OSError:
+            cache[top] = None
+    return cache[top]
+
+
+def held_inodes(pid: int) -> set[tuple[int, int]]:
+    """``(st_dev, st_ino)`` of every /dev/shm entry that ``pid`` maps or has open (for a file
+    inside a directory there, the directory's too).
+
+    By inode, not by name: glibc's ``sem_open`` maps a temporary file and then links it to
+    the semaphore's name, so /proc/PID/maps names ``sem.XXXXXX (deleted)``, not
+    ``sem.mp-...``. Empty when ``pid`` is gone or not ours to read.
+    """
+    held: set[tuple[int, int]] = set()
+    tops: dict[str, tuple[int, int] | None] = {}
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            maps = f.read()
+    except OSError:
+        return held
+    marker = SHM_DIR.encode() + b"/"
+    if marker in maps:
+        for line in maps.splitlines():
+            if marker not in line:
+                continue
+            fields = line.split(maxsplit=5)
+            if len(fields) < 6:
+                continue
+            major, _, minor = fields[3].partition(b":")
+            try:
+                held.add((os.makedev(int(major, 16), int(minor, 16)), int(fields[4])))
+            except ValueError:
+                continue
+            top = _top_inode(fields[5].decode(errors="replace").removesuffix(" (deleted)"), tops)
+            if top is not None:
+                held.add(top)
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return held
+    for fd in fds:
+        link = f"/proc/{pid}/fd/{fd}"
+        try:
+            target = os.readlink(link)
+            if not target.startswith(SHM_DIR + "/"):
+                continue
+            st = os.stat(link)
+        except OSError:
+            continue
+        held.add((st.st_dev, st.st_ino))
+        top = _top_inode(target.removesuffix(" (deleted)"), tops)
+        if top is not None:
+            held.add(top)
+    return held
 
 
 def shm_holders(names: set[str]) -> dict[str, set[int]]:
-    """``{name: pids}`` of the processes that have each /dev/shm entry open or mapped."""
-    paths = {os.path.join(SHM_DIR, name): name for name in names}
+    """``{name: pids}`` of the processes (whose /proc we may read) that have each /dev/shm entry
+    open or mapped, matched by inode."""
+    inodes = _shm_inodes(names)
+    by_inode: dict[tuple[int, int], str] = {ino: name for name, ino in inodes.items()}
     holders: dict[str, set[int]] = {name: set() for name in names}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        pid = int(entry)
-        try:
-            with open(f"/proc/{pid}/maps", "rb") as f:
-                maps = f.read().decode(errors="replace")
-            fd_targets = set()
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                try:
-                    fd_targets.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
-                except OSError:
-                    continue
-        except OSError:
-            continue  # gone, or not ours to read
-        for path, name in paths.items():
-            if path in fd_targets or path in maps:
-                holders[name].add(pid)
+        if entry.isdigit():
+            for ino in held_inodes(int(entry)) & by_inode.keys():
+                holders[by_inode[ino]].add(int(entry))
     return holders
+
+
+class ShmTracker:
+    """Which /dev/shm entries this process's tree made, told apart from everyone else's.
+
+    /dev/shm is shared with every process on the machine (another test run, any program using
+    multiprocessing): an entry is this tree's only if
+    - this process created it (an ``open``/``os.open`` for writing, seen by an audit hook), or
+    - a process of this tree had it open or mapped, matched by inode (``held_inodes``), seen by
+      a poll every ``SHM_POLL_S`` while the entry was new and unclaimed, and once more at each
+      check, or
+    - it is a torch file (``torch_<pid>_...``) whose creator pid was seen in this tree.
+    Everything else is never reported nor removed. The blind spot: a child process that writes
+    a plain file into /dev/shm and closes it within one poll, without mapping it.
+    """
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.created: set[str] = set()  # names this process opened for writing (audit hook)
+        self.claimed: dict[str, tuple[int, int]] = {}  # name -> inode held by our tree
+        self.tree_pids: set[int] = {self.pid}  # every pid seen in our tree
+        self._first_seen: dict[str, float] = {}  # unclaimed new entries -> when first seen
+        self._known = _shm_inodes()  # entries older than the tracker: never ours
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- creator: this very process ------------------------------------------------------------
+    def _audit(self, event: str, args: tuple) -> None:
+        # Runs in every process forked from this one too, and may run while the poll holds its
+        # lock: no lock here, only an atomic set.add in the tracker's own process.
+        if event not in ("open", "os.mkdir") or os.getpid() != self.pid or not args:
+            return
+        path = os.fspath(args[0]) if isinstance(args[0], (str, os.PathLike)) else None
+        if not isinstance(path, str) or not path.startswith(SHM_DIR + "/"):
+            return
+        mode, flags = (tuple(args[1:]) + (None, None))[:2]
+        writing = event == "os.mkdir" or (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+            isinstance(flags, int) and flags & (os.O_CREAT | os.O_WRONLY | os.O_RDWR)
+        )
+        if writing:
+            self.created.add(path[len(SHM_DIR) + 1 :].split("/", 1)[0])
+
+    # -- holders: the whole tree ---------------------------------------------------------------
+    def poll(self) -> None:
+        """Claim the new entries that a process of our tree holds now."""
+        with self._lock:
+            now = time.monotonic()
+            present = _shm_inodes()
+            pending = {
+                name: ino
+                for name, ino in present.items()
+                if self._known.get(name) != ino and self.claimed.get(name) != ino and name not in self.created
+            }
+            for name in list(self._first_seen):
+                if name not in pending:
+                    del self._first_seen[name]
+            # An entry unclaimed for long is someone else's: stop paying to look at it.
+            pending = {n: i for n, i in pending.items() if now - self._first_seen.setdefault(n, now) < SHM_UNCLAIMED_S}
+            if not pending:
+                return
+            tree = {self.pid, *descendants(self.pid)}
+            self.tree_pids |= tree
+            held: set[tuple[int, int]] = set()
+            for pid in tree:
+                held |= held_inodes(pid)
+            for name, ino in pending.items():
+                if ino in held or _torch_creator(name) in self.tree_pids:
+                    self.claimed[name] = ino
+                    self._first_seen.pop(name, None)
+
+    def ours(self, names: set[str]) -> set[str]:
+        """Those of ``names`` (present entries) that this tree made."""
+        self.poll()
+        inodes = _shm_inodes(names)
+        with self._lock:
+            return {
+                name
+                for name, ino in inodes.items()
+                if name in self.created or self.claimed.get(name) == ino or _torch_creator(name) in self.tree_pids
+            }
+
+    def _run(self) -> None:
+        while not self._stop.wait(SHM_POLL_S):
+            try:
+                self.poll()
+            except Exception:  # noqa: BLE001 - a racing /proc read must not end the tracking
+                pass
+
+    def start(self) -> ShmTracker:
+        sys.addaudithook(self._audit)
+        self._thread = threading.Thread(target=self._run, name="leak-check-shm", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
+_TRACKER: ShmTracker | None = None
+
+
+def shm_tracker() -> ShmTracker:
+    """The process-wide tracker, started on first use (audit hooks cannot be removed: one only)."""
+    global _TRACKER
+    if _TRACKER is None or _TRACKER.pid != os.getpid():
+        _TRACKER = ShmTracker().start()
+    return _TRACKER
 
 
 def open_fds() -> dict[int, str]:
@@ -269,9 +457,11 @@ def find_leaks(
     leaks.children = {pid: _cmdline(pid) for pid in new_children()}
 
     ours = {os.getpid(), *descendants()}
+    tracker = shm_tracker()
 
     def new_shm() -> set[str]:
-        return {n for n in shm_entries() - before.shm if not _shm_is_foreign(n, ours)}
+        # Only what this tree made (see ShmTracker): /dev/shm is the whole machine's.
+        return tracker.ours(shm_entries() - before.shm)
 
     # Dropping the last reference to a shared tensor is what unlinks its file.
     if new_shm():
@@ -279,9 +469,8 @@ def find_leaks(
     _wait_until(lambda: not new_shm(), shm_grace)
     leaks.shm = new_shm()
     if leaks.shm:
-        # /dev/shm is shared with every process on the machine (another test run, say): an
-        # entry that only processes outside our tree hold is theirs. One nobody holds is
-        # counted as ours, since nothing tells whose it was.
+        # Ours, but held now only by processes outside our tree (a daemon that double-forked
+        # away, say): theirs to clean up.
         for name, pids in shm_holders(leaks.shm).items():
             if pids and not pids & ours:
                 leaks.shm.discard(name)
@@ -312,17 +501,20 @@ def kill_children(pids) -> None:
 
 
 def remove_shm(names) -> None:
-    """Unlink leaked /dev/shm entries (after they were reported), except those that another
-    process (outside this one's tree) holds or owns by now: /dev/shm is shared with every
-    process on the machine, and an entry nobody held a moment ago may be one that a concurrent
-    run has just created and not yet mapped."""
+    """Unlink leaked /dev/shm entries (after they were reported), but only those this tree
+    made (``ShmTracker``, same inode) and that no process outside this tree holds by now:
+    /dev/shm is shared with every process on the machine."""
     ours = {os.getpid(), *descendants()}
-    names = {n for n in names if not _shm_is_foreign(n, ours)}
+    names = shm_tracker().ours(set(names))
     for name, pids in shm_holders(names).items():
         if pids - ours:
             continue
+        path = os.path.join(SHM_DIR, name)
         try:
-            os.unlink(os.path.join(SHM_DIR, name))
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.unlink(path)
         except OSError:
             pass
 
@@ -365,6 +557,7 @@ def _session_leak_check():
     if not _enabled():
         yield None
         return
+    shm_tracker()  # from the first test on: what the tree holds is attributed as it appears
     before = Snapshot.take()
     allowance = _SessionAllowance()
     yield allowance

@@ -268,3 +268,81 @@ def test_remove_shm_spares_an_entry_another_process_holds(leak_checker, tmp_path
     leak_checker._wait_until(lambda: not leak_checker.shm_holders({name})[name], 10.0)
     leak_checker.remove_shm({name})
     assert not os.path.exists(path)  # nobody holds it now: removed
+
+
+@pytest.mark.timeout(60)
+def test_a_semaphore_is_found_by_its_inode(leak_checker):
+    """glibc maps a semaphore under a temporary name (``sem.XXXXXX (deleted)`` in
+    /proc/PID/maps) before linking it as ``sem.mp-...``: only the inode ties the two."""
+    sem = multiprocessing.get_context("spawn").Semaphore(1)  # spawn: the name stays while alive
+    name = "sem." + sem._semlock.name.lstrip("/")
+    try:
+        assert os.path.exists(os.path.join(leak_checker.SHM_DIR, name))
+        assert os.getpid() in leak_checker.shm_holders({name})[name]
+    finally:
+        del sem
+
+
+def _foreign_process(code: str, tmp_path) -> None:
+    """Run ``code`` in a process outside this one's tree (a double fork: it waits until its
+    parent has exited) and wait for it to finish."""
+    done = tmp_path / "done"
+    script = textwrap.dedent(f"""
+        import os, time
+        if os.fork() == 0:
+            parent = os.getppid()
+            os.setsid()
+            while os.getppid() == parent:
+                time.sleep(0.01)
+        """) + textwrap.indent(textwrap.dedent(code), "    ") + f"    open({str(done)!r}, 'w').close()\n"
+    subprocess.run([sys.executable, "-c", script], check=True)
+    leak_checker_wait = time.monotonic() + 20
+    while not done.exists() and time.monotonic() < leak_checker_wait:
+        time.sleep(0.02)
+    assert done.exists()
+
+
+@pytest.mark.timeout(60)
+def test_an_entry_another_process_left_unheld_is_neither_reported_nor_removed(leak_checker, tmp_path):
+    """On a busy machine another program's entry may exist, held by nobody, at our check:
+    nothing ties it to this tree, so it is not ours to report or to unlink."""
+    name = f"rlcollect-leakcheck-other-{os.getpid()}"
+    path = os.path.join(leak_checker.SHM_DIR, name)
+    before = leak_checker.Snapshot.take()
+    _foreign_process(f"open({path!r}, 'wb').close()\n", tmp_path)
+    try:
+        assert os.path.exists(path)
+        assert leak_checker.shm_holders({name})[name] == set()
+        assert leak_checker.find_leaks(before, shm_grace=0.1).shm == set()
+        leak_checker.remove_shm({name})
+        assert os.path.exists(path)
+    finally:
+        os.unlink(path)
+
+
+@pytest.mark.timeout(60)
+def test_an_entry_a_killed_child_held_is_reported_and_removed(leak_checker):
+    """The leak that matters: a child of ours maps an entry and dies without removing it; once
+    nobody holds it, the inode it held still ties it to this tree."""
+    name = f"rlcollect-leakcheck-killed-{os.getpid()}"
+    path = os.path.join(leak_checker.SHM_DIR, name)
+    before = leak_checker.Snapshot.take()
+    code = (
+        "import mmap, sys, time\n"
+        "f = open(sys.argv[1], 'w+b'); f.truncate(4096); m = mmap.mmap(f.fileno(), 4096)\n"
+        "print('ready', flush=True); time.sleep(60)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code, path], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "ready\n"
+        time.sleep(5 * leak_checker.SHM_POLL_S)  # a few polls while it is held
+        child.kill()
+        child.wait()
+        leaks = leak_checker.find_leaks(before, shm_grace=0.1)
+        assert leaks.shm == {name}
+        leak_checker.remove_shm(leaks.shm)
+        assert not os.path.exists(path)
+    finally:
+        child.stdout.close()
+        if os.path.exists(path):
+            os.unlink(path)

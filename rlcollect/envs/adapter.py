@@ -142,6 +142,10 @@ def as_env(env: Any) -> EnvBase:
         return env
     if isinstance(env, str):
         return GymEnv(env)
+    if isinstance(env, gym.vector.VectorEnv):  # before gym.Env: an EnvPool pool is both
+        from rlcollect.envs.vector import wrap_vector_env
+
+        return wrap_vector_env(env)
     if isinstance(env, gym.Env):
         return GymEnv(env)
     return TensorDictEnvAdapter(env)
