@@ -10,6 +10,7 @@ import contextlib
 import logging
 import os
 import signal
+import threading
 import time
 from multiprocessing.connection import wait
 from typing import Any
@@ -33,23 +34,37 @@ _STARTUP_HINT = (
 
 @contextlib.contextmanager
 def _ctrl_c_deferred():
-    """Block SIGINT in this thread while starting a worker (or the fork server).
+    """Hold Ctrl-C back while starting a worker (or the fork server).
 
-    A child inherits the signal mask through fork and exec, so a worker starts with Ctrl-C
-    blocked and ignores it from the first line of ``worker_main``: Ctrl-C is the main process's
-    to handle (it shuts the workers down), and a worker still importing never prints a
-    KeyboardInterrupt traceback. Here it is only deferred: it arrives when the mask is restored.
+    A child inherits the signal mask through fork and exec, so with SIGINT blocked here a worker
+    starts with Ctrl-C blocked and ignores it from the first line of ``worker_main``: Ctrl-C is
+    the main process's to handle (it shuts the workers down), and a worker still importing never
+    prints a KeyboardInterrupt traceback. In the main thread the KeyboardInterrupt itself is
+    also held back until the worker is started and known to the pool (other threads may take
+    the signal despite the mask), then raised: a start cut in the middle would leave a worker
+    that nobody shuts down.
     """
     from multiprocessing import resource_tracker
 
     # Starting the resource tracker unblocks SIGINT in this thread when it is done: have it
     # running (a no-op once it is) before blocking.
     resource_tracker.ensure_running()
+    held: list = []
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler):
+            previous = handler
+            signal.signal(signal.SIGINT, lambda signum, frame: held.append(frame))
     old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+            if held:
+                previous(signal.SIGINT, held[0])
 
 
 class _Handle:
@@ -115,12 +130,13 @@ class WorkerPool:
             # is part of the wait a user sees.
             deadline = time.monotonic() + start_timeout
             for index, payload in enumerate(payloads):
-                self.handles.append(self._spawn(index, payload))
+                self._spawn(index, payload)
             self._await_ready(self.handles, deadline)
         except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt):
                 for handle in self.handles:  # Ctrl-C: no worker is waited for, all are terminated now
                     handle.hung = True
+                self._stop_own_fork_server()
             self.shutdown(timeout=2.0)
             raise
 
@@ -131,13 +147,30 @@ class WorkerPool:
             return
         from multiprocessing import forkserver
 
+        before = getattr(forkserver._forkserver, "_forkserver_pid", None)  # no public accessor
         with _ctrl_c_deferred():  # the server's forks inherit its mask
             forkserver.ensure_running()
-        server_pid = getattr(forkserver._forkserver, "_forkserver_pid", None)  # no public accessor
+        server_pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
         if server_pid:
             self.reaper.watch(server_pid)
+            if server_pid != before:
+                self._own_fork_server = server_pid
 
-    def _spawn(self, index: int, payload: bytes) -> _Handle:
+    def _stop_own_fork_server(self) -> None:
+        """After Ctrl-C during start-up: a fork server this pool launched may still be importing
+        the main module (seconds) and only then notice that the main process is gone; end it now.
+        multiprocessing launches a new one for the next pool that needs it."""
+        pid = getattr(self, "_own_fork_server", None)
+        if pid:
+            try:
+                os.kill(pid, signal.SIGKILL)  # left unreaped: multiprocessing reaps it when relaunching
+            except OSError:
+                pass
+
+    def _spawn(self, index: int, payload: bytes) -> None:
+        """Start worker ``index`` and put its handle in ``self.handles`` (appended, or replacing
+        the old one), so that shutdown() always knows it, even if a Ctrl-C deferred during the
+        start is raised the moment the mask is restored."""
         parent_conn, child_conn = self.context.Pipe(duplex=True)
         process = self.context.Process(
             target=worker_main,
@@ -145,13 +178,17 @@ class WorkerPool:
             name=f"rlcollect-worker-{index}",
             daemon=False,  # a worker may itself run a multi-process collector
         )
-        try:
-            with _ctrl_c_deferred():
+        with _ctrl_c_deferred():
+            try:
                 process.start()
-        finally:
-            child_conn.close()
-        self.reaper.watch(process.pid)
-        return _Handle(index, process, parent_conn)
+            finally:
+                child_conn.close()
+            self.reaper.watch(process.pid)
+            handle = _Handle(index, process, parent_conn)
+            if index < len(self.handles):
+                self.handles[index] = handle
+            else:
+                self.handles.append(handle)
 
     def restart(self, index: int, payload: bytes) -> None:
         """Replace worker ``index`` by a new process built from ``payload`` (the old one is
@@ -163,7 +200,7 @@ class WorkerPool:
         with contextlib.suppress(ValueError):
             old.process.close()
         deadline = time.monotonic() + self.start_timeout
-        self.handles[index] = self._spawn(index, payload)
+        self._spawn(index, payload)
         self._await_ready([self.handles[index]], deadline)
 
     def __len__(self) -> int:

@@ -72,9 +72,11 @@ def worker_main(index: int, payload: bytes, conn: Any, parent_pid: int, num_thre
             pass  # the main process is already gone or has given up on this worker
         conn.close()
         _exit_now()
-    conn.send((P.READY, worker.describe()))
     try:
+        conn.send((P.READY, worker.describe()))
         worker.serve()
+    except OSError:
+        pass  # the main process closed this worker's pipe: it gave up on it, or is gone
     finally:
         worker.close()
         conn.close()
