@@ -4,6 +4,7 @@ with 2 workers measured in the same run, and, with ``--torchrl-python PATH``, ag
 ``DistributedCollector`` (launcher "mp", run by that interpreter: bench/distributed_torchrl.py).
 
     python -m bench.distributed [--seconds 8] [--rounds 2] [--torchrl-python /path/to/python]
+    python -m bench.distributed --auth-cost      # the control plane's HMAC, per message
 
 Each round builds every collector afresh (the nodes and workers start in seconds), warms it up,
 then counts the frames of whole batches for ``--seconds``; the best round counts (the machine
@@ -86,6 +87,30 @@ def torchrl_rate(python: str, mode: str, policy: str, seconds: float) -> float |
     return json.loads(lines[-1])["fps"]
 
 
+def auth_cost(repeats: int = 20000) -> dict[str, float]:
+    """Microseconds to sign and to check-and-parse one control message: a batch notice (what
+    every batch costs) and a command with a 1 MB payload (a ``load_state_dict``)."""
+    from rlcollect.distributed import protocol as P
+    from rlcollect.distributed.auth import Keys, new_secret
+
+    keys = Keys(new_secret())
+    out = {}
+    for name, payload, fields, n in (
+            ("ready notice", b"", dict(seq=1, slot=0, frames=1000, version=3, seconds=0.01), repeats),
+            ("1 MB command", os.urandom(1 << 20), dict(id=1, name="load_state_dict", args={}), max(20, repeats // 200))):
+        kind = "ready" if "seq" in fields else "command"
+        start = time.perf_counter()
+        for i in range(n):
+            data = P.encode(kind, 1, keys.to_rank0, "t" * 32, i + 1, payload, to=0, **fields)
+        signed = time.perf_counter() - start
+        start = time.perf_counter()
+        for _ in range(n):
+            P.decode(data, keys.to_rank0, kinds=(kind,), to=0, ranks=range(1, 3))
+        checked = time.perf_counter() - start
+        out[name] = {"sign_us": signed / n * 1e6, "check_us": checked / n * 1e6}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.distributed", description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=8.0, help="measured seconds per collector and round")
@@ -93,7 +118,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policy", choices=("random", "mlp", "both"), default="both")
     parser.add_argument("--torchrl-python", default=None, help="a torchrl installation's python, to compare")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the results to this JSON file")
+    parser.add_argument("--auth-cost", action="store_true", help="only time the control plane's HMAC per message")
     args = parser.parse_args(argv)
+    if args.auth_cost:
+        costs = auth_cost()
+        print("| message | sign (us) | check + parse (us) |")
+        print("|---|---:|---:|")
+        for name, c in costs.items():
+            print(f"| {name} | {c['sign_us']:.1f} | {c['check_us']:.1f} |")
+        return 0
     torch.set_num_threads(1)
     policies = ("random", "mlp") if args.policy == "both" else (args.policy,)
     results = []

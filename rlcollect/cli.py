@@ -2,7 +2,7 @@
 
     rlcollect collect --env CartPole-v1 --frames 100000 --frames-per-batch 1000
     rlcollect bench [--seconds 3] [--only CartPole] [--json results.json]
-    rlcollect node --master-addr HOST --master-port PORT --rank R --world-size W
+    rlcollect node --master-addr HOST --master-port PORT --rank R --world-size W --secret-file PATH
 
 ``collect`` runs a collection with a progress bar (frames, frames/s) on stderr and prints a
 summary on stdout. ``bench`` runs the benchmark suite of ``bench/`` (a source checkout) and
@@ -106,8 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
         "node",
         help="run a distributed node for a DistributedCollector(launcher='external')",
         description="Join the DistributedCollector at --master-addr:--master-port as node --rank and collect what it "
-        "asks for. The node runs the code that collector sends it: only join a collector you trust. torchrun's "
-        "MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE stand in for missing options.",
+        "asks for. The node runs the code that collector sends it, once authenticated with the run's secret "
+        "(--secret-file, the file rank 0 was given as secret_file, or $RLCOLLECT_SECRET): only join a collector you "
+        "trust. torchrun's MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE stand in for missing options. The node "
+        "exits when rank 0 dies, or has not beaten for --rank0-timeout seconds.",
     )
     from rlcollect.distributed.node import add_arguments
 
@@ -294,6 +296,9 @@ def run_bench(bench_args: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``rlcollect`` command; returns its exit code (130 after Ctrl-C). Called without
+    ``argv`` (as the installed command is), an interrupted run exits at once with 130."""
+    run_as_program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:
@@ -307,6 +312,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.exit(2, f"{PROG}: error: {exc}\n")
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
+        if run_as_program:
+            # Everything the run started has been shut down by now; the interpreter's teardown
+            # (seconds with torch loaded, on a busy machine) is all that is left: skip it.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(130)
         return 130
 
 

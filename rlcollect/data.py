@@ -156,10 +156,18 @@ def deliver(
     postproc=None,
     replay_buffer=None,
     extend_buffer: bool = True,
+    stacked_workers: bool = False,
 ) -> TensorDict | None:
     """What every collector does to a finished batch: move it to ``storing_device``, split it
     into trajectories, apply ``postproc``, and either return it or write it into
-    ``replay_buffer`` (whole, or one time step at a time) and return None."""
+    ``replay_buffer`` and return None.
+
+    ``stacked_workers``: dim 0 of ``batch`` stacks the batches of several workers. A foreign
+    buffer (a torchrl ``ReplayBuffer``) is written as torchrl's collectors write it: each
+    worker's batch ``(*env_batch, T)`` is ``extend``-ed on its own (so an unbatched env's frames
+    are the buffer's items), or with ``extend_buffer=False`` each time step ``(*env_batch,)`` is
+    ``add``-ed as one item. rlcollect's own ``ReplayBuffer`` stores frames either way.
+    """
     if storing_device is not None:
         import torch as _torch
 
@@ -171,12 +179,49 @@ def deliver(
         batch = postproc(batch)
     if replay_buffer is None:
         return batch
-    if extend_buffer:
+    if not _is_own_buffer(replay_buffer):
+        _write_foreign(replay_buffer, batch, extend_buffer, stacked_workers and not split_trajs)
+    elif extend_buffer:
         replay_buffer.extend(batch)
     else:
         for t in range(batch.shape[-1]):
             replay_buffer.extend(batch[..., t])
     return None
+
+
+def _is_own_buffer(replay_buffer) -> bool:
+    from rlcollect.buffers import ReplayBuffer
+
+    return isinstance(replay_buffer, ReplayBuffer)
+
+
+def _valid_steps(part: TensorDict) -> TensorDict:
+    """``part`` without the time steps a preempted worker did not fill."""
+    if MASK not in part.keys(include_nested=True):
+        return part
+    steps = int(part.get(MASK).reshape(-1, part.shape[-1])[0].sum())
+    part = part.exclude(MASK)
+    return part if steps == part.shape[-1] else part[..., :steps]
+
+
+def _write_foreign(replay_buffer, batch: TensorDict, extend_buffer: bool, stacked_workers: bool) -> None:
+    parts = batch.unbind(0) if stacked_workers else (batch,)
+    for part in parts:
+        if stacked_workers:
+            part = _valid_steps(part)
+        if part.shape[-1] == 0:
+            continue
+        if extend_buffer:
+            part.names = None  # as torchrl's workers hand them over
+            replay_buffer.extend(part)
+        else:
+            add = getattr(replay_buffer, "add", None)
+            for t in range(part.shape[-1]):
+                step = part[..., t]
+                if add is not None:
+                    add(step)
+                else:  # a buffer with extend() only gets each step's rows
+                    replay_buffer.extend(step)
 
 
 def new_traj_ids(counter: int, count: int) -> tuple[np.ndarray, int]:

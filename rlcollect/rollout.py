@@ -14,6 +14,12 @@ one ``(T + 1, n, *feature)`` array whose slice ``t + 1`` is both step ``t``'s ne
 and step ``t + 1``'s observation (the final observations of rows that ended are kept aside
 before their reset overwrites them), and the trajectory ids, the policy version and the done
 flags are written once per batch. The price is a second, private copy of the batch's memory.
+
+What a policy writes under ``"next"`` (a recurrent module's ``("next", "recurrent_state_h")``)
+is *carried*, as torchrl's collectors do: it becomes the root input of the next step, row by
+row, and rows that start an episode get the env's reset value instead (zeros for a key the env
+does not know). Carried keys live in the observation staging beside the env's own, so the carry
+costs one copy per carried key per step, and nothing for policies that write nothing there.
 """
 
 from __future__ import annotations
@@ -112,6 +118,11 @@ class Rollout:
         self._random_actions = np.zeros((time, rows, *env.action_layout.shape), env.action_layout.dtype)
         self._outputs: dict[NestedKey, np.ndarray] = {}  # the policy's outputs, by key (on first use)
         self.layout: BatchLayout | None = None
+        self._env_keys = list(self._obs)  # the observation keys the env writes
+        # The policy's ("next", key) outputs carried into the root key at the next step, as
+        # (key, output key); keys the env does not write are the ones in ``_policy_only``.
+        self._carried: list[tuple[NestedKey, NestedKey]] = []
+        self._policy_only: list[NestedKey] = []
 
     # -- carry -------------------------------------------------------------------------------
     def _new_ids(self, rows: np.ndarray | None) -> None:
@@ -123,9 +134,14 @@ class Rollout:
         else:
             self.traj_ids[rows] = ids
 
+    def _env_view(self, arrays: dict[NestedKey, np.ndarray]) -> dict[NestedKey, np.ndarray]:
+        return arrays if not self._policy_only else {k: arrays[k] for k in self._env_keys}
+
     def reset_all(self) -> None:
         """Reset every row; the next frames start new trajectories."""
-        self.env._reset_rows(None, self._carry)
+        self.env._reset_rows(None, self._env_view(self._carry))
+        for key in self._policy_only:
+            self._carry[key][...] = 0
         if self._ids_used:
             self._new_ids(None)
             self._ids_used = False
@@ -155,10 +171,13 @@ class Rollout:
             for key, value in out.items():
                 fields[key] = ArraySpec(tuple(value.shape[nb:]), numpy_dtype(value.dtype))
             self._check_action(fields["action"])
+            self._add_carry(out, fields)
         for key in DONE_KEYS:
             fields[key] = ArraySpec((1,), _BOOL)
         for key, spec in env.obs_layout.items():
             fields[_next(key)] = spec
+        for key in self._policy_only:
+            fields[_next(key)] = fields[key]
         fields[("next", "reward")] = ArraySpec((1,), np.dtype(np.float32))
         for key in DONE_KEYS:
             fields[("next", key)] = ArraySpec((1,), _BOOL)
@@ -172,12 +191,50 @@ class Rollout:
         self.layout = BatchLayout(fields, env.batch_size, self.time)
         return self.layout
 
+    def _add_carry(self, out: dict[NestedKey, torch.Tensor], fields: dict[NestedKey, ArraySpec]) -> None:
+        """Make every ``("next", key)`` the policy wrote the root ``key`` of the next step."""
+        for out_key in list(out):
+            if isinstance(out_key, str) or out_key[0] != "next" or len(out_key) < 2:
+                continue
+            key: NestedKey = out_key[1] if len(out_key) == 2 else tuple(out_key[1:])
+            if key in DONE_KEYS or key == "reward":
+                raise TypeError(f"the policy wrote {out_key!r}: the env's outcome keys under 'next' are the env's")
+            spec = fields[out_key]
+            env_spec = self.env.obs_layout.get(key)
+            if env_spec is not None and env_spec != spec:
+                raise TypeError(
+                    f"the policy writes {out_key!r} with shape {spec.shape} and dtype {spec.dtype} per env row, "
+                    f"but the env's {key!r} has shape {env_spec.shape} and dtype {env_spec.dtype}; "
+                    "they must match for the value to be carried into the next step"
+                )
+            if env_spec is None:
+                if key in fields and fields[key] != spec:
+                    raise TypeError(f"the policy writes both {key!r} and {out_key!r} with different shapes or dtypes")
+                self._policy_only.append(key)
+                self._obs[key] = np.zeros((self.time + 1, self.rows, *spec.shape), spec.dtype)
+                self._carry[key] = self._obs[key][0]
+                array = self._policy_in.arrays[key] = np.zeros((self.rows, *spec.shape), spec.dtype)
+                self._policy_in.tensors[key] = torch.from_numpy(array).reshape(*self.env.batch_size, *spec.shape)
+                fields[key] = spec
+            del fields[out_key]  # the observation staging holds it from here on
+            self._carried.append((key, out_key))
+
     def _check_action(self, got: ArraySpec) -> None:
         want = self.env.action_layout
         if got.shape != want.shape:
+            if want.shape == () and len(got.shape) == 1:
+                hint = ("the env takes an action index: turn logits or a one-hot vector into the index "
+                        "(argmax or sampling), or, for a gymnasium id, make the env with "
+                        "GymEnv(..., categorical_action_encoding=False) to take one-hot actions")
+            elif len(want.shape) == 1 and got.shape == ():
+                hint = (f"the env takes one-hot actions of {want.shape[0]} entries: one-hot encode the index "
+                        f"(torch.nn.functional.one_hot(index, {want.shape[0]})), or, for a gymnasium id, make the env "
+                        "with GymEnv(..., categorical_action_encoding=True) to take indices")
+            else:
+                hint = "make the policy's action match the env's action space"
             raise TypeError(
                 f"the policy's 'action' has shape {got.shape} per env row but the env expects {want.shape} "
-                f"(dtype {want.dtype}); e.g. turn logits into an index with argmax or sampling"
+                f"(dtype {want.dtype}); {hint}"
             )
         if np.issubdtype(want.dtype, np.integer) and not (
             np.issubdtype(got.dtype, np.integer) or got.dtype == _BOOL
@@ -198,17 +255,24 @@ class Rollout:
         ``stop`` (preemption): a shared flag checked before each step; once it is set the
         remaining steps are marked invalid (traj id -1, ``("collector", "mask")`` False).
         """
+        self.env._arm_checks()
         if self.needs_reset:
             self.reset_all()
         env, runner, n_time = self.env, self.runner, self.time
         random = random or runner.is_random
         obs_items = list(self._obs.items())
         policy_in, policy_tensors = self._policy_in.arrays, self._policy_in.tensors
+        carried_out = {out_key for _, out_key in self._carried}
         if random:
             outputs, actions = [], self._random_actions
         else:
-            outputs = [(key, self._output(key, buf.arrays[key])) for key in runner.out_keys]
+            outputs = [(key, self._output(key, buf.arrays[key])) for key in runner.out_keys if key not in carried_out]
             actions = self._output("action", buf.arrays["action"])
+        # (staging of the carried root key, the policy's output key); without a policy, a key
+        # only the policy writes keeps its value (the env keeps its own).
+        carried = [(self._obs[key], out_key) for key, out_key in self._carried]
+        kept = [self._obs[key] for key in self._policy_only] if random else []
+        env_keys, policy_only = self._env_keys, self._policy_only
         action_dtype = env.action_layout.dtype
         step_rows, sample, reset_rows = env._step_rows, env._sample_actions, env._reset_rows
         reward, terminated, truncated = self._reward, self._terminated, self._truncated
@@ -239,7 +303,12 @@ class Rollout:
                         action = action.astype(action_dtype)
                 # 2. step: the outcome lands in the staging arrays at t (observations at t + 1)
                 nxt = dict(zip(obs_keys, next_obs))
-                step_rows(action, nxt, rew, term, trunc)
+                step_rows(action, nxt if not policy_only else {k: nxt[k] for k in env_keys}, rew, term, trunc)
+                if carried and not random:
+                    for array, out_key in carried:
+                        array[t + 1] = out[out_key].detach().cpu().numpy().reshape(array.shape[1:])
+                for array in kept:
+                    array[t + 1] = array[t]
                 if max_steps is not None:
                     counts[0, t] = step_count
                     step_count += 1
@@ -252,7 +321,12 @@ class Rollout:
                 if term.tobytes() != go_on or trunc.tobytes() != go_on:
                     rows = np.flatnonzero(term | trunc)
                     resets.append((t - 1, rows, {key: array[rows] for key, array in nxt.items()}))
-                    reset_rows(rows, nxt)
+                    if policy_only:
+                        reset_rows(rows, {k: nxt[k] for k in env_keys})
+                        for key in policy_only:
+                            nxt[key][rows] = 0
+                    else:
+                        reset_rows(rows, nxt)
                     step_count[rows] = 0
                     self._new_ids(rows)
             self._write(buf, t, outputs if not random else None, resets, start_ids, first_new, version)
@@ -280,7 +354,7 @@ class Rollout:
                 np.copyto(arrays["action"][:, span], self._random_actions[:steps].swapaxes(0, 1), casting="unsafe")
                 if not self.runner.is_random:  # a random batch of a real policy: its other outputs are zero
                     for key in self.runner.out_keys:
-                        if key != "action":
+                        if key != "action" and key in arrays:
                             arrays[key][:, span] = 0
             else:
                 for key, array in outputs:

@@ -163,3 +163,69 @@ def test_collector_batch_round_trip(make_collector):
     lengths = out[MASK].sum(-1)
     last = done[torch.arange(out.shape[0]), lengths - 1]
     assert int(last.sum()) == int(batch["next", "done"].sum())
+
+
+# -- foreign (torchrl-style) replay buffers get frames as torchrl's collectors write them -------
+class ItemBuffer:
+    """What a torchrl ``ReplayBuffer`` on a ``LazyTensorStorage`` does with what it is given:
+    ``extend(td)`` stores ``td``'s dim-0 entries as items, ``add(td)`` stores ``td`` as one item."""
+
+    def __init__(self):
+        self.items: list[TensorDict] = []
+        self.calls: list[tuple[str, tuple]] = []
+
+    def extend(self, td):
+        self.calls.append(("extend", tuple(td.shape)))
+        self.items.extend(td.clone().unbind(0))
+
+    def add(self, td):
+        self.calls.append(("add", tuple(td.shape)))
+        self.items.append(td.clone())
+
+    def __len__(self):
+        return len(self.items)
+
+
+@pytest.mark.timeout(60)
+def test_collector_extends_a_foreign_buffer_with_the_whole_batch(make_collector):
+    from rlcollect import CountingEnv
+
+    rb = ItemBuffer()
+    c = make_collector(CountingEnv(max_steps=3), frames_per_batch=10, total_frames=20, replay_buffer=rb)
+    assert list(c) == [None, None]
+    assert rb.calls == [("extend", (10,)), ("extend", (10,))]  # an unbatched env: its frames are the items
+    assert len(rb) == 20 and rb.items[0].shape == ()
+    assert [int(td["observation"][0]) for td in rb.items[:5]] == [0, 1, 2, 0, 1]
+
+
+@pytest.mark.timeout(60)
+def test_collector_adds_each_step_with_extend_buffer_false(make_collector):
+    from rlcollect import CountingEnv
+
+    rb = ItemBuffer()
+    c = make_collector(CountingEnv(max_steps=3, batch_size=[2]), frames_per_batch=6, total_frames=6,
+                       replay_buffer=rb, extend_buffer=False)
+    list(c)
+    assert rb.calls == [("add", (2,))] * 3  # one item per time step, shaped like the env batch
+    assert len(rb) == 3
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("env_batch", [None, 2], ids=["unbatched", "batched"])
+def test_multisync_extends_a_foreign_buffer_with_each_workers_batch(env_batch):
+    from rlcollect import CountingEnv, MultiSyncCollector
+
+    rb = ItemBuffer()
+    rows = env_batch or 1
+    c = MultiSyncCollector([lambda: CountingEnv(max_steps=4, batch_size=env_batch)] * 2,
+                           frames_per_batch=2 * rows * 25, total_frames=2 * rows * 25, replay_buffer=rb)
+    try:
+        assert list(c) == [None]
+    finally:
+        c.shutdown()
+    worker_batch = (25,) if env_batch is None else (env_batch, 25)
+    assert rb.calls == [("extend", worker_batch)] * 2
+    # torchrl: an unbatched env's 50 frames are 50 items; a batched env's rows are the items
+    assert len(rb) == (50 if env_batch is None else 4)
+    assert rb.items[0].shape == (() if env_batch is None else (25,))
+    assert rb.items[0].names == ([] if env_batch is None else [None])

@@ -20,9 +20,13 @@ from tensordict.nn import (
     TensorDictModule,
     TensorDictModuleBase,
     TensorDictSequential,
-    interaction_type,
 )
 from torch import nn
+
+try:  # tensordict >= 0.15 exports it from tensordict.nn; 0.14 only from its probabilistic module
+    from tensordict.nn import interaction_type
+except ImportError:
+    from tensordict.nn.probabilistic import interaction_type
 
 from rlcollect import (
     Collector,

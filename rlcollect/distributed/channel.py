@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rlcollect.distributed import protocol as P
+from rlcollect.distributed.auth import DropLog
 from rlcollect.multiprocess.protocol import WorkerError
 
 logger = logging.getLogger("rlcollect")
@@ -96,15 +97,21 @@ class Channel:
         store: a connection to rank 0's store (commands go out on it).
         connect: returns a new connection (for the inbox thread).
         world_size: rank 0 plus the nodes.
-        tokens: ``{rank: token}`` of each node's current incarnation (the caller updates it when
-            it relaunches a node); a message carrying another token is dropped.
+        tokens: ``{rank: token}`` of each node's current session (the caller updates it when
+            it configures a node); a message carrying another token is dropped.
         check: the liveness check, run every ``CHECK_S`` while waiting.
         stop_word: ends the inbox thread; secret to rank 0, so no node can stop it.
+        keys: the run's keys (``auth.Keys``): commands are signed, what comes in is checked.
+        sent, received: ``{rank: counter}`` of the last message sent to / taken from each
+            node's session (the caller resets them when it configures a node).
     """
 
     def __init__(self, store: Any, connect: Callable[[], Any], world_size: int, tokens: dict[int, str],
-                 check: Callable[[], None], stop_word: bytes):
+                 check: Callable[[], None], stop_word: bytes, keys: Any, sent: dict[int, int],
+                 received: dict[int, int]):
         self.store, self.tokens, self._check = store, tokens, check
+        self.keys, self.sent, self.received = keys, sent, received
+        self.drops = DropLog("rlcollect")
         self.retired: set[str] = set()  # tokens of node incarnations that failed and were replaced
         self.ranks = range(1, world_size)
         self._ids = [0] * world_size
@@ -117,8 +124,10 @@ class Channel:
         """Queue a command for node ``rank``; returns its id (to wait for its reply)."""
         P.check_command(name, args)
         self._ids[rank] += 1
+        self.sent[rank] += 1
         self.store.queue_push(P.command_queue(rank), P.encode(
-            "command", P.MASTER_RANK, self.tokens[rank], payload, id=self._ids[rank], name=name, args=args))
+            "command", P.MASTER_RANK, self.keys.to_node, self.tokens[rank], self.sent[rank], payload, to=rank,
+            id=self._ids[rank], name=name, args=args))
         return self._ids[rank]
 
     def forget(self, rank: int) -> None:
@@ -150,18 +159,22 @@ class Channel:
 
     def _sort(self, data: bytes) -> None:
         try:
-            msg = P.decode(data, kinds=("ready", "failed", "reply"), ranks=self.ranks)
+            msg = P.decode(data, self.keys.to_rank0, kinds=("ready", "failed", "reply"), to=P.MASTER_RANK,
+                           ranks=self.ranks)
         except P.ProtocolError as err:
-            logger.error("rlcollect: dropped a malformed or foreign message from a node: %s", err)
+            self.drops.drop("rank 0's inbox", P.claimed_sender(data), str(err))
             return
         if msg.token != self.tokens.get(msg.rank):
             if msg.token in self.retired:  # a late message of a node incarnation that failed
                 logger.info("rlcollect: dropped a %r message of a replaced incarnation of node %d", msg.kind,
                             msg.rank - 1)
             else:
-                logger.error("rlcollect: dropped a %r message from rank %d that carries another run's token",
-                             msg.kind, msg.rank)
+                self.drops.drop("rank 0's inbox", f"rank {msg.rank}", "it belongs to another session")
             return
+        if msg.n <= self.received.get(msg.rank, 0):
+            self.drops.drop("rank 0's inbox", f"rank {msg.rank}", f"a replay (counter {msg.n})")
+            return
+        self.received[msg.rank] = msg.n
         if msg.kind == "failed":
             raise P.mark_failed(P.rebuild_error(msg["error"], msg.rank - 1, "collection"), msg.rank - 1)
         (self.notices if msg.kind == "ready" else self._replies[msg.rank]).append(msg)

@@ -26,11 +26,12 @@ from rlcollect.distributed import protocol as P
 from rlcollect.distributed import transport
 from rlcollect.distributed.channel import Channel
 from rlcollect.distributed.config import DistributedConfig
-from rlcollect.distributed.heartbeat import Heartbeat
+from rlcollect.distributed.auth import Keys, new_secret, read_secret_file, secret_from_env, write_secret_file
+from rlcollect.distributed.heartbeat import Rank0Beat
 from rlcollect.distributed.launchers import make_launcher
 from rlcollect.distributed.node_weights import NodeWeights
 from rlcollect.distributed.recovery import NodeRecovery
-from rlcollect.distributed.supervisor import Supervisor
+from rlcollect.distributed.supervisor import Supervisor, node_error
 from rlcollect.multiprocess.protocol import WorkerError
 
 logger = logging.getLogger("rlcollect")
@@ -62,6 +63,17 @@ class DistributedCollector(NodeWeights, NodeRecovery):
     ``max_node_restarts`` times per node: see ``recovery.py`` and docs/fault-tolerance.md.
     ``node_timeout=s``: a node that has not announced a batch ``s`` seconds after it started it
     (a hung env step, while its heartbeat goes on) has failed too (default None: no limit).
+    ``start_timeout`` (default 120 s) bounds start-up: a node that has not started by then
+    raises ``WorkerError`` naming it "during start-up", and is killed.  Nodes exit by themselves
+    when rank 0 dies, or has not beaten for ``rank0_timeout`` seconds (default 60: a frozen
+    rank 0).
+
+    Every control message is authenticated (HMAC-SHA256) with a per-run secret that never enters
+    the store or a command line: "mp" and "submitit" hand it to their nodes themselves; external
+    nodes and "submitit_delayed" jobs read ``secret_file`` (the same 0600 file on both sides;
+    ``rlcollect node --secret-file``) or ``$RLCOLLECT_SECRET``.  See docs/distributed.md,
+    "Trust and the wire", for what this protects against and what it does not (batches travel
+    unauthenticated).
 
     Weights: ``update_policy_weights_`` sends rank 0's ``policy`` weights (or the ones given)
     to every node or to ``worker_ids`` (node indices); nodes pass them to their workers.
@@ -116,6 +128,9 @@ class DistributedCollector(NodeWeights, NodeRecovery):
         on_node_failure: str = "raise",
         max_node_restarts: int = 3,
         node_timeout: float | None = None,
+        start_timeout: float = 120.0,
+        rank0_timeout: float = 60.0,
+        secret_file: Any = None,
     ):
         self._closed = True
         self._sup: Supervisor | None = None
@@ -135,6 +150,7 @@ class DistributedCollector(NodeWeights, NodeRecovery):
             launcher=launcher, tcp_port=tcp_port, master_addr=master_addr, timeout=timeout,
             heartbeat_timeout=heartbeat_timeout, weight_sync_schemes=weight_sync_schemes,
             on_node_failure=on_node_failure, max_node_restarts=max_node_restarts, node_timeout=node_timeout,
+            start_timeout=start_timeout, rank0_timeout=rank0_timeout, secret_file=secret_file,
         )
         automatic = update_after_each_batch or max_weight_update_interval != -1 or update_interval is not None
         if automatic and cfg.weight_source is None:
@@ -168,13 +184,16 @@ class DistributedCollector(NodeWeights, NodeRecovery):
         self._last_batch_frames = 0
         self._started_at = time.perf_counter()
         self._iterator: Iterator | None = None
-        sup = self._sup = Supervisor(n + 1, cfg.heartbeat_timeout, cfg.timeout)
+        secret, self._secret_file, own_file = _run_secret(cfg)
+        sup = self._sup = Supervisor(n + 1, cfg.heartbeat_timeout, cfg.timeout, Keys(secret), secrets.token_hex(16),
+                                     cfg.start_timeout)
+        sup.secret, sup.own_secret_file = secret, own_file
         self._finalizer = weakref.finalize(self, sup.release)
         self._closed = False
         try:
             self._start()
         except BaseException as err:
-            self.shutdown()
+            self.shutdown(_shutdown_timeout(err))
             # The frames of the failed start-up hold the store and the process group: free
             # their locals so that the sockets close now, not when the traceback is dropped.
             traceback.clear_frames(err.__traceback__)
@@ -186,13 +205,15 @@ class DistributedCollector(NodeWeights, NodeRecovery):
         sup.store, self.master_port = transport.open_store(cfg.master_addr, cfg.tcp_port, cfg.timeout)
         addr, port = cfg.master_addr, self.master_port
         sup.address = transport.resolve(addr)
-        sup.store.add(P.heartbeat_key(P.MASTER_RANK), 0)
-        sup.heartbeat = Heartbeat(lambda: transport.connect_store(addr, port, 30.0), P.MASTER_RANK).start()
-        sup.channel = self._channel = Channel(sup.store, lambda: transport.connect_store(addr, port, 30.0),
-                                              sup.world_size, sup.tokens, sup.check_alive, secrets.token_bytes(16))
-        sup.launcher = make_launcher(cfg.launcher, cfg.slurm_kwargs)
+        def connect() -> Any:
+            return transport.connect_store(addr, port, 30.0)
+
+        sup.heartbeat = Rank0Beat(connect, sup.keys, sup.run).start()
+        sup.channel = self._channel = Channel(sup.store, connect, sup.world_size, sup.tokens, sup.check_alive,
+                                              secrets.token_bytes(16), sup.keys, sup.sent, sup.received)
+        sup.launcher = make_launcher(cfg.launcher, cfg.slurm_kwargs, sup.secret, self._secret_file, cfg.rank0_timeout)
         sup.launcher.start(addr, port, sup.world_size, cfg.timeout)
-        self._rendezvous(time.monotonic() + cfg.timeout)
+        self._rendezvous(time.monotonic() + cfg.start_timeout)
         try:
             sup.connect_pairs(list(range(1, sup.world_size)))
         except RuntimeError as err:
@@ -210,32 +231,26 @@ class DistributedCollector(NodeWeights, NodeRecovery):
         """Hello -> configuration -> started, for every node, before ``deadline``."""
         cfg, sup = self.config, self._sup
         ranks = range(1, sup.world_size)
-        hello: set[int] = set()
         started: set[int] = set()
         while len(started) < self.num_nodes:
             for rank in ranks:
-                if rank not in hello and sup.store.check([P.hello_key(rank)]):
-                    hello.add(rank)
-                    self._configure(rank, sup.store.get(P.hello_key(rank)))
-                elif rank in sup.configured and rank not in started and sup.store.check([P.started_key(rank)]):
-                    self._node_started(rank, sup.store.get(P.started_key(rank)))
+                if rank not in sup.configured:
+                    sup.poll_hello(rank, cfg.payloads[rank - 1])
+                elif rank not in started and (info := sup.poll_started(rank)) is not None:
+                    self._nodes[rank - 1] = info
                     started.add(rank)
             sup.check_alive()
             if time.monotonic() > deadline:
-                missing = [r - 1 for r in ranks if r not in started]
-                raise WorkerError(f"nodes {missing} did not start within timeout={cfg.timeout:g} s (launcher="
-                                  f"{cfg.launcher!r}, rank 0 at {cfg.master_addr}:{self.master_port}); "
-                                  f"{len(hello)} of {self.num_nodes} said hello")
+                missing = [r for r in ranks if r not in started]
+                where = "; ".join(f"node {r - 1} (rank {r}): " + ("configured, building its collector"
+                                  if r in sup.configured else "no authentic hello") for r in missing)
+                forged = (f"; {sup.drops.total} message(s) failed authentication or were replays (a node without "
+                          "this run's secret?)") if sup.drops.total else ""
+                raise node_error(f"nodes {[r - 1 for r in missing]} did not start within start_timeout="
+                                 f"{cfg.start_timeout:g} s, during start-up ({where}; launcher={cfg.launcher!r}, "
+                                 f"rank 0 at {cfg.master_addr}:{self.master_port}){forged}; the nodes still starting "
+                                 "are stopped", missing[0] - 1)
             time.sleep(_RENDEZVOUS_POLL_S)
-
-    def _configure(self, rank: int, data: bytes) -> None:
-        try:
-            self._sup.answer_hello(rank, data, self.config.payloads[rank - 1])
-        except P.ProtocolError as err:
-            logger.error("rlcollect: ignored a hello: %s", err)
-
-    def _node_started(self, rank: int, data: bytes) -> None:
-        self._nodes[rank - 1] = self._sup.read_started(rank, data)
 
     @contextlib.contextmanager
     def _guard(self) -> Iterator[None]:
@@ -309,8 +324,8 @@ class DistributedCollector(NodeWeights, NodeRecovery):
                 yield self._next_batch()
         except GeneratorExit:
             raise
-        except BaseException:
-            self.shutdown()
+        except BaseException as err:
+            self.shutdown(_shutdown_timeout(err))
             raise
 
     def __next__(self) -> TensorDict:
@@ -521,9 +536,38 @@ class DistributedCollector(NodeWeights, NodeRecovery):
     def __enter__(self) -> DistributedCollector:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.shutdown()
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.shutdown(_shutdown_timeout(exc))
 
     def __repr__(self) -> str:
         return (f"DistributedCollector(num_nodes={self.num_nodes}, sync={self.sync}, launcher="
                 f"{self.config.launcher!r}, frames_per_batch={self.frames_per_batch}, frames={self._frames})")
+
+
+#: Shutdown's bound after a Ctrl-C: the user wants the processes gone now, not a graceful wait.
+INTERRUPTED_SHUTDOWN_S = 1.0
+
+
+def _shutdown_timeout(err: BaseException | None) -> float:
+    return INTERRUPTED_SHUTDOWN_S if isinstance(err, KeyboardInterrupt) else 10.0
+
+
+def _run_secret(cfg: DistributedConfig) -> tuple[bytes, Any, Any]:
+    """``(secret, secret_file, own_file)``: the run's secret, the file the nodes read it from
+    (None for "mp", whose nodes get it through a pipe), and that file again if this collector
+    made it (removed at shutdown)."""
+    if cfg.secret_file is not None:
+        return read_secret_file(cfg.secret_file), cfg.secret_file, None
+    if cfg.launcher in ("external", "submitit_delayed"):
+        from_env = secret_from_env()
+        if from_env is not None:
+            return from_env, None, None
+        if cfg.launcher == "submitit_delayed":
+            raise ValueError("launcher='submitit_delayed' needs secret_file=PATH: the file given to "
+                             "submit_nodes(secret_file=PATH), or the secret in $RLCOLLECT_SECRET")
+        secret = new_secret()
+        path = write_secret_file(secret)
+        logger.warning("rlcollect: wrote this run's secret to %s (mode 600; removed at shutdown): give it to each "
+                       "node with --secret-file", path)
+        return secret, path, path
+    return new_secret(), None, None  # "mp": through a pipe; "submitit": a 0600 file in the job folder

@@ -16,6 +16,7 @@ import cloudpickle
 from rlcollect.collector import Collector
 from rlcollect.config import CollectorConfig, kwargs_arg, optional_positive_int, positive_int, total_frames_arg
 from rlcollect.data import TRAJ_ID_BLOCK
+from rlcollect.distributed.auth import SECRET_ENV, SecretError, read_secret_file, secret_from_env
 from rlcollect.distributed.launchers import LAUNCHERS
 from rlcollect.distributed.transport import default_host_address, resolve
 from rlcollect.multiprocess.base import resolve_collector_class
@@ -93,6 +94,9 @@ class DistributedConfig:
         on_node_failure: str = "raise",
         max_node_restarts: int = 3,
         node_timeout: float | None = None,
+        start_timeout: float = 120.0,
+        rank0_timeout: float = 60.0,
+        secret_file: Any = None,
     ):
         # -- nodes ----------------------------------------------------------------------------------
         if isinstance(create_env_fn, (list, tuple)):
@@ -141,6 +145,25 @@ class DistributedConfig:
         self.timeout = _seconds("timeout", timeout)
         self.heartbeat_timeout = _seconds("heartbeat_timeout", heartbeat_timeout)
         self.node_timeout = None if node_timeout is None else _seconds("node_timeout", node_timeout)
+        self.start_timeout = _seconds("start_timeout", start_timeout)
+        self.rank0_timeout = _seconds("rank0_timeout", rank0_timeout)
+        # -- the run's secret (auth.py) ------------------------------------------------------------
+        if secret_file is not None and not isinstance(secret_file, (str, os.PathLike)):
+            raise TypeError(f"secret_file must be a path (str or os.PathLike) or None, got {type(secret_file).__name__}")
+        self.secret_file = None if secret_file is None else os.path.abspath(os.path.expanduser(os.fspath(secret_file)))
+        if self.secret_file is not None:
+            try:
+                read_secret_file(self.secret_file)
+            except SecretError as err:
+                raise ValueError(f"secret_file={secret_file!r}: {err}") from None
+        elif launcher in ("external", "submitit_delayed") and SECRET_ENV in os.environ:
+            try:
+                secret_from_env()
+            except SecretError as err:
+                raise ValueError(str(err)) from None
+        elif launcher == "submitit_delayed":
+            raise ValueError("launcher='submitit_delayed' needs secret_file=PATH (the file given to "
+                             f"submit_nodes(secret_file=PATH)) or the secret in ${SECRET_ENV}")
         # -- failures ---------------------------------------------------------------------------------
         if on_node_failure not in NODE_FAILURE_POLICIES:
             raise ValueError(f"on_node_failure must be one of {NODE_FAILURE_POLICIES}, got {on_node_failure!r}")

@@ -1,8 +1,10 @@
 """How node processes come to exist.
 
-- ``"mp"``: rank 0 starts each node as a local process (``python -m rlcollect.distributed.node``,
-  the same entry point as ``rlcollect node``) and watches it; a node also watches rank 0's
-  process and ends with it.
+- ``"mp"``: rank 0 starts each node as a local process (a small bootstrap, then the same entry
+  point as ``rlcollect node``) and watches it.  The node inherits a pipe from rank 0: rank 0
+  writes the run's secret into it, and the node's first thread, started before any heavy import,
+  waits for its end of file: rank 0's death in any phase ends the node at once.  The node
+  ignores SIGINT (a Ctrl-C reaches the whole process group; rank 0 shuts the nodes down).
 - ``"submitit"``: rank 0 submits one job per node through submitit (SLURM by default;
   ``slurm_kwargs={"executor": "local"}`` runs the same jobs as local processes).
 - ``"submitit_delayed"``: the jobs were submitted beforehand (``submit_nodes``) and wait for
@@ -28,8 +30,27 @@ from typing import Any
 logger = logging.getLogger("rlcollect")
 
 LAUNCHERS = ("mp", "submitit", "submitit_delayed", "external")
-#: Set by the "mp" launcher: the node ends when this process does.
-PARENT_PID_ENV = "RLCOLLECT_PARENT_PID"
+#: The "mp" launcher's node bootstrap (``python -c``; argv: the pipe's fd, then the node's
+#: options).  It ignores SIGINT, reads the secret line from the pipe and watches it for end of
+#: file before it imports anything heavy (torch takes seconds to import).
+BOOTSTRAP = """\
+import os, signal, sys, threading
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+pipe = os.fdopen(int(sys.argv[1]), "rb", buffering=0)
+secret = pipe.readline().strip()
+def watch():
+    while pipe.read(4096):
+        pass
+    os.write(2, b"rlcollect node: rank 0's process is gone; exiting\\n")
+    os._exit(3)
+if not secret:
+    os._exit(3)
+threading.Thread(target=watch, name="rlcollect-rank0-pipe", daemon=True).start()
+from rlcollect.distributed.node import main
+code = main(sys.argv[2:], secret=secret)
+sys.stdout.flush(); sys.stderr.flush()
+os._exit(code)
+"""
 #: The nodes' logging level (default INFO; WARNING for the "mp" launcher's).
 LOG_LEVEL_ENV = "RLCOLLECT_LOG_LEVEL"
 #: Defaults of submitit's executor parameters; ``slurm_kwargs`` entries win.
@@ -38,10 +59,14 @@ SLURM_DEFAULTS = {"timeout_min": 24 * 60, "nodes": 1, "tasks_per_node": 1}
 EXECUTOR_KEYS = ("executor", "folder")
 
 
-def node_command(master_addr: str, master_port: int, rank: int, world_size: int, timeout: float) -> list[str]:
+def node_command(master_addr: str, master_port: int, rank: int, world_size: int, timeout: float,
+                 secret_file: Any = None, rank0_timeout: float | None = None) -> list[str]:
     """The command line that starts node ``rank`` (what the user types for "external")."""
-    return ["rlcollect", "node", "--master-addr", master_addr, "--master-port", str(master_port),
-            "--rank", str(rank), "--world-size", str(world_size), "--timeout", f"{timeout:g}"]
+    command = ["rlcollect", "node", "--master-addr", master_addr, "--master-port", str(master_port),
+               "--rank", str(rank), "--world-size", str(world_size), "--timeout", f"{timeout:g}"]
+    if rank0_timeout is not None:
+        command += ["--rank0-timeout", f"{rank0_timeout:g}"]
+    return command + (["--secret-file", str(secret_file)] if secret_file is not None else [])
 
 
 def describe_exit(code: int | None) -> str:
@@ -64,12 +89,16 @@ class Launcher:
     #: True: ``kill`` and ``relaunch`` work (``on_node_failure="restart"``).
     can_relaunch = False
 
+    def __init__(self, secret: bytes = b"", secret_file: Any = None, rank0_timeout: float = 60.0):
+        self.secret, self.secret_file, self.rank0_timeout = secret, secret_file, rank0_timeout
+
     def start(self, master_addr: str, master_port: int, world_size: int, timeout: float) -> None:
         ranks = range(1, world_size)
-        commands = "\n".join("  " + " ".join(node_command(master_addr, master_port, r, world_size, timeout))
-                             for r in ranks)
-        logger.warning("rlcollect: waiting up to %g s for %d node(s) to join %s:%d; start them with:\n%s",
-                       timeout, len(ranks), master_addr, master_port, commands)
+        commands = "\n".join("  " + " ".join(node_command(master_addr, master_port, r, world_size, timeout,
+                                                          self.secret_file)) for r in ranks)
+        where = "" if self.secret_file is not None else " (each with the run's secret in $RLCOLLECT_SECRET)"
+        logger.warning("rlcollect: waiting up to %g s for %d node(s) to join %s:%d; start them with%s:\n%s",
+                       timeout, len(ranks), master_addr, master_port, where, commands)
 
     def dead(self) -> dict[int, str]:
         """``{rank: cause}`` for nodes whose process is known to have ended."""
@@ -98,13 +127,15 @@ class MpLauncher(Launcher):
     owns_processes = True
     can_relaunch = True
 
-    def __init__(self) -> None:
+    def __init__(self, secret: bytes = b"", secret_file: Any = None, rank0_timeout: float = 60.0) -> None:
+        super().__init__(secret, None, rank0_timeout)
         self.processes: dict[int, subprocess.Popen] = {}
+        self.pipes: dict[int, int] = {}  # rank -> the write end of its node's pipe (closed when it is gone)
         self._launch: tuple | None = None
 
     def start(self, master_addr: str, master_port: int, world_size: int, timeout: float) -> None:
         env = dict(os.environ)
-        env[PARENT_PID_ENV] = str(os.getpid())
+        env.pop("RLCOLLECT_SECRET", None)  # the node's secret comes through its pipe
         # Local nodes share this terminal: only their warnings and errors, unless asked.
         env.setdefault(LOG_LEVEL_ENV, "WARNING")
         # What multiprocessing's "spawn" does too: functions pickled by reference (from the
@@ -116,15 +147,31 @@ class MpLauncher(Launcher):
 
     def relaunch(self, rank: int) -> None:
         master_addr, master_port, world_size, timeout, env = self._launch
-        command = [sys.executable, "-m", "rlcollect.distributed.node", *node_command(
-            master_addr, master_port, rank, world_size, timeout)[2:]]
-        self.processes[rank] = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
+        self._close_pipe(rank)
+        read, write = os.pipe()
+        try:
+            command = [sys.executable, "-c", BOOTSTRAP, str(read), *node_command(
+                master_addr, master_port, rank, world_size, timeout, rank0_timeout=self.rank0_timeout)[2:]]
+            self.processes[rank] = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, pass_fds=(read,))
+            os.write(write, self.secret + b"\n")
+        except BaseException:
+            os.close(write)
+            raise
+        finally:
+            os.close(read)
+        self.pipes[rank] = write
+
+    def _close_pipe(self, rank: int) -> None:
+        fd = self.pipes.pop(rank, None)
+        if fd is not None:
+            os.close(fd)
 
     def kill(self, rank: int, timeout: float = 5.0) -> None:
         process = self.processes.get(rank)
         if process is not None and process.poll() is None:
             process.kill()
             process.wait(timeout)
+        self._close_pipe(rank)
 
     def dead(self) -> dict[int, str]:
         return {rank: f"(pid {p.pid}) {describe_exit(p.returncode)}"
@@ -137,7 +184,11 @@ class MpLauncher(Launcher):
         for rank in failed:  # a hung node would only make us wait
             if rank in self.processes and self.processes[rank].poll() is None:
                 self.processes[rank].kill()
-        _stop_processes(list(self.processes.values()), timeout)
+        try:
+            _stop_processes(list(self.processes.values()), timeout)
+        finally:
+            for rank in list(self.pipes):
+                self._close_pipe(rank)
 
 
 def _stop_processes(processes: list[subprocess.Popen], timeout: float) -> None:
@@ -182,23 +233,33 @@ def make_executor(slurm_kwargs: dict | None, default_folder: str = "rlcollect-su
     return executor
 
 
-def submit_nodes(master_addr: str, master_port: int, world_size: int, *, slurm_kwargs: dict | None = None,
-                 timeout: float = 300.0, ranks: list[int] | None = None) -> list:
+def submit_nodes(master_addr: str, master_port: int, world_size: int, *, secret_file: Any,
+                 slurm_kwargs: dict | None = None, timeout: float = 300.0, ranks: list[int] | None = None,
+                 rank0_timeout: float = 60.0, parent: tuple[int, str] | None = None) -> list:
     """Submit node jobs through submitit that wait (up to ``timeout`` s) for a rank 0 at
-    ``master_addr:master_port``: the jobs of ``launcher="submitit_delayed"``.  Returns the
-    submitit jobs.
+    ``master_addr:master_port``: the jobs of ``launcher="submitit_delayed"``.  ``secret_file``:
+    a 0600 file with the run's secret that the jobs can read (a shared file system), the same
+    that rank 0 is given.  Returns the submitit jobs.
 
     Example (not run: it needs a rank 0 to join)::
 
-        jobs = submit_nodes("10.0.0.1", 29500, world_size=3, slurm_kwargs={"slurm_partition": "cpu"})
+        jobs = submit_nodes("10.0.0.1", 29500, world_size=3, secret_file="~/.rlcollect-secret",
+                            slurm_kwargs={"slurm_partition": "cpu"})
         collector = DistributedCollector([make_env] * 2, policy, frames_per_batch=1000,
-                                         launcher="submitit_delayed", master_addr="10.0.0.1", tcp_port=29500)
+                                         launcher="submitit_delayed", master_addr="10.0.0.1", tcp_port=29500,
+                                         secret_file="~/.rlcollect-secret")
     """
+    from rlcollect.distributed.auth import read_secret_file
     from rlcollect.distributed.node import run_node
 
+    secret_file = os.path.abspath(os.path.expanduser(str(secret_file)))
+    read_secret_file(secret_file)  # a missing or unprotected file is reported here, not in the jobs
     executor = make_executor(slurm_kwargs)
+    if parent is not None and getattr(executor, "cluster", type(executor).__name__) not in ("local", "LocalExecutor"):
+        parent = None  # rank 0 runs on another host than a SLURM job: its store connection tells its death
     ranks = list(range(1, world_size)) if ranks is None else ranks
-    return [executor.submit(run_node, master_addr, master_port, rank, world_size, timeout) for rank in ranks]
+    return [executor.submit(run_node, master_addr, master_port, rank, world_size, timeout, secret_file=secret_file,
+                            rank0_timeout=rank0_timeout, parent=parent) for rank in ranks]
 
 
 class SubmititLauncher(Launcher):
@@ -208,21 +269,43 @@ class SubmititLauncher(Launcher):
     owns_processes = True
     can_relaunch = True
 
-    def __init__(self, slurm_kwargs: dict | None):
+    def __init__(self, slurm_kwargs: dict | None, secret: bytes = b"", secret_file: Any = None,
+                 rank0_timeout: float = 60.0):
+        super().__init__(secret, secret_file, rank0_timeout)
         self.slurm_kwargs = slurm_kwargs
         self.jobs: dict[int, Any] = {}
         self.retired: list[Any] = []  # jobs of killed incarnations: reaped at stop
         self._launch: tuple | None = None
+        self._own_file = None
 
     def start(self, master_addr: str, master_port: int, world_size: int, timeout: float) -> None:
-        self._launch = (master_addr, master_port, world_size, timeout)
-        jobs = submit_nodes(master_addr, master_port, world_size, slurm_kwargs=self.slurm_kwargs, timeout=timeout)
-        self.jobs = dict(zip(range(1, world_size), jobs))
+        import socket
+
+        from rlcollect.distributed.auth import write_secret_file
+
+        if self.secret_file is None:  # a 0600 file in the job folder, removed at stop
+            folder = (self.slurm_kwargs or {}).get("folder", "rlcollect-submitit")
+            self.secret_file = self._own_file = write_secret_file(self.secret, os.path.abspath(str(folder)))
+        self._launch = (master_addr, master_port, world_size, timeout, (os.getpid(), socket.gethostname()))
+        self.jobs = dict(zip(range(1, world_size), self._submit(list(range(1, world_size)))))
+
+    def _submit(self, ranks: list[int]) -> list:
+        import runpy
+        from pathlib import Path
+
+        master_addr, master_port, world_size, timeout, parent = self._launch
+        executor = make_executor(self.slurm_kwargs)
+        if getattr(executor, "cluster", type(executor).__name__) not in ("local", "LocalExecutor"):
+            parent = None  # rank 0 runs on another host than a SLURM job: its store connection tells its death
+        # The job is job_bootstrap.py run by path: it watches rank 0 before its slow imports.
+        script = str(Path(__file__).with_name("job_bootstrap.py"))
+        return [executor.submit(runpy.run_path, script, {"RLCOLLECT_NODE_ARGS": dict(
+            master_addr=master_addr, master_port=master_port, rank=rank, world_size=world_size, timeout=timeout,
+            secret_file=str(self.secret_file), rank0_timeout=self.rank0_timeout, parent=parent)})
+            for rank in ranks]
 
     def relaunch(self, rank: int) -> None:
-        master_addr, master_port, world_size, timeout = self._launch
-        [job] = submit_nodes(master_addr, master_port, world_size, slurm_kwargs=self.slurm_kwargs, timeout=timeout,
-                             ranks=[rank])
+        [job] = self._submit([rank])
         self.jobs[rank] = job
 
     def kill(self, rank: int, timeout: float = 5.0) -> None:
@@ -264,7 +347,13 @@ class SubmititLauncher(Launcher):
         # its task, which takes about a second).
         jobs = [*self.jobs.values(), *self.retired]
         local = [job._process for job in jobs if getattr(job, "_process", None) is not None]
-        _stop_processes(local, max(0.4 * timeout, 2.0))
+        try:
+            _stop_processes(local, max(0.4 * timeout, 2.0))
+        finally:
+            from rlcollect.distributed.auth import remove_secret_file
+
+            remove_secret_file(self._own_file)
+            self._own_file = None
 
 
 class SubmititDelayedLauncher(Launcher):
@@ -277,13 +366,16 @@ class SubmititDelayedLauncher(Launcher):
                     timeout, world_size - 1, master_addr, master_port)
 
 
-def make_launcher(name: str, slurm_kwargs: dict | None) -> Launcher:
+def make_launcher(name: str, slurm_kwargs: dict | None, secret: bytes = b"", secret_file: Any = None,
+                  rank0_timeout: float = 60.0) -> Launcher:
+    """The launcher ``name``; ``secret`` is the run's, ``secret_file`` a file that holds it (the
+    one the user's nodes read, for "external" and "submitit_delayed")."""
     if name == "mp":
-        return MpLauncher()
+        return MpLauncher(secret, None, rank0_timeout)
     if name == "submitit":
-        return SubmititLauncher(slurm_kwargs)
+        return SubmititLauncher(slurm_kwargs, secret, secret_file, rank0_timeout)
     if name == "submitit_delayed":
-        return SubmititDelayedLauncher()
+        return SubmititDelayedLauncher(secret, secret_file, rank0_timeout)
     if name == "external":
-        return Launcher()
+        return Launcher(secret, secret_file, rank0_timeout)
     raise ValueError(f"launcher must be one of {LAUNCHERS}, got {name!r}")

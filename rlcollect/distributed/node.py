@@ -1,8 +1,9 @@
 """A distributed node: the process behind ``rlcollect node``, the "mp" launcher's processes and
 the submitit jobs.
 
-Life of a node: connect to rank 0's store (waiting up to ``timeout`` for rank 0 to be up), claim
-its rank, say hello, receive its configuration (the cloudpickled env factory, policy and
+Life of a node: connect to rank 0's store (waiting up to ``timeout`` for rank 0 to be up),
+start its heartbeat and its watch on rank 0, learn the run's nonce from two authentic beats of
+rank 0, say hello (signed with the run's secret: see ``auth.py``), receive its configuration (the cloudpickled env factory, policy and
 collector options: **the node executes code rank 0 sends**; start nodes only for a rank 0 you
 trust), build its inner collector (``Collector``, ``MultiSyncCollector`` or
 ``MultiAsyncCollector``), report the batch layout and weight shapes, join its pair process group
@@ -14,15 +15,17 @@ collects one batch per credit into a preallocated flat buffer, posts it to rank 
 process group and then announces it on the ready queue; rank 0 only receives batches that were
 announced.  Commands are served between batches, never during one.
 
-The node ends by itself when rank 0 is gone (its store unreachable, its heartbeat stalled, or,
-for nodes rank 0 started itself, its process ended): see ``heartbeat.py``.
+The node ends by itself when rank 0 is gone (its store unreachable, no authentic heartbeat of it
+for ``rank0_timeout`` seconds, or, for nodes rank 0 started itself, its process ended): see
+``heartbeat.py`` and the "mp" launcher's bootstrap in ``launchers.py``.  Every message it takes
+is authenticated (MAC, session, counter) before anything of it is used; one that is not is
+dropped and logged once per sender.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import datetime
 import logging
 import os
 import secrets
@@ -37,12 +40,14 @@ import torch
 from rlcollect.distributed import protocol as P
 from rlcollect.distributed import transport
 from rlcollect.distributed.channel import Inbox
-from rlcollect.distributed.heartbeat import Heartbeat
-from rlcollect.distributed.launchers import LOG_LEVEL_ENV, PARENT_PID_ENV
+from rlcollect.distributed.auth import SECRET_ENV, DropLog, Keys, SecretError, check_secret, read_secret_file
+from rlcollect.distributed.heartbeat import RANK0_TIMEOUT_S, NodeWatch
+from rlcollect.distributed.launchers import LOG_LEVEL_ENV
 
 logger = logging.getLogger("rlcollect")
 
 EXIT_OK, EXIT_FAILED, EXIT_ORPHANED, EXIT_REJECTED = 0, 1, 3, 4
+_CONFIG_POLL_S = 0.02
 #: torchrun's names, read when the options are not given.
 ENV_VARS = {"master_addr": "MASTER_ADDR", "master_port": "MASTER_PORT", "rank": "RANK", "world_size": "WORLD_SIZE"}
 
@@ -50,8 +55,12 @@ ENV_VARS = {"master_addr": "MASTER_ADDR", "master_port": "MASTER_PORT", "rank": 
 class Node:
     """The inner collector of one node and the command handlers around it."""
 
-    def __init__(self, store: Any, rank: int, token: str, spec: dict, timeout: float):
+    def __init__(self, store: Any, rank: int, keys: Keys, token: str, spec: dict, timeout: float):
         self.store, self.rank, self.token, self.timeout = store, rank, token, timeout
+        self.keys = keys
+        self.sent = 1  # counters of this session: hello was 0, "started" is 1
+        self.received = 0  # the configuration was 0
+        self.drops = DropLog(f"rlcollect node {rank}")
         torch.set_num_threads(int(spec.get("num_threads", 1)))
         self.collector = spec["collector_class"](spec["create_env_fn"], spec["policy"], **spec["kwargs"])
         if spec.get("seed") is not None:  # a relaunched node starts from a fresh seed
@@ -79,8 +88,14 @@ class Node:
 
     def started_message(self) -> bytes:
         weights = None if self.weight_spec is None else {k: [list(s), str(d)] for k, (s, d) in self.weight_spec.items()}
-        return P.encode("started", self.rank, self.token, layout=P.layout_to_json(self.layout), weights=weights,
-                        pid=os.getpid(), host=socket.gethostname())
+        return P.encode("started", self.rank, self.keys.to_rank0, self.token, 1, to=P.MASTER_RANK,
+                        layout=P.layout_to_json(self.layout), weights=weights, pid=os.getpid(), host=socket.gethostname())
+
+    def message(self, kind: str, payload: bytes = b"", **fields: Any) -> bytes:
+        """The next signed message of this session to rank 0."""
+        self.sent += 1
+        return P.encode(kind, self.rank, self.keys.to_rank0, self.token, self.sent, payload, to=P.MASTER_RANK,
+                        **fields)
 
     # -- handlers ------------------------------------------------------------------------------------
     def collect(self, args: dict, payload: bytes) -> None:
@@ -129,10 +144,12 @@ class Node:
 
     def dispatch(self, data: bytes) -> None:
         try:
-            msg = P.decode(data, kinds=("command",), rank=P.MASTER_RANK, token=self.token)
-        except P.ProtocolError as err:
-            logger.error("rlcollect node %d: rejected a command: %s", self.rank, err)
+            msg = P.decode(data, self.keys.to_node, kinds=("command",), to=self.rank, rank=P.MASTER_RANK,
+                           token=self.token, after=self.received)
+        except P.ProtocolError as err:  # checked before anything of it is used: never acted upon
+            self.drops.drop("its command queue", P.claimed_sender(data), str(err))
             return
+        self.received = msg.n
         name, command_id = msg["name"], msg["id"]
         try:
             result = self.handlers[name](msg["args"], msg.payload)
@@ -147,12 +164,11 @@ class Node:
             self._reply(command_id, True, value, payload, None)
 
     def _reply(self, command_id: int, ok: bool, value: Any, payload: bytes, error: dict | None) -> None:
-        self.store.queue_push(P.INBOX, P.encode(
-            "reply", self.rank, self.token, payload, id=command_id, ok=ok, value=value, error=error))
+        self.store.queue_push(P.INBOX, self.message("reply", payload, id=command_id, ok=ok, value=value, error=error))
 
     def _fail(self, exc: BaseException) -> None:
         logger.error("rlcollect node %d: %s: %s", self.rank, type(exc).__name__, exc)
-        self.store.queue_push(P.INBOX, P.encode("failed", self.rank, self.token, error=P.error_info(exc)))
+        self.store.queue_push(P.INBOX, self.message("failed", error=P.error_info(exc)))
 
     def collect_one(self) -> None:
         random = self.credits.popleft()
@@ -169,9 +185,8 @@ class Node:
             self.credits.clear()
             return
         self.sends[slot] = self.pg.send([self.slots[slot].flat], P.MASTER_RANK, transport.BATCH_TAG)
-        self.store.queue_push(P.INBOX, P.encode(
-            "ready", self.rank, self.token, seq=self.seq, slot=slot, frames=frames, version=version,
-            seconds=time.perf_counter() - started))
+        self.store.queue_push(P.INBOX, self.message(
+            "ready", seq=self.seq, slot=slot, frames=frames, version=version, seconds=time.perf_counter() - started))
         self.seq += 1
 
     def shutdown(self) -> None:
@@ -196,13 +211,14 @@ def _weight_spec(collector: Any) -> transport.WeightSpec | None:
 
 
 # -- entry point -----------------------------------------------------------------------------------------
-def _parent_watch() -> Any:
-    parent = os.environ.get(PARENT_PID_ENV)
-    if not parent:
+def _parent_watch(parent: tuple[int, str] | None) -> Any:
+    """For a node whose rank 0 runs on this host (``parent``: its pid and host name): a check
+    that it is still alive."""
+    if parent is None or parent[1] != socket.gethostname():
         return None
     from rlcollect._pids import pid_alive
 
-    return lambda: pid_alive(int(parent))
+    return lambda: pid_alive(int(parent[0]))
 
 
 def _orphaned(rank: int):
@@ -214,44 +230,102 @@ def _orphaned(rank: int):
     return on_lost
 
 
-def run_node(master_addr: str, master_port: int, rank: int, world_size: int, timeout: float = 300.0) -> int:
+def node_secret(secret: bytes | None = None, secret_file: str | None = None) -> bytes:
+    """The node's secret: ``secret`` (handed over by rank 0's launcher), else the file
+    ``secret_file``, else ``$RLCOLLECT_SECRET``; raises ``SecretError`` when there is none.
+    The variable is removed from the environment once read (the node's workers need not see it)."""
+    from_env = os.environ.pop(SECRET_ENV, None)
+    if secret is not None:
+        return check_secret(secret, "rank 0's launcher")
+    if secret_file:
+        return read_secret_file(secret_file)
+    if from_env is not None:
+        return check_secret(from_env.encode(), f"${SECRET_ENV}")
+    raise SecretError(f"no secret: pass --secret-file PATH (the file given to DistributedCollector(secret_file=PATH)) "
+                      f"or set ${SECRET_ENV}; see docs/distributed.md, 'Trust and the wire'")
+
+
+def _wait_config(store: Any, keys: Keys, rank: int, token: str, hello: bytes, deadline: float,
+                 drops: DropLog) -> P.Message | None:
+    """Rank 0's authentic answer to this session's hello (None: none before ``deadline``).
+    What does not verify is no news; a hello a foreign process overwrote is said again."""
+    key, bad, next_hello = P.config_key(rank, token), None, time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        if store.check([key]):
+            data = store.get(key)
+            if data != bad:
+                try:
+                    return P.decode(data, keys.to_node, kinds=("config", "reject"), to=rank, rank=P.MASTER_RANK,
+                                    token=token)
+                except P.ProtocolError as err:
+                    bad = data
+                    drops.drop("its configuration key", P.claimed_sender(data), str(err))
+        if time.monotonic() >= next_hello:
+            next_hello = time.monotonic() + 1.0
+            # Overwritten (a foreign write, or a second node for this rank) before rank 0 read
+            # it: say it again (rank 0 answers each session once).
+            if not store.check([P.hello_key(rank)]) or store.get(P.hello_key(rank)) != hello:
+                store.set(P.hello_key(rank), hello)
+        time.sleep(_CONFIG_POLL_S)
+    return None
+
+
+def run_node(master_addr: str, master_port: int, rank: int, world_size: int, timeout: float = 300.0, *,
+             secret: bytes | None = None, secret_file: str | None = None,
+             rank0_timeout: float = RANK0_TIMEOUT_S, parent: tuple[int, str] | None = None) -> int:
     """Run node ``rank`` of a ``DistributedCollector`` whose rank 0 listens on
-    ``master_addr:master_port``; returns the exit code (0 after rank 0 closed it)."""
+    ``master_addr:master_port``; returns the exit code (0 after rank 0 closed it).
+
+    The run's secret comes from ``secret``, ``secret_file`` or ``$RLCOLLECT_SECRET`` (see
+    ``node_secret``).  The node exits by itself when rank 0 is gone: its store connection
+    broke, it has not beaten for ``rank0_timeout`` seconds, or (``parent``: rank 0's pid and
+    host, for nodes rank 0 started on its own host) its process ended."""
     if not (isinstance(world_size, int) and world_size >= 2 and isinstance(rank, int) and 1 <= rank < world_size):
         raise ValueError(f"rank must be in 1..world_size-1 (rank 0 is the DistributedCollector), got rank={rank!r} "
                          f"and world_size={world_size!r}")
+    try:
+        keys = Keys(node_secret(secret, secret_file))
+    except SecretError as err:
+        logger.error("rlcollect node %d: %s", rank, err)
+        return EXIT_FAILED
     try:
         store = transport.connect_store(master_addr, master_port, timeout)
     except (RuntimeError, ValueError) as err:  # torch's DistStoreError / DistNetworkError
         logger.error("rlcollect node %d: cannot reach rank 0 at %s:%s within %g s: %s", rank, master_addr,
                      master_port, timeout, _first_line(err))
         return EXIT_FAILED
-    if store.add(P.claim_key(rank), 1) != 1:
-        logger.error("rlcollect node %d: rank %d is already taken by another node of this collector", rank, rank)
-        return EXIT_REJECTED
 
     def connect() -> Any:
         return transport.connect_store(master_addr, master_port, 30.0)
 
-    heartbeat = Heartbeat(connect, rank, on_lost=_orphaned(rank), parent_alive=_parent_watch()).start()
+    token = secrets.token_hex(16)  # this process's session
+    watch = NodeWatch(connect, rank, keys, token, rank0_timeout, _orphaned(rank), _parent_watch(parent)).start()
+    drops = DropLog(f"rlcollect node {rank}")
     node = commands = None
+    deadline = time.monotonic() + timeout
     try:
-        store.set(P.hello_key(rank), P.encode("hello", rank, world_size=world_size, pid=os.getpid(),
-                                              host=socket.gethostname()))
-        store.wait([P.config_key(rank)], datetime.timedelta(seconds=timeout))
-        try:
-            config = P.decode(store.get(P.config_key(rank)), kinds=("config", "reject"), rank=P.MASTER_RANK)
-        except P.ProtocolError as err:
-            logger.error("rlcollect node %d: rejected its configuration: %s", rank, err)
-            return EXIT_REJECTED
+        while not watch.run_known.wait(0.05):  # rank 0's beats (the watchdog ends a silent wait)
+            if time.monotonic() > deadline:
+                logger.error("rlcollect node %d: rank 0 at %s:%s showed no authentic heartbeat within %g s (another "
+                             "secret?)", rank, master_addr, master_port, timeout)
+                return EXIT_FAILED
+        hello = P.encode("hello", rank, keys.to_rank0, token, 0, to=P.MASTER_RANK, world_size=world_size,
+                         pid=os.getpid(), host=socket.gethostname(), run=watch.run)
+        store.set(P.hello_key(rank), hello)
+        config = _wait_config(store, keys, rank, token, hello, deadline, drops)
+        if config is None:
+            logger.error("rlcollect node %d: rank 0 did not answer its hello within %g s", rank, timeout)
+            return EXIT_FAILED
         if config.kind == "reject":
+            store.set(P.refused_key(rank, token), b"1")
             logger.error("rlcollect node %d: rank 0 refused this node: %s", rank, config["reason"])
             return EXIT_REJECTED
-        try:
-            node = Node(store, rank, config.token, cloudpickle.loads(config.payload), timeout)
+        try:  # authenticated above: rank 0's own configuration
+            node = Node(store, rank, keys, token, cloudpickle.loads(config.payload), timeout)
         except Exception as exc:  # noqa: BLE001  (rank 0 re-raises it)
             logger.error("rlcollect node %d: building its collector failed: %s: %s", rank, type(exc).__name__, exc)
-            store.set(P.started_key(rank), P.encode("failed", rank, config.token, error=P.error_info(exc)))
+            store.set(P.started_key(rank), P.encode("failed", rank, keys.to_rank0, token, 1, to=P.MASTER_RANK,
+                                                    error=P.error_info(exc)))
             return EXIT_FAILED
         address = transport.local_address_towards(master_addr, master_port)
         node.pg = transport.pair_group(store, rank, config["incarnation"], False, address, timeout)
@@ -263,13 +337,13 @@ def run_node(master_addr: str, master_port: int, rank: int, world_size: int, tim
         logger.info("rlcollect node %d: %s collecting for rank 0 at %s:%s", rank, type(node.collector).__name__,
                     master_addr, master_port)
         node.serve(commands)
-        store.set(P.bye_key(rank), b"1")
+        store.set(P.bye_key(rank), node.message("bye"))
         return EXIT_OK
     except RuntimeError as err:  # the store or a peer connection broke: rank 0 is gone
         logger.error("rlcollect node %d: lost rank 0: %s", rank, _first_line(err))
         return EXIT_ORPHANED
     finally:
-        heartbeat.stop()
+        watch.stop()
         if commands is not None:
             commands.close(store)
         if node is not None:
@@ -296,6 +370,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="rank 0 plus the nodes: num_nodes + 1 (default: $WORLD_SIZE)")
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="seconds to wait for rank 0 and its configuration (default: %(default)s)")
+    parser.add_argument("--secret-file", default=None,
+                        help=f"a file (mode 600) holding the run's secret, the one rank 0 was given with "
+                             f"secret_file=PATH (default: ${SECRET_ENV})")
+    parser.add_argument("--rank0-timeout", type=float, default=RANK0_TIMEOUT_S,
+                        help="exit when rank 0 has not beaten for this many seconds (frozen or unreachable; "
+                             "default: %(default)s)")
 
 
 def node_arguments(args: argparse.Namespace) -> dict[str, Any]:
@@ -307,12 +387,20 @@ def node_arguments(args: argparse.Namespace) -> dict[str, Any]:
         "rank": args.rank if args.rank is not None else _env_default("rank", int),
         "world_size": args.world_size if args.world_size is not None else _env_default("world_size", int),
         "timeout": args.timeout,
+        "secret_file": args.secret_file,
+        "rank0_timeout": args.rank0_timeout,
     }
     missing = [f"--{k.replace('_', '-')} (or ${ENV_VARS[k]})" for k in ENV_VARS if out[k] is None]
     if missing:
         raise ValueError(f"missing {', '.join(missing)}")
     if out["rank"] == 0:
         raise ValueError("rank 0 is the DistributedCollector itself; nodes are ranks 1..world size-1")
+    if not out["rank0_timeout"] > 0:
+        raise ValueError(f"--rank0-timeout must be a positive number of seconds, got {out['rank0_timeout']!r}")
+    if out["secret_file"] is None and SECRET_ENV not in os.environ:
+        raise ValueError(f"missing --secret-file PATH (or ${SECRET_ENV}): the run's secret, see docs/distributed.md")
+    if out["secret_file"] is not None:
+        read_secret_file(out["secret_file"])  # SecretError (a ValueError) names what is wrong
     return out
 
 
@@ -323,9 +411,13 @@ def configure_logging(rank: Any) -> None:
     logging.getLogger("rlcollect").propagate = True
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, secret: bytes | None = None) -> int:
+    """``python -m rlcollect.distributed.node`` (and the "mp" launcher's bootstrap, which
+    hands over ``secret``)."""
     parser = argparse.ArgumentParser(prog="python -m rlcollect.distributed.node", description="Run a distributed node.")
     add_arguments(parser)
+    if secret is not None:
+        os.environ[SECRET_ENV] = secret.decode()  # read (and removed) by node_arguments / run_node
     try:
         kwargs = node_arguments(parser.parse_args(argv))
     except ValueError as err:

@@ -3,28 +3,33 @@
 Every control message travels through the TCPStore that rank 0 hosts; batches and weights
 travel over torch.distributed point-to-point (see ``transport.py``).
 
-A message is ``MAGIC + JSON header + b"\\n" + payload``.  The header always holds ``v``
-(``PROTOCOL_VERSION``), ``kind``, ``rank`` (the sender) and ``token`` (a random string rank 0
-draws per run and node incarnation and hands each node with its configuration: messages of a
-previous incarnation of a relaunched node carry a stale token and are dropped), plus the fields ``SCHEMAS`` lists
-for its kind.  ``decode`` checks all of it and raises ``ProtocolError``; the receiver logs the
-error and drops the message, so a malformed message, one from another run or one from an
-unknown rank is never acted upon (SPEC 13).
+A message is ``MAGIC + MAC + JSON header + b"\\n" + payload``: ``MAC`` is an HMAC-SHA256, with
+the key of its direction (``auth.Keys``), over everything after it.  ``decode`` checks the MAC
+*first* (``hmac.compare_digest``) and parses nothing of a message that fails it; then the header:
+``v`` (``PROTOCOL_VERSION``), ``kind``, ``rank`` (the sender), ``to`` (the receiver), ``token``
+(the session: a random string a node draws per process, bound to the run at its hello) and ``n``
+(the session's message counter, which the receiver requires to grow: a replayed message is
+refused), plus the fields ``SCHEMAS`` lists for its kind.  Any failure raises ``ProtocolError``;
+the receiver logs it (once per sender) and drops the message, so a forged, replayed, malformed
+or foreign message is never acted upon, and nothing a node receives is unpickled before its MAC
+was checked.
 
 Trust runs one way.  Nodes execute what rank 0 sends (the cloudpickled env factory, policy and
-options: the main process is trusted by its nodes).  Rank 0 never unpickles freely what a node
-sends: headers are JSON, and the few payloads that need more (a node's ``state_dict``) go
-through ``loads_data``, an unpickler that only rebuilds containers, numbers, strings, numpy
-arrays and tensors.
+options: the main process is trusted by its nodes, once authenticated).  Rank 0 never unpickles
+freely what a node sends: headers are JSON, and the few payloads that need more (a node's
+``state_dict``) go through ``loads_data``, an unpickler that only rebuilds containers, numbers,
+strings, numpy arrays and tensors.
 
-Flow: a node claims its rank (``claim``), says ``hello``; rank 0 answers ``config`` (or
-``reject``) with the node's incarnation (0, then 1, 2, ... for a node relaunched after a
-failure) and a token for that incarnation; the node builds its collector and says ``started``
-(with its batch layout and weight shapes) or ``failed``.  Then rank 0 pushes ``command`` messages on the node's command
-queue, and the node answers on rank 0's inbox queue: a ``reply`` to each command, except
-``collect``, answered by a ``ready`` notice per batch (sent after the batch itself was posted on
-the process group), and ``weights``; any failure outside a reply is a ``failed`` message.
-A node that leaves after "close" sets its ``bye`` key.
+Flow: rank 0 beats on ``heartbeat_key(0)`` (its token is the run's nonce); a node beats on its
+own key with its session token, reads two of rank 0's beats to learn the run nonce, and says
+``hello`` (carrying the nonce, so a hello from another run is refused); rank 0 answers on
+``config_key(rank, token)`` with ``config`` (its incarnation: 0, then 1, 2, ... for a node
+relaunched after a failure) or ``reject``; the node builds its collector and says ``started``
+(with its batch layout and weight shapes) or ``failed``.  Then rank 0 pushes ``command``
+messages on the node's command queue, and the node answers on rank 0's inbox queue: a
+``reply`` to each command, except ``collect``, answered by a ``ready`` notice per batch (sent
+after the batch itself was posted on the process group), and ``weights``; any failure outside a
+reply is a ``failed`` message.  A node that leaves after "close" sets its ``bye`` key.
 """
 
 from __future__ import annotations
@@ -39,7 +44,9 @@ from typing import Any
 import numpy as np
 import torch
 
-PROTOCOL_VERSION = 2
+from rlcollect.distributed import auth
+
+PROTOCOL_VERSION = 3
 MAGIC = b"RLC:"
 
 # -- store keys ------------------------------------------------------------------------------------
@@ -48,16 +55,13 @@ _ROOT = "rlc"
 INBOX = f"{_ROOT}/inbox"
 
 
-def claim_key(rank: int) -> str:
-    return f"{_ROOT}/claim/{rank}"
-
-
 def hello_key(rank: int) -> str:
     return f"{_ROOT}/hello/{rank}"
 
 
-def config_key(rank: int) -> str:
-    return f"{_ROOT}/config/{rank}"
+def config_key(rank: int, token: str) -> str:
+    """Where rank 0 answers the hello of node ``rank``'s session ``token``."""
+    return f"{_ROOT}/config/{rank}/{token}"
 
 
 def started_key(rank: int) -> str:
@@ -76,6 +80,11 @@ def bye_key(rank: int) -> str:
     return f"{_ROOT}/bye/{rank}"
 
 
+def refused_key(rank: int, token: str) -> str:
+    """Where a refused node acknowledges its refusal (rank 0 waits for it before it exits)."""
+    return f"{_ROOT}/refused/{rank}/{token}"
+
+
 def pg_prefix(rank: int, incarnation: int) -> str:
     """The store prefix of the process group between rank 0 and one incarnation of a node."""
     return f"{_ROOT}/pg/{rank}/{incarnation}/"
@@ -83,8 +92,8 @@ def pg_prefix(rank: int, incarnation: int) -> str:
 
 def incarnation_keys(rank: int) -> list[str]:
     """What one incarnation of node ``rank`` leaves in the store: cleared before a relaunch so
-    that the new process can claim the rank and say hello afresh (its heartbeat counter stays)."""
-    return [claim_key(rank), hello_key(rank), config_key(rank), started_key(rank), bye_key(rank), command_queue(rank)]
+    that the new process can say hello afresh (its answer key is per session: see ``config_key``)."""
+    return [hello_key(rank), started_key(rank), bye_key(rank), heartbeat_key(rank), command_queue(rank)]
 
 
 # -- message formats -------------------------------------------------------------------------------
@@ -92,7 +101,8 @@ _NONE = type(None)
 _NUMBER = (int, float)
 #: The header fields of each kind of message, and the types they must have.
 SCHEMAS: dict[str, dict[str, Any]] = {
-    "hello": {"world_size": int, "pid": int, "host": str},
+    "beat": {},
+    "hello": {"world_size": int, "pid": int, "host": str, "run": str},
     "config": {"node_index": int, "incarnation": int},  # payload: the cloudpickled node spec
     "reject": {"reason": str},
     "started": {"layout": dict, "weights": (dict, _NONE), "pid": int, "host": str},
@@ -100,6 +110,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "command": {"id": int, "name": str, "args": dict},  # payload: see COMMANDS
     "reply": {"id": int, "ok": bool, "value": object, "error": (dict, _NONE)},  # payload: loads_data
     "ready": {"seq": int, "slot": int, "frames": int, "version": int, "seconds": _NUMBER},
+    "bye": {},
 }
 #: Commands a node serves, with the arguments each takes (node.py has the handlers).
 COMMANDS: dict[str, dict[str, Any]] = {
@@ -120,6 +131,10 @@ class ProtocolError(ValueError):
     rank that has no business sending it."""
 
 
+class AuthError(ProtocolError):
+    """A message whose MAC does not verify: forged, corrupted, or signed with another secret."""
+
+
 @dataclass
 class Message:
     kind: str
@@ -127,16 +142,31 @@ class Message:
     token: str = ""
     fields: dict[str, Any] = field(default_factory=dict)
     payload: bytes = b""
+    n: int = 0  # the session's message counter
+    to: int = 0
 
     def __getitem__(self, name: str) -> Any:
         return self.fields[name]
 
 
-def encode(kind: str, rank: int, token: str = "", payload: bytes = b"", **fields: Any) -> bytes:
+def encode(kind: str, rank: int, key: bytes, token: str, n: int, payload: bytes = b"", *, to: int,
+           **fields: Any) -> bytes:
+    """Sign and frame one message from ``rank`` to ``to`` (``key``: the direction's key)."""
     if kind not in SCHEMAS:
         raise ValueError(f"unknown message kind {kind!r}; known: {sorted(SCHEMAS)}")
-    header = {"v": PROTOCOL_VERSION, "kind": kind, "rank": rank, "token": token, **fields}
-    return MAGIC + json.dumps(header, separators=(",", ":")).encode() + b"\n" + payload
+    header = {"v": PROTOCOL_VERSION, "kind": kind, "rank": rank, "to": to, "token": token, "n": n, **fields}
+    body = json.dumps(header, separators=(",", ":")).encode() + b"\n" + payload
+    return MAGIC + auth.mac(key, body) + body
+
+
+def claimed_sender(data: Any) -> str:
+    """Who an (unauthenticated) message says it is from, for the log only: never trusted."""
+    try:
+        head = bytes(data[len(MAGIC) + auth.MAC_BYTES:]).partition(b"\n")[0]
+        rank = json.loads(head[:4096]).get("rank")
+        return f"rank {rank}" if isinstance(rank, int) and not isinstance(rank, bool) else "an unknown sender"
+    except Exception:  # noqa: BLE001  (anything goes in a foreign message)
+        return "an unknown sender"
 
 
 def _is(value: Any, expected: Any) -> bool:
@@ -148,13 +178,19 @@ def _is(value: Any, expected: Any) -> bool:
     return isinstance(value, kinds)
 
 
-def decode(data: Any, *, kinds: tuple[str, ...], rank: int | None = None, ranks: range | None = None,
-           token: str | None = None) -> Message:
-    """Parse and check one message.  ``kinds``: the kinds acceptable here; ``rank``: the only
-    sender acceptable, or ``ranks``: the senders acceptable; ``token``: the token expected (the run's, or the node incarnation's)."""
+def decode(data: Any, key: bytes, *, kinds: tuple[str, ...], to: int, rank: int | None = None,
+           ranks: range | None = None, token: str | None = None, after: int | None = None) -> Message:
+    """Authenticate, parse and check one message.  ``key``: the direction's key; ``kinds``:
+    the kinds acceptable here; ``to``: this receiver's rank; ``rank``: the only sender
+    acceptable, or ``ranks``: the senders acceptable; ``token``: the session expected;
+    ``after``: the last counter taken from that session (a counter not above it is a replay)."""
     if not isinstance(data, (bytes, bytearray)) or not data.startswith(MAGIC):
         raise ProtocolError(f"not an rlcollect message (no {MAGIC!r} prefix): {bytes(data[:40])!r}")
-    head, sep, payload = bytes(data[len(MAGIC):]).partition(b"\n")
+    data = bytes(data)
+    tag, body = data[len(MAGIC):len(MAGIC) + auth.MAC_BYTES], data[len(MAGIC) + auth.MAC_BYTES:]
+    if len(tag) != auth.MAC_BYTES or not auth.verify(key, tag, body):
+        raise AuthError("its MAC does not verify (forged, corrupted, or signed without this run's secret)")
+    head, sep, payload = body.partition(b"\n")
     if not sep:
         raise ProtocolError("message has no header terminator")
     try:
@@ -166,17 +202,23 @@ def decode(data: Any, *, kinds: tuple[str, ...], rank: int | None = None, ranks:
     if header.get("v") != PROTOCOL_VERSION:
         raise ProtocolError(f"protocol version {header.get('v')!r}, expected {PROTOCOL_VERSION} "
                             "(rank 0 and the node run different rlcollect versions)")
-    kind, sender = header.get("kind"), header.get("rank")
+    kind, sender, receiver, counter = header.get("kind"), header.get("rank"), header.get("to"), header.get("n")
     if kind not in kinds:
         raise ProtocolError(f"unexpected message kind {kind!r} here; expected one of {list(kinds)}")
     if not _is(sender, int):
         raise ProtocolError(f"message has no integer sender rank: {sender!r}")
+    if receiver != to:
+        raise ProtocolError(f"{kind!r} message from rank {sender} is addressed to rank {receiver!r}, not {to}")
+    if not _is(counter, int) or not isinstance(header.get("token"), str):
+        raise ProtocolError(f"{kind!r} message from rank {sender} has no session token and counter")
     if rank is not None and sender != rank:
         raise ProtocolError(f"{kind!r} message from rank {sender}, expected rank {rank}")
     if ranks is not None and sender not in ranks:
         raise ProtocolError(f"{kind!r} message from unknown rank {sender} (known: {ranks.start}..{ranks.stop - 1})")
-    if token is not None and header.get("token") != token:
-        raise ProtocolError(f"{kind!r} message from rank {sender} carries another run's token")
+    if token is not None and header["token"] != token:
+        raise ProtocolError(f"{kind!r} message from rank {sender} belongs to another session (run or incarnation)")
+    if after is not None and counter <= after:
+        raise ProtocolError(f"{kind!r} message from rank {sender} is a replay (counter {counter}, already at {after})")
     fields = {}
     for name, expected in SCHEMAS[kind].items():
         if name not in header or not _is(header[name], expected):
@@ -185,7 +227,7 @@ def decode(data: Any, *, kinds: tuple[str, ...], rank: int | None = None, ranks:
         fields[name] = header[name]
     if kind == "command":
         check_command(fields["name"], fields["args"])
-    return Message(kind, sender, str(header.get("token", "")), fields, payload)
+    return Message(kind, sender, header["token"], fields, payload, counter, receiver)
 
 
 def check_command(name: str, args: dict) -> None:

@@ -8,12 +8,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from rlcollect.envs.base import DONE_KEYS, ArraySpec, EnvBase, numpy_dtype
+from rlcollect.envs.base import DONE_KEYS, ArraySpec, EnvBase, check_output, numpy_dtype
 
 if TYPE_CHECKING:
     from tensordict import TensorDict
 
 _NOT_OBS = {*DONE_KEYS, "reward", "action"}
+_ONE_FLOAT = ArraySpec((1,), np.dtype(np.float32))
+_ONE_FLAG = ArraySpec((1,), np.dtype(np.bool_))
 
 
 def _leaf_key_ok(key) -> bool:
@@ -64,6 +66,19 @@ class TensorDictEnvAdapter(EnvBase):
             raise TypeError(f"env {type(self.env).__name__} has neither rand_action nor action_spec")
         return spec.rand()
 
+    def _check_td(self, td: TensorDict, what: str, keys) -> None:
+        """Check the entries ``keys`` of ``td`` against the layout (see ``check_output``)."""
+        nb = self.batch_size
+        for key, spec in keys:
+            value = td.get(key, None)
+            if isinstance(value, torch.Tensor) and value.shape == nb and spec.shape == (1,) and key not in self.obs_layout:
+                spec = ArraySpec((), spec.dtype)  # a reward or flag without its trailing 1 (read as such)
+            if isinstance(value, torch.Tensor) and tuple(value.shape[: len(nb)]) == tuple(nb):
+                value = value[(0,) * len(nb)] if nb else value  # one row's entry
+            elif isinstance(value, torch.Tensor):
+                spec = ArraySpec((*nb, *spec.shape), spec.dtype)  # report the whole entry
+            check_output(self, what, key, value, spec)
+
     def _read_rows(self, td: TensorDict, rows, obs_out) -> None:
         n = self.num_rows
         for key, out in obs_out.items():
@@ -76,6 +91,9 @@ class TensorDictEnvAdapter(EnvBase):
     def _reset_rows(self, rows, obs_out) -> None:
         if rows is None or not self.batch_size:
             td = self.env.reset()
+            if self._check_reset:
+                self._check_td(td, "reset() observation", self.obs_layout.items())
+                self._check_reset = False
             self._read_rows(td, None, obs_out)
             self._root = td
             return
@@ -84,6 +102,9 @@ class TensorDictEnvAdapter(EnvBase):
         request = self._root.clone()
         request.set("_reset", torch.from_numpy(mask).reshape(*self.batch_size, 1).to(self.device))
         td = self.env.reset(request)
+        if self._check_reset:
+            self._check_td(td, "reset() observation", self.obs_layout.items())
+            self._check_reset = False
         self._read_rows(td, rows, obs_out)
         for key in self.obs_layout:
             self._root.get(key)[torch.from_numpy(mask).reshape(self.batch_size)] = td.get(key)[
@@ -95,6 +116,11 @@ class TensorDictEnvAdapter(EnvBase):
         td.set("action", torch.from_numpy(action).reshape((*self.batch_size, *self.action_layout.shape)).to(self.device))
         td = self.env.step(td)
         nxt = td.get("next")
+        if self._check_step:
+            self._check_td(nxt, "step() observation", self.obs_layout.items())
+            self._check_td(nxt, "step() entry", [("reward", _ONE_FLOAT), ("done", _ONE_FLAG)] + [
+                (k, _ONE_FLAG) for k in ("terminated", "truncated") if k in nxt.keys()])
+            self._check_step = False
         self._read_rows(nxt, None, obs_out)
         n = self.num_rows
         reward[:] = nxt.get("reward").detach().cpu().numpy().reshape(n)
@@ -124,6 +150,9 @@ class TensorDictEnvAdapter(EnvBase):
             fn(state)
         elif state:
             raise ValueError(f"env {type(self.env).__name__} has no load_state_dict")
+
+    def __repr__(self) -> str:
+        return f"{type(self.env).__name__}(batch_size={list(self.batch_size)})"
 
     def close(self) -> None:
         close = getattr(self.env, "close", None)

@@ -76,6 +76,31 @@ class RandomActionBlocks:
         self._block, self._pos = (self._draw(self.rng, 0) if block is None else np.asarray(block)), 0
 
 
+_ACCEPTED_KINDS = {"f": "biuf", "i": "biu", "u": "biu", "b": "biu"}
+
+
+def check_output(env: Any, what: str, key: NestedKey, value: Any, spec: ArraySpec) -> None:
+    """Raise ``ValueError`` unless ``value`` (one env row's ``what`` ``key``) has ``spec``'s shape
+    and a dtype that converts to ``spec.dtype`` without loss of meaning (a scalar is not
+    broadcast into every feature, ``None`` is not NaN, complex is not cast to real).
+
+    The envs call this on the first step and reset of each batch only (see
+    ``EnvBase._arm_checks``): checking every step would cost a large share of a cheap env's step.
+    """
+    if isinstance(value, torch.Tensor):
+        shape, dtype = tuple(value.shape), numpy_dtype(value.dtype)
+    else:
+        array = np.asarray(value) if value is not None else None
+        shape, dtype = (None, None) if array is None else (array.shape, array.dtype)
+    ok = dtype is not None and shape == spec.shape and dtype.kind in _ACCEPTED_KINDS.get(spec.dtype.kind, spec.dtype.kind)
+    if not ok:
+        got = "None" if dtype is None else f"shape {shape} and dtype {dtype}"
+        raise ValueError(
+            f"{env!r} returned a malformed {what} {key!r}: got {got}, expected shape {spec.shape} and dtype "
+            f"{spec.dtype} (per env row); fix the env or wrap it so that it returns that"
+        )
+
+
 def torch_dtype(dtype: np.dtype) -> torch.dtype:
     """The torch dtype of a numpy dtype (``np.bool_`` -> ``torch.bool`` and so on)."""
     return torch.from_numpy(np.zeros((), dtype=dtype)).dtype
@@ -109,10 +134,19 @@ class EnvBase:
     has_truncated: bool = True
     action_key: NestedKey = "action"
 
+    # Check the outputs of the next step / reset against the layout (then trust them): the
+    # first ones after construction, and the first of each batch (the rollout re-arms them).
+    _check_step: bool = True
+    _check_reset: bool = True
+
     # -- array interface (the collector's hot path) ----------------------------------------
     @property
     def num_rows(self) -> int:
         return math.prod(self.batch_size)
+
+    def _arm_checks(self) -> None:
+        """Have the next step and reset check what the env returns (``check_output``)."""
+        self._check_step = self._check_reset = True
 
     def _reset_rows(self, rows: np.ndarray | None, obs_out: dict[NestedKey, np.ndarray]) -> None:
         """Reset ``rows`` (all when None) and write their first observation into ``obs_out``."""

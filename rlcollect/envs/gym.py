@@ -11,7 +11,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlcollect.envs.base import ArraySpec, EnvBase, NestedKey, RandomActionBlocks
+from rlcollect.envs.base import ArraySpec, EnvBase, NestedKey, RandomActionBlocks, check_output
 
 
 def _box_dtype(dtype: np.dtype) -> np.dtype:
@@ -87,19 +87,83 @@ def _obs_writer(space: gym.Space, layout: dict[NestedKey, ArraySpec]) -> Callabl
     return write_nested
 
 
+def _obs_leaves(space: gym.Space, layout: dict[NestedKey, ArraySpec]) -> Callable:
+    """A function ``leaves(obs)`` listing ``(key, value)`` of one gym observation, in layout order
+    (a Dict or Tuple observation that lacks an entry gives ``None`` for it)."""
+    if not isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
+        (key,) = layout
+        return lambda obs: [(key, obs)]
+    paths: list[tuple] = []
+
+    def collect(sp: gym.Space, path: tuple) -> None:
+        if isinstance(sp, gym.spaces.Dict):
+            for name, sub in sp.spaces.items():
+                collect(sub, (*path, name))
+        elif isinstance(sp, gym.spaces.Tuple):
+            for i, sub in enumerate(sp.spaces):
+                collect(sub, (*path, i))
+        else:
+            paths.append(path)
+
+    collect(space, ())
+
+    def leaves(obs: Any) -> list:
+        out = []
+        for key, path in zip(layout, paths):
+            value = obs
+            for part in path:
+                try:
+                    value = value[part]
+                except (KeyError, IndexError, TypeError):
+                    value = None
+                    break
+            out.append((key, value))
+        return out
+
+    return leaves
+
+
+_REWARD = ArraySpec((), np.dtype(np.float32))
+_FLAG = ArraySpec((), np.dtype(np.bool_))
+
+
+# torchrl GymEnv keyword arguments that have no meaning here, and what to do instead.
+_TORCHRL_ONLY = {
+    "device": "GymEnv steps on the CPU; give the collector policy_device / storing_device instead",
+    "batch_size": "use num_envs=K for K copies (batch size [K])",
+    "num_workers": "use a MultiSyncCollector / MultiAsyncCollector for parallel workers",
+    "allow_done_after_reset": "an env that is done right after reset is an error here",
+    "convert_actions_to_numpy": "actions always reach gymnasium as numpy values (Discrete as Python ints)",
+    "missing_obs_value": "every observation must be present (a missing one is an error)",
+    "native_autoreset": "GymEnv resets each copy the moment it ends",
+}
+
+
 class GymEnv(EnvBase):
     """A gymnasium environment (or ``num_envs`` copies of it, stepped in-process).
 
     Args:
         env: a gymnasium id such as ``"CartPole-v1"``, a ``gymnasium.Env`` instance, or a
-            zero-argument callable returning one.
+            zero-argument callable returning one (torchrl's ``env_name=`` is accepted too).
         num_envs: ``None`` for an unbatched env (batch size ``[]``); ``K`` for ``K`` copies
             with batch size ``[K]``.  Each copy is reset the moment it ends (the collector
             stores the true final observation under ``"next"`` and the reset observation in
             the next row).
-        **make_kwargs: passed to ``gymnasium.make`` when ``env`` is an id.
+        categorical_action_encoding: for ``Discrete`` action spaces, ``True`` (the default
+            here) takes an int64 index, ``False`` an int64 one-hot vector of ``n`` entries
+            (torchrl's default).
+        frame_skip: repeat each action this many steps (summing the rewards; stops early
+            when the episode ends), as torchrl's ``frame_skip``.
+        from_pixels: observe the rendered frame as ``"pixels"`` (uint8 ``(H, W, 3)``); an id
+            is made with ``render_mode="rgb_array"``, an instance must have that render mode.
+        pixels_only: with ``from_pixels``, drop the state observation (``True``, torchrl's
+            default for ``GymEnv``) or keep it as ``"observation"`` (``False``).
+        **make_kwargs: passed to ``gymnasium.make`` when ``env`` is an id (or to the callable).
 
-    Box observations are stored as float32 when the space says float64.
+    torchrl's ``device``, ``batch_size``, ``num_workers``, ``allow_done_after_reset``,
+    ``convert_actions_to_numpy``, ``missing_obs_value`` and ``native_autoreset`` are refused
+    with a message saying what to use instead. Box observations are stored as float32 when the
+    space says float64.
 
     Example:
         >>> env = GymEnv("CartPole-v1", num_envs=4)
@@ -107,13 +171,42 @@ class GymEnv(EnvBase):
         torch.Size([4])
         >>> env.reset()["observation"].shape
         torch.Size([4, 4])
+        >>> GymEnv("CartPole-v1", categorical_action_encoding=False).rand_action()["action"].shape
+        torch.Size([2])
     """
 
-    def __init__(self, env: str | gym.Env | Callable[[], gym.Env], num_envs: int | None = None, **make_kwargs: Any):
+    def __init__(
+        self,
+        env: str | gym.Env | Callable[[], gym.Env] | None = None,
+        num_envs: int | None = None,
+        *,
+        categorical_action_encoding: bool = True,
+        frame_skip: int | None = None,
+        from_pixels: bool = False,
+        pixels_only: bool = True,
+        **make_kwargs: Any,
+    ):
+        if env is None:
+            env = make_kwargs.pop("env_name", None)
+            if env is None:
+                raise TypeError("GymEnv: env must be given (a gymnasium id, a gymnasium.Env or a callable), got None")
+        if "device" in make_kwargs and torch.device(make_kwargs["device"]).type == "cpu":
+            del make_kwargs["device"]  # what GymEnv does anyway
+        refused = sorted(set(make_kwargs) & set(_TORCHRL_ONLY))
+        if refused:
+            raise ValueError("GymEnv: " + "; ".join(f"{k!r} is not supported: {_TORCHRL_ONLY[k]}" for k in refused))
         if num_envs is not None and (not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1):
             raise ValueError(f"GymEnv: num_envs must be None or a positive int, got {num_envs!r}")
+        if not isinstance(categorical_action_encoding, bool):
+            raise ValueError(f"GymEnv: categorical_action_encoding must be True or False, got {categorical_action_encoding!r}")
+        if frame_skip is not None and (not isinstance(frame_skip, int) or isinstance(frame_skip, bool) or frame_skip < 1):
+            raise ValueError(f"GymEnv: frame_skip must be None or a positive int, got {frame_skip!r}")
+        if not isinstance(from_pixels, bool) or not isinstance(pixels_only, bool):
+            raise ValueError(f"GymEnv: from_pixels and pixels_only must be bools, got {from_pixels!r}, {pixels_only!r}")
         copies = 1 if num_envs is None else num_envs
         if isinstance(env, str):
+            if from_pixels:
+                make_kwargs.setdefault("render_mode", "rgb_array")
             self._envs = [gym.make(env, **make_kwargs) for _ in range(copies)]
             self.env_id = env
         elif isinstance(env, gym.Env):
@@ -133,17 +226,41 @@ class GymEnv(EnvBase):
             self.env_id = getattr(self._envs[0].spec, "id", None)
         else:
             raise TypeError(f"GymEnv: env must be a gymnasium id, a gymnasium.Env or a callable, got {type(env).__name__}")
+        if from_pixels:
+            self._envs = [self._pixel_env(e, pixels_only) for e in self._envs]
+        self.frame_skip = frame_skip or 1
         self.batch_size = torch.Size([] if num_envs is None else [num_envs])
         first = self._envs[0]
         self.observation_space = first.observation_space
         self.action_space = first.action_space
-        self.obs_layout = _observation_layout(self.observation_space)
-        self.action_layout = _leaf_spec(self.action_space, "action space")
+        # a pixels-only env observes the frame alone: its key is "pixels", as in torchrl
+        self.obs_layout = _observation_layout(self.observation_space, ("pixels",) if from_pixels and pixels_only else ())
+        self._one_hot = not categorical_action_encoding and isinstance(self.action_space, gym.spaces.Discrete)
+        if self._one_hot:
+            self.action_layout = ArraySpec((int(self.action_space.n),), np.dtype(np.int64))
+        else:
+            self.action_layout = _leaf_spec(self.action_space, "action space")
         self._write_obs = _obs_writer(self.observation_space, self.obs_layout)
+        self._leaves = _obs_leaves(self.observation_space, self.obs_layout)
         self._scalar_actions = isinstance(self.action_space, gym.spaces.Discrete)
         self._random = RandomActionBlocks(self._draw)
         self._pending_seeds: list[int | None] = [None] * copies
         self._closed = False
+
+    def _pixel_env(self, env: gym.Env, pixels_only: bool) -> gym.Env:
+        if getattr(env, "render_mode", None) != "rgb_array":
+            raise ValueError(
+                f"GymEnv: from_pixels=True needs an env with render_mode='rgb_array', got "
+                f"{getattr(env, 'render_mode', None)!r} (give an id, or make the env with render_mode='rgb_array')"
+            )
+        return gym.wrappers.AddRenderObservation(env, render_only=pixels_only, render_key="pixels", obs_key="observation")
+
+    def _actions(self, action: np.ndarray):
+        """What gymnasium gets: Python ints for discrete actions (its contains() checks them
+        much faster), the index of a one-hot action."""
+        if self._one_hot:
+            return action.argmax(-1).tolist()
+        return action.tolist() if self._scalar_actions else action
 
     # -- array interface ----------------------------------------------------------------
     def _reset_rows(self, rows: np.ndarray | None, obs_out: dict[NestedKey, np.ndarray]) -> None:
@@ -152,12 +269,25 @@ class GymEnv(EnvBase):
             seed = self._pending_seeds[i]
             self._pending_seeds[i] = None
             obs, _ = self._envs[i].reset(seed=seed)
+            if self._check_reset:
+                self._check_obs(obs, "reset() observation")
             self._write_obs(obs, i, obs_out)
+        self._check_reset = False
+
+    def _check_obs(self, obs: Any, what: str) -> None:
+        layout = self.obs_layout
+        for key, value in self._leaves(obs):
+            check_output(self, what, key, value, layout[key])
 
     def _step_rows(self, action, obs_out, reward, terminated, truncated) -> None:
+        if self._check_step:
+            self._step_rows_checked(action, obs_out, reward, terminated, truncated)
+            return
+        if self.frame_skip > 1:
+            self._step_rows_skipping(action, obs_out, reward, terminated, truncated)
+            return
         write = self._write_obs
-        # Python ints for discrete actions: gymnasium's contains() checks them much faster.
-        actions = action.tolist() if self._scalar_actions else action
+        actions = self._actions(action)
         for i, env in enumerate(self._envs):
             obs, r, term, trunc, _ = env.step(actions[i])
             write(obs, i, obs_out)
@@ -165,12 +295,55 @@ class GymEnv(EnvBase):
             terminated[i] = term
             truncated[i] = trunc
 
+    def _step_rows_checked(self, action, obs_out, reward, terminated, truncated) -> None:
+        """``_step_rows`` checking everything each copy returns against the layout."""
+        actions = self._actions(action)
+        for i, env in enumerate(self._envs):
+            obs, r, term, trunc = self._step_one(env, actions[i], check=True)
+            self._write_obs(obs, i, obs_out)
+            reward[i] = r
+            terminated[i] = term
+            truncated[i] = trunc
+        self._check_step = False
+
+    def _step_rows_skipping(self, action, obs_out, reward, terminated, truncated) -> None:
+        actions = self._actions(action)
+        for i, env in enumerate(self._envs):
+            obs, r, term, trunc = self._step_one(env, actions[i], check=False)
+            self._write_obs(obs, i, obs_out)
+            reward[i] = r
+            terminated[i] = term
+            truncated[i] = trunc
+
+    def _step_one(self, env: gym.Env, action: Any, check: bool) -> tuple:
+        """One step of one copy, ``frame_skip`` times the action (rewards summed, stopping
+        when the episode ends)."""
+        total = 0.0
+        for _ in range(self.frame_skip):
+            result = env.step(action)
+            if check:
+                if not isinstance(result, tuple) or len(result) != 5:
+                    raise ValueError(f"{self!r}: step() must return (obs, reward, terminated, truncated, info), "
+                                     f"got {type(result).__name__} {result!r:.100}")
+                self._check_obs(result[0], "step() observation")
+                check_output(self, "step() reward", "reward", result[1], _REWARD)
+                check_output(self, "step() flag", "terminated", result[2], _FLAG)
+                check_output(self, "step() flag", "truncated", result[3], _FLAG)
+            obs, r, term, trunc, _ = result
+            total += r
+            if term or trunc:
+                break
+        return obs, (total if self.frame_skip > 1 else r), term, trunc
+
     def _sample_actions(self, out: np.ndarray) -> None:
         self._random.sample(out)
 
     def _draw(self, rng: np.random.Generator, steps: int) -> np.ndarray:
         space = self.action_space
         size = (steps, len(self._envs), *space.shape)
+        if self._one_hot:
+            index = rng.integers(int(space.start), int(space.start + space.n), size=size) - int(space.start)
+            return np.eye(int(space.n), dtype=np.int64)[index]
         if isinstance(space, gym.spaces.Discrete):
             return rng.integers(int(space.start), int(space.start + space.n), size=size)
         if isinstance(space, gym.spaces.MultiDiscrete):
@@ -220,4 +393,5 @@ class GymEnv(EnvBase):
                 env.close()
 
     def __repr__(self) -> str:
-        return f"GymEnv({self.env_id!r}, batch_size={list(self.batch_size)})"
+        name = self.env_id if self.env_id is not None else type(self._envs[0].unwrapped).__name__
+        return f"GymEnv({name!r}, batch_size={list(self.batch_size)})"

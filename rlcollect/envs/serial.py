@@ -53,6 +53,10 @@ class SerialEnv(EnvBase):
                 action[i : i + 1], self._row(obs_out, i), reward[i : i + 1], terminated[i : i + 1], truncated[i : i + 1]
             )
 
+    def _arm_checks(self) -> None:
+        for env in self.envs:
+            env._arm_checks()
+
     def _sample_actions(self, out: np.ndarray) -> None:
         for i, env in enumerate(self.envs):
             env._sample_actions(out[i : i + 1])

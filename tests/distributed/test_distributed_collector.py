@@ -102,18 +102,22 @@ def test_sync_reset_starts_new_trajectories(sync_collector):
     assert (after["observation"][:, 0, 0] == 0).all()  # the reset observation
 
 
-def test_malformed_and_foreign_notices_are_dropped(sync_collector, caplog):
+def test_malformed_forged_and_foreign_notices_are_dropped(sync_collector, caplog):
     c = sync_collector
-    store = c._sup.store
+    store, keys = c._sup.store, c._sup.keys
+    token = c._sup.tokens[1]
+    ready = dict(seq=0, slot=0, frames=1, version=0, seconds=0.0)
     store.queue_push(P.INBOX, b"garbage")
-    store.queue_push(P.INBOX, P.encode("ready", 1, "not-the-token", seq=0, slot=0, frames=1, version=0, seconds=0.0))
-    store.queue_push(P.INBOX, P.encode("ready", 9, c._sup.tokens[1], seq=0, slot=0, frames=1, version=0, seconds=0.0))
+    store.queue_push(P.INBOX, P.encode("ready", 1, b"x" * 32, token, 10**6, to=0, **ready))  # without the secret
+    store.queue_push(P.INBOX, P.encode("ready", 2, keys.to_rank0, "not-the-token", 10**6, to=0, **ready))
+    store.queue_push(P.INBOX, P.encode("ready", 9, keys.to_rank0, token, 10**6, to=0, **ready))
     store.queue_push(P.command_queue(1), b"not a command")
     with caplog.at_level(logging.ERROR, logger="rlcollect"):
         batch = next(iter(c))
     assert batch.shape == (2, 10)
     text = caplog.text
-    assert "not an rlcollect message" in text and "another run's token" in text and "unknown rank 9" in text
+    assert "not an rlcollect message" in text and "MAC does not verify" in text
+    assert "another session" in text and "unknown rank 9" in text
 
 
 def _listeners(port: int) -> list[str]:

@@ -86,3 +86,32 @@ def test_a_scheme_with_policy_factory_is_accepted_by_validation():
     assert [s["kwargs"]["num_workers"] for s in specs] == [3, 2]
     assert all(s["policy"] is None and s["kwargs"]["policy_factory"] is ValuePolicy for s in specs)
     assert torch.equal(cfg.weight_source.w, torch.zeros(1))
+
+
+@pytest.mark.parametrize("name", ["start_timeout", "rank0_timeout"])
+@pytest.mark.parametrize("value", [0, -1.0, "5", None, True])
+def test_liveness_timeouts_are_positive_seconds(name, value):
+    with pytest.raises(ValueError, match=f"{name} must be a positive number of seconds"):
+        _make(**{name: value})
+
+
+def test_secret_file_is_checked_before_anything_starts(tmp_path, monkeypatch):
+    import os
+
+    from rlcollect.distributed.auth import SECRET_ENV, new_secret, write_secret_file
+
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    path = write_secret_file(new_secret(), tmp_path)
+    os.chmod(path, 0o640)
+    with pytest.raises(ValueError, match=r"secret_file=.*readable by other users.*chmod 600"):
+        _make(secret_file=path)
+    with pytest.raises(ValueError, match="cannot read the secret file"):
+        _make(secret_file=tmp_path / "missing")
+    with pytest.raises(TypeError, match="secret_file must be a path"):
+        _make(secret_file=123)
+    with pytest.raises(ValueError, match="submitit_delayed' needs secret_file=PATH"):
+        _make(launcher="submitit_delayed", tcp_port=29999)
+    monkeypatch.setenv(SECRET_ENV, "short")
+    with pytest.raises(ValueError, match="at least 16 are needed"):
+        _make(launcher="external", tcp_port=29999)
+

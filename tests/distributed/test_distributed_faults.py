@@ -110,10 +110,14 @@ time.sleep(600)
 """
 
 
+#: External nodes and their rank 0 share the run's secret through the environment.
+SECRET_ENV = {"RLCOLLECT_SECRET": "0123456789abcdef" * 4}
+
+
 def _rank0(tmp_path: Path, launcher: str, port: int, nodes: int) -> subprocess.Popen:
     script = tmp_path / "rank0.py"
     script.write_text(textwrap.dedent(_RANK0.format(helpers=HELPERS, nodes=nodes, launcher=launcher, port=port)))
-    return subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE)
+    return subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, env={**os.environ, **SECRET_ENV})
 
 
 def test_mp_nodes_end_when_rank0_is_killed(tmp_path):
@@ -134,7 +138,7 @@ def test_external_node_ends_when_rank0_is_killed(tmp_path):
     rank0 = _rank0(tmp_path, "external", port, nodes=1)
     node = subprocess.Popen([rlcollect_command(), "node", "--master-addr", "127.0.0.1", "--master-port", str(port),
                              "--rank", "1", "--world-size", "2", "--timeout", "120"],
-                            env={**os.environ, "PYTHONPATH": HELPERS})
+                            env={**os.environ, "PYTHONPATH": HELPERS, **SECRET_ENV})
     try:
         read_line(rank0, "PIDS", 120)
         rank0.kill()

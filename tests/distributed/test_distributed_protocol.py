@@ -19,30 +19,68 @@ from rlcollect.envs.testing import InjectedFault
 from rlcollect.multiprocess.protocol import WorkerError
 
 
+KEY = b"k" * 32
+OTHER_KEY = b"o" * 32
+
+
+def enc(kind, rank, token="tok", payload=b"", n=9, to=0, key=KEY, **fields):
+    return P.encode(kind, rank, key, token, n, payload, to=to, **fields)
+
+
 def test_round_trip_of_every_kind():
-    data = P.encode("ready", 2, "tok", seq=3, slot=1, frames=10, version=4, seconds=0.5)
-    msg = P.decode(data, kinds=("ready",), ranks=range(1, 3), token="tok")
-    assert (msg.kind, msg.rank, msg["seq"], msg["frames"]) == ("ready", 2, 3, 10)
-    cmd = P.encode("command", 0, "tok", b"payload", id=1, name="collect", args={"credits": 2, "random": False})
-    msg = P.decode(cmd, kinds=("command",), rank=0, token="tok")
+    data = enc("ready", 2, seq=3, slot=1, frames=10, version=4, seconds=0.5)
+    msg = P.decode(data, KEY, kinds=("ready",), to=0, ranks=range(1, 3), token="tok")
+    assert (msg.kind, msg.rank, msg["seq"], msg["frames"], msg.n) == ("ready", 2, 3, 10, 9)
+    cmd = enc("command", 0, payload=b"payload", to=1, id=1, name="collect", args={"credits": 2, "random": False})
+    msg = P.decode(cmd, KEY, kinds=("command",), to=1, rank=0, token="tok")
     assert msg.payload == b"payload" and msg["args"] == {"credits": 2, "random": False}
+
+
+def _unsigned(header: dict) -> bytes:
+    return P.MAGIC + b"\0" * 32 + json.dumps(header).encode() + b"\n"
+
+
+def _resigned(data: bytes, **changes) -> bytes:
+    """``data`` with its header changed and its MAC left as it was (a tampered message)."""
+    body = data[len(P.MAGIC) + 32:]
+    head, _, payload = body.partition(b"\n")
+    header = {**json.loads(head), **changes}
+    return data[:len(P.MAGIC) + 32] + json.dumps(header).encode() + b"\n" + payload
+
+
+READY = dict(seq=0, slot=0, frames=1, version=0, seconds=0.1)
 
 
 @pytest.mark.parametrize("data, match", [
     (b"garbage", "not an rlcollect message"),
-    (P.MAGIC + b"{not json}\n", "not JSON"),
-    (P.MAGIC + b"[1, 2]\n", "not a JSON object"),
-    (P.MAGIC + json.dumps({"v": 99, "kind": "ready", "rank": 1}).encode() + b"\n", "protocol version 99"),
-    (P.encode("hello", 1, "tok", world_size=3, pid=1, host="h"), "unexpected message kind 'hello'"),
-    (P.encode("ready", 7, "tok", seq=0, slot=0, frames=1, version=0, seconds=0.1), "unknown rank 7"),
-    (P.encode("ready", 1, "other", seq=0, slot=0, frames=1, version=0, seconds=0.1), "another run's token"),
-    (P.encode("ready", 1, "tok", seq="0", slot=0, frames=1, version=0, seconds=0.1), "field 'seq'"),
-    (P.encode("ready", 1, "tok", seq=True, slot=0, frames=1, version=0, seconds=0.1), "field 'seq'"),
-    (P.encode("ready", 1, "tok", slot=0, frames=1, version=0, seconds=0.1), "field 'seq' missing"),
+    (_unsigned({"v": P.PROTOCOL_VERSION, "kind": "ready", "rank": 1}), "MAC does not verify"),
+    (P.MAGIC + b"short", "MAC does not verify"),
+    (enc("ready", 1, key=OTHER_KEY, **READY), "MAC does not verify"),
+    (_resigned(enc("ready", 1, **READY), frames=10**6), "MAC does not verify"),
+    (enc("ready", 1, payload=b"x", **READY)[:-1] + b"y", "MAC does not verify"),
+    (enc("hello", 1, world_size=3, pid=1, host="h", run="r"), "unexpected message kind 'hello'"),
+    (enc("ready", 7, **READY), "unknown rank 7"),
+    (enc("ready", 1, token="other", **READY), "another session"),
+    (enc("ready", 1, to=2, **READY), "addressed to rank 2"),
+    (enc("ready", 1, n=5, **READY), "a replay"),
+    (enc("ready", 1, n=4, **READY), "a replay"),
+    (enc("ready", 1, **{**READY, "seq": "0"}), "field 'seq'"),
+    (enc("ready", 1, **{**READY, "seq": True}), "field 'seq'"),
+    (enc("ready", 1, slot=0, frames=1, version=0, seconds=0.1), "field 'seq' missing"),
 ])
-def test_malformed_or_foreign_messages_are_rejected(data, match):
+def test_malformed_forged_or_foreign_messages_are_rejected(data, match):
     with pytest.raises(P.ProtocolError, match=match):
-        P.decode(data, kinds=("ready",), ranks=range(1, 3), token="tok")
+        P.decode(data, KEY, kinds=("ready",), to=0, ranks=range(1, 3), token="tok", after=5)
+
+
+def test_a_message_signed_for_one_direction_fails_in_the_other():
+    from rlcollect.distributed.auth import Keys
+
+    keys = Keys(b"s" * 32)
+    data = P.encode("ready", 1, keys.to_rank0, "tok", 1, to=0, **READY)
+    P.decode(data, keys.to_rank0, kinds=("ready",), to=0, ranks=range(1, 3))
+    with pytest.raises(P.AuthError):
+        P.decode(data, keys.to_node, kinds=("ready",), to=0, ranks=range(1, 3))
 
 
 @pytest.mark.parametrize("name, args, match", [
@@ -52,15 +90,15 @@ def test_malformed_or_foreign_messages_are_rejected(data, match):
     ("seed", {"seed": 1, "static_seed": False, "extra": 1}, "takes"),
 ])
 def test_bad_commands_are_rejected(name, args, match):
-    data = P.encode("command", 0, "tok", id=1, name=name, args=args)
+    data = enc("command", 0, to=1, id=1, name=name, args=args)
     with pytest.raises(P.ProtocolError, match=match):
-        P.decode(data, kinds=("command",), rank=0, token="tok")
+        P.decode(data, KEY, kinds=("command",), to=1, rank=0, token="tok")
 
 
 def test_commands_only_from_rank_0():
-    data = P.encode("command", 1, "tok", id=1, name="reset", args={})
+    data = enc("command", 1, to=1, id=1, name="reset", args={})
     with pytest.raises(P.ProtocolError, match="expected rank 0"):
-        P.decode(data, kinds=("command",), rank=0, token="tok")
+        P.decode(data, KEY, kinds=("command",), to=1, rank=0, token="tok")
 
 
 def test_data_payloads_round_trip():
@@ -119,3 +157,18 @@ def test_weights_pack_and_unpack():
         transport.pack_weights({"0.weight": torch.zeros(2, 3)}, spec)
     with pytest.raises(ValueError, match="wrong shapes"):
         transport.pack_weights({**module.state_dict(), "0.bias": torch.zeros(5)}, spec)
+
+
+def test_drops_are_logged_once_per_sender_and_bounded(caplog):
+    import logging
+
+    from rlcollect.distributed.auth import DropLog
+
+    drops = DropLog("test")
+    with caplog.at_level(logging.ERROR, logger="rlcollect"):
+        for _ in range(3):
+            drops.drop("the inbox", "rank 1", "forged")
+        for rank in range(1000):  # a forger claiming ever new senders
+            drops.drop("the inbox", f"rank {rank + 2}", "forged")
+    assert drops.total == 1003
+    assert len(caplog.records) == DropLog.MAX_SENDERS + 1 and len(drops.counts) == DropLog.MAX_SENDERS + 1

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from dist_helpers import NODE_ID, TRAJ_IDS, BLOCK, ValuePolicy, counting5, free_port, node_pids, rlcollect_command, wait_gone
+from rlcollect.distributed.auth import new_secret, write_secret_file
 from rlcollect.distributed.collector import DistributedCollector
-from rlcollect.distributed.protocol import claim_key
 from rlcollect.distributed.launchers import submit_nodes
 from rlcollect.distributed.node import EXIT_OK, EXIT_REJECTED
 
@@ -22,15 +22,22 @@ pytestmark = pytest.mark.timeout(180)
 HELPERS = str(Path(__file__).resolve().parent)
 
 
-def _node(port: int, rank: int, world_size: int, *, env_vars: bool = False) -> subprocess.Popen:
+@pytest.fixture
+def secret_file(tmp_path):
+    return str(write_secret_file(new_secret(), tmp_path))
+
+
+def _node(port: int, rank: int, world_size: int, secret_file: str, *, env_vars: bool = False) -> subprocess.Popen:
     # The env factory and policy are pickled by reference to dist_helpers: like a user's own
     # module, it must be importable on the node.
     env = {**os.environ, "PYTHONPATH": HELPERS}
-    if env_vars:  # as torchrun would set them
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
+    if env_vars:  # as torchrun would set them, and the secret in the environment
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
+                   RLCOLLECT_SECRET=open(secret_file).read().strip())
         return subprocess.Popen([rlcollect_command(), "node", "--timeout", "120"], env=env)
     return subprocess.Popen([rlcollect_command(), "node", "--master-addr", "127.0.0.1", "--master-port", str(port),
-                             "--rank", str(rank), "--world-size", str(world_size), "--timeout", "120"], env=env)
+                             "--rank", str(rank), "--world-size", str(world_size), "--timeout", "120",
+                             "--secret-file", secret_file], env=env)
 
 
 def _stop(*processes: subprocess.Popen) -> None:
@@ -40,13 +47,14 @@ def _stop(*processes: subprocess.Popen) -> None:
         p.wait()
 
 
-def test_external_nodes_started_with_the_cli():
+def test_external_nodes_started_with_the_cli(secret_file):
     port = free_port()
-    nodes = [_node(port, 1, 3), _node(port, 2, 3, env_vars=True)]
-    intruder = _node(port, 2, 3)  # a second node claiming rank 2 is turned away
+    nodes = [_node(port, 1, 3, secret_file), _node(port, 2, 3, secret_file, env_vars=True)]
+    intruder = _node(port, 2, 3, secret_file)  # a second node claiming rank 2 is turned away
     try:
         with DistributedCollector([counting5] * 2, ValuePolicy(), frames_per_batch=10, total_frames=40,
-                                  launcher="external", master_addr="127.0.0.1", tcp_port=port, timeout=120.0) as c:
+                                  launcher="external", master_addr="127.0.0.1", tcp_port=port, timeout=120.0,
+                                  secret_file=secret_file) as c:
             batches = list(c)
             assert [b.shape for b in batches] == [torch.Size([10])] * 4
             assert {int(b[NODE_ID][0]) for b in batches} == {0, 1}
@@ -55,11 +63,13 @@ def test_external_nodes_started_with_the_cli():
                 assert ((b[TRAJ_IDS] // BLOCK) == node).all()
             c.update_policy_weights_({"w": torch.ones(1)})
             assert c.stats()["launcher"] == "external"
-            # Both claims of rank 2 must have reached the store before it goes away (a node
-            # that finds no rank 0 keeps trying to connect for its whole --timeout).
+            # Both hellos for rank 2 must have reached rank 0 before it goes away (a node that
+            # finds no rank 0 keeps trying to connect for its whole --timeout).
             deadline = time.monotonic() + 60
-            while c._sup.store.add(claim_key(2), 0) < 2 and time.monotonic() < deadline:
+            while not c._sup.turned_away and time.monotonic() < deadline:
+                c._sup.check_alive()
                 time.sleep(0.05)
+            assert len(c._sup.turned_away) == 1
         assert nodes[0].wait(timeout=30) == EXIT_OK
         # Whichever of the two claimed rank 2 first served; the other was turned away.
         assert sorted([nodes[1].wait(timeout=30), intruder.wait(timeout=30)]) == [EXIT_OK, EXIT_REJECTED]
@@ -67,13 +77,13 @@ def test_external_nodes_started_with_the_cli():
         _stop(*nodes, intruder)
 
 
-def test_external_node_with_the_wrong_world_size_is_refused():
+def test_external_node_with_the_wrong_world_size_is_refused(secret_file):
     port = free_port()
-    node = _node(port, 1, 5)
+    node = _node(port, 1, 5, secret_file)
     try:
         with pytest.raises(ValueError, match="--world-size 5"):
             DistributedCollector([counting5], frames_per_batch=10, launcher="external", master_addr="127.0.0.1",
-                                 tcp_port=port, timeout=120.0)
+                                 tcp_port=port, timeout=120.0, secret_file=secret_file)
         assert node.wait(timeout=30) == EXIT_REJECTED
     finally:
         _stop(node)
@@ -82,9 +92,11 @@ def test_external_node_with_the_wrong_world_size_is_refused():
 def test_external_launcher_times_out_clearly():
     from rlcollect import WorkerError
 
-    with pytest.raises(WorkerError, match=r"nodes \[0\] did not start within timeout=1 s"):
+    with pytest.raises(WorkerError, match=r"nodes \[0\] did not start within start_timeout=1 s, during start-up "
+                                          r"\(node 0 \(rank 1\): no authentic hello") as info:
         DistributedCollector([counting5], frames_per_batch=10, launcher="external", master_addr="127.0.0.1",
-                             tcp_port=free_port(), timeout=1.0)
+                             tcp_port=free_port(), start_timeout=1.0)
+    assert info.value.worker_index == 0
 
 
 def test_submitit_launcher_with_the_local_executor(tmp_path, monkeypatch):
@@ -103,14 +115,14 @@ def test_submitit_launcher_with_the_local_executor(tmp_path, monkeypatch):
     assert not wait_gone(pids)
 
 
-def test_submitit_delayed_jobs_wait_for_rank0(tmp_path, monkeypatch):
+def test_submitit_delayed_jobs_wait_for_rank0(tmp_path, monkeypatch, secret_file):
     monkeypatch.setenv("PYTHONPATH", HELPERS)
     port = free_port()
-    jobs = submit_nodes("127.0.0.1", port, world_size=2, timeout=150.0,
+    jobs = submit_nodes("127.0.0.1", port, world_size=2, timeout=150.0, secret_file=secret_file,
                         slurm_kwargs={"executor": "local", "folder": str(tmp_path / "jobs"), "timeout_min": 10})
     try:
         with DistributedCollector([counting5], frames_per_batch=10, total_frames=20, launcher="submitit_delayed",
-                                  master_addr="127.0.0.1", tcp_port=port, timeout=150.0) as c:
+                                  master_addr="127.0.0.1", tcp_port=port, timeout=150.0, secret_file=secret_file) as c:
             assert [b.shape for b in c] == [torch.Size([10])] * 2
         assert jobs[0].result() == EXIT_OK  # the node's exit code, once rank 0 closed it
     finally:

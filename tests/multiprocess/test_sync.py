@@ -256,10 +256,11 @@ def test_update_at_each_batch_pushes_the_main_policy_before_every_batch(make_mul
         with torch.no_grad():
             policy.w.fill_(expected_w)  # no explicit update: the next batch pushes it
     assert results == [None, None, None]
-    assert len(buffer.batches) == 3
-    for version, (batch, action) in enumerate(zip(buffer.batches, (1, 2, 5)), start=1):
-        assert (batch[POLICY_VERSION] == version).all(), batch[POLICY_VERSION]
-        assert (batch["action"] == action).all(), batch["action"]
+    assert len(buffer.batches) == 6  # each worker's batch extended on its own, as torchrl's workers do
+    for version, action in enumerate((1, 2, 5), start=1):
+        for batch in buffer.batches[2 * version - 2 : 2 * version]:
+            assert (batch[POLICY_VERSION] == version).all(), batch[POLICY_VERSION]
+            assert (batch["action"] == action).all(), batch["action"]
     assert collector.getattr_rb("frames") == 24
     assert collector.stats()["frames"] == 24
 

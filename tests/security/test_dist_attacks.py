@@ -1,0 +1,236 @@
+"""A foreign process that can reach rank 0's store (a plain ``TCPStore`` client, no secret) tries
+what issue 13 found it could do: run code on a node with a pickled ``load_state_dict``, abort rank
+0 with a forged ``failed``, end the run with one ``set`` on a heartbeat key, join or claim a
+node's rank.  Each attack must fail, be dropped and be logged once per sender; the run goes on.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import pickle
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributed import TCPStore
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
+from dist_helpers import ValuePolicy, counting5, free_port, node_pids, pid_alive, rlcollect_command  # noqa: E402
+
+from rlcollect import DistributedCollector  # noqa: E402
+from rlcollect.distributed import protocol as P  # noqa: E402
+from rlcollect.distributed.auth import new_secret, write_secret_file  # noqa: E402
+
+pytestmark = pytest.mark.timeout(180)
+HELPERS = str(Path(__file__).resolve().parents[1] / "distributed")
+
+
+class _Payload:
+    """Unpickling this runs ``touch MARKER``: the attack's proof of code execution."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def _foreign(c: DistributedCollector) -> TCPStore:
+    """What an attacker on the host has: the address and port, nothing else."""
+    host, port = c.stats()["master"].rsplit(":", 1)
+    return TCPStore(host, int(port), None, False, datetime.timedelta(seconds=10))
+
+
+def _forge(kind: str, rank: int, token: str, payload: bytes = b"", *, to: int, n: int = 10**6, **fields) -> bytes:
+    """A message with every header field right but signed with a key that is not the run's."""
+    return P.encode(kind, rank, os.urandom(32), token, n, payload, to=to, **fields)
+
+
+@pytest.fixture
+def collector():
+    c = DistributedCollector([counting5] * 2, ValuePolicy(), frames_per_batch=20, total_frames=-1, sync=True,
+                             launcher="mp", timeout=60.0)
+    try:
+        yield c
+    finally:
+        c.shutdown()
+
+
+def test_secret_never_enters_the_store_or_the_command_line(collector):
+    c = collector
+    next(iter(c))
+    secret = c._sup.secret
+    store = _foreign(c)
+    keys = [P.heartbeat_key(r) for r in range(3)] + [P.hello_key(r) for r in (1, 2)] + \
+        [P.started_key(r) for r in (1, 2)] + [P.config_key(r, c._sup.tokens[r]) for r in (1, 2)]
+    values = [store.get(k) for k in keys]
+    assert all(secret not in v and c._sup.keys.to_node not in v and c._sup.keys.to_rank0 not in v for v in values)
+    for pid in node_pids(c):
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            assert secret not in f.read()
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            assert secret not in f.read()
+
+
+def test_a_pickled_command_from_a_foreign_process_runs_no_code(capfd, tmp_path):
+    c = DistributedCollector([counting5] * 2, ValuePolicy(), frames_per_batch=20, total_frames=-1, sync=True,
+                             launcher="mp", timeout=60.0)  # started here: its nodes write to capfd's stderr
+    try:
+        _pickled_command_attack(c, capfd, tmp_path)
+    finally:
+        c.shutdown()
+
+
+def _pickled_command_attack(c, capfd, tmp_path):
+    marker = tmp_path / "pwned"
+    store = _foreign(c)
+    evil = pickle.dumps(_Payload(marker))
+    assert not marker.exists()
+    # The attacker reads the node's session token (hello keys are readable) and pushes
+    # load_state_dict commands that carry the payload: forged MACs, no MAC, a stale session.
+    token = P.decode(store.get(P.hello_key(1)), c._sup.keys.to_rank0, kinds=("hello",), to=0, rank=1).token
+    for n in range(3):
+        store.queue_push(P.command_queue(1), _forge("command", 0, token, evil, to=1, n=10**6 + n, id=99,
+                                                    name="load_state_dict", args={}))
+    store.queue_push(P.command_queue(1), P.MAGIC + b"\0" * 32 + b'{"kind":"command"}\n' + evil)
+    # Even signed with the run's key, a command whose counter was used already (a replay) is
+    # refused before its payload is looked at.
+    store.queue_push(P.command_queue(1), P.encode("command", 0, c._sup.keys.to_node, token, c._sup.sent[1], evil,
+                                                  to=1, id=98, name="load_state_dict", args={}))
+    # The run goes on: batches and a command round trip (which the node serves after the forgeries).
+    for _ in range(3):
+        assert next(iter(c)).shape == (2, 10)
+    c.set_seed(3)
+    assert not marker.exists()
+    err = capfd.readouterr().err
+    # Dropped and logged once per claimed sender (rank 0), on node 1 only.
+    lines = [line for line in err.splitlines() if "rlcollect node 1: dropped a message on its command queue" in line]
+    assert len(lines) == 2 and all("MAC does not verify" in line for line in lines)
+    assert "claiming to come from rank 0" in lines[0]  # the three forged commands: one line
+    assert "claiming to come from an unknown sender" in lines[1]  # the one whose header is not even JSON
+    assert "Traceback" not in err
+
+
+def test_replayed_messages_are_dropped_and_logged_once(collector, caplog):
+    c = collector
+    sup = c._sup
+    store = _foreign(c)
+    next(iter(c))
+    # What an eavesdropper could have captured: an authentic "failed" of node 1's session, already
+    # taken, replayed twice; and rank 0's authentic "close" to node 2, replayed after it was used.
+    failed = P.encode("failed", 1, sup.keys.to_rank0, sup.tokens[1], sup.received[1], to=0,
+                      error={"type": "builtins.RuntimeError", "message": "replayed", "traceback": ""})
+    with caplog.at_level(logging.ERROR, logger="rlcollect"):
+        store.queue_push(P.INBOX, failed)
+        store.queue_push(P.INBOX, failed)
+        for _ in range(3):
+            assert next(iter(c)).shape == (2, 10)
+    replays = [r for r in caplog.records if "a replay" in r.getMessage()]
+    assert len(replays) == 1 and "claiming to come from rank 1" in replays[0].getMessage()
+    assert sup.drops.total == 0 and c._channel.drops.total == 2
+
+
+def test_a_forged_failure_does_not_abort_rank_0(collector, caplog):
+    c = collector
+    store = _foreign(c)
+    info = {"type": "builtins.RuntimeError", "message": "forged failure", "traceback": ""}
+    with caplog.at_level(logging.ERROR, logger="rlcollect"):
+        for rank in (1, 2):
+            for _ in range(2):
+                store.queue_push(P.INBOX, _forge("failed", rank, c._sup.tokens[rank], to=0, error=info))
+        batches = [next(iter(c)) for _ in range(4)]
+    assert [b.shape for b in batches] == [torch.Size([2, 10])] * 4
+    dropped = [r.getMessage() for r in caplog.records if "dropped a message on rank 0's inbox" in r.getMessage()]
+    assert len(dropped) == 2  # once per claimed sender
+    assert all("MAC does not verify" in m for m in dropped)
+
+
+def test_a_foreign_write_on_the_heartbeat_keys_does_not_end_the_run(collector):
+    c = collector
+    pids = node_pids(c)
+    store = _foreign(c)
+    for rank in range(3):  # the write that made the store's integer add fail, and the nodes exit
+        store.set(P.heartbeat_key(rank), b"x")
+    deadline = time.monotonic() + 2 * c.config.heartbeat_timeout  # well past a missed beat
+    while time.monotonic() < deadline:
+        assert next(iter(c)).shape == (2, 10)
+        for rank in range(3):
+            store.set(P.heartbeat_key(rank), b"x")
+        with pytest.raises(RuntimeError):  # the attacker's own add fails (its connection is closed), ours never
+            _foreign(c).add(P.heartbeat_key(1), 1)
+    assert all(pid_alive(pid) for pid in pids)
+    assert c.stats()["workers"][0]["pid"] == pids[0]
+
+
+def _node(port: int, rank: int, world_size: int, secret_file: str, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([rlcollect_command(), "node", "--master-addr", "127.0.0.1", "--master-port", str(port),
+                             "--rank", str(rank), "--world-size", str(world_size), "--timeout", "60",
+                             "--secret-file", secret_file, *extra],
+                            env={**os.environ, "PYTHONPATH": HELPERS}, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_node_without_the_secret_cannot_claim_a_rank_or_join(tmp_path):
+    secret_file = str(write_secret_file(new_secret(), tmp_path / "real"))
+    wrong_file = str(write_secret_file(new_secret(), tmp_path / "wrong"))
+    port = free_port()
+    # The impostor (another secret) starts first, to claim rank 1 before the real node does.
+    impostor = _node(port, 1, 2, wrong_file, "--rank0-timeout", "5")
+    real = None
+    try:
+        time.sleep(1.0)
+        real = _node(port, 1, 2, secret_file)
+        with DistributedCollector([counting5], ValuePolicy(), frames_per_batch=10, total_frames=30,
+                                  launcher="external", master_addr="127.0.0.1", tcp_port=port, timeout=60.0,
+                                  secret_file=secret_file) as c:
+            assert [b.shape for b in c] == [torch.Size([10])] * 3
+            assert c.stats()["workers"][0]["pid"] == real.pid  # the real node got rank 1
+        assert real.wait(timeout=30) == 0
+        # The impostor never got a configuration: it could not authenticate rank 0 either.
+        assert impostor.wait(timeout=30) == 3
+        err = impostor.stderr.read()
+        assert "rank 0's heartbeat" in err and "MAC does not verify" in err and "secret" in err
+        assert "Traceback" not in err
+    finally:
+        for p in (impostor, real):
+            if p is not None:
+                if p.poll() is None:
+                    p.kill()
+                p.wait()
+                p.stderr.close()
+
+
+def test_a_forged_hello_gets_no_configuration_and_rank_0_says_why(tmp_path, caplog):
+    import threading
+
+    from rlcollect import WorkerError
+
+    secret_file = str(write_secret_file(new_secret(), tmp_path / "real"))
+    port = free_port()
+    stop = threading.Event()
+    seen: list[list[str]] = []
+
+    def attacker() -> None:
+        store = TCPStore("127.0.0.1", port, None, False, datetime.timedelta(seconds=30))
+        hello = _forge("hello", 1, "f" * 32, to=0, n=0, world_size=2, pid=1, host="attacker", run="?")
+        while not stop.wait(0.1):
+            store.set(P.hello_key(1), hello)
+            seen.append([k for k in ("rlc/config/1/" + "f" * 32,) if store.check([k])])
+
+    thread = threading.Thread(target=attacker, daemon=True)
+    thread.start()
+    try:
+        with caplog.at_level(logging.ERROR, logger="rlcollect"):
+            with pytest.raises(WorkerError, match=r"node 0 \(rank 1\): no authentic hello.*failed authentication"):
+                DistributedCollector([counting5], frames_per_batch=10, launcher="external", master_addr="127.0.0.1",
+                                     tcp_port=port, start_timeout=3.0, secret_file=secret_file)
+    finally:
+        stop.set()
+        thread.join(10)
+    assert seen and not any(seen)  # no configuration was ever written for the forged session
+    dropped = [r.getMessage() for r in caplog.records if "hello key" in r.getMessage()]
+    assert len(dropped) == 1 and "MAC does not verify" in dropped[0]
