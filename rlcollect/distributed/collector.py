@@ -20,6 +20,7 @@ import cloudpickle
 import torch
 from tensordict import TensorDict
 
+from rlcollect import torchrl_args
 from rlcollect.collector import Collector
 from rlcollect.data import deliver
 from rlcollect.distributed import protocol as P
@@ -33,6 +34,7 @@ from rlcollect.distributed.node_weights import NodeWeights
 from rlcollect.distributed.recovery import NodeRecovery
 from rlcollect.distributed.supervisor import Supervisor, node_error
 from rlcollect.multiprocess.protocol import WorkerError
+from rlcollect.torchrl_args import TorchrlMethods
 
 logger = logging.getLogger("rlcollect")
 
@@ -41,7 +43,7 @@ NODE_ID = ("collector", "node_id")
 _RENDEZVOUS_POLL_S = 0.02
 
 
-class DistributedCollector(NodeWeights, NodeRecovery):
+class DistributedCollector(NodeWeights, NodeRecovery, TorchrlMethods):
     """Collect on ``num_nodes`` nodes (processes or hosts) joined over torch.distributed.
 
     Each entry of ``create_env_fn`` is one node (rank ``i + 1``; nodes are numbered from 0 in
@@ -522,9 +524,20 @@ class DistributedCollector(NodeWeights, NodeRecovery):
         return "collecting" if self._serving(i) else "rejoining"
 
     # -- shutdown ---------------------------------------------------------------------------------------
-    def shutdown(self, timeout: float = 10.0) -> None:
+    def shutdown(self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True) -> None:
         """Close every node (then terminate, then kill, for the nodes this collector started),
-        and release the store and the process group.  Idempotent."""
+        and release the store and the process group.  Idempotent.  torchrl's ``timeout=None``
+        is 10 s; ``close_env`` must be True; ``raise_on_error=False`` logs an error instead."""
+        torchrl_args.check_close_env(close_env, "DistributedCollector")
+        timeout = torchrl_args.check_timeout(timeout, 10.0)
+        try:
+            self._release(timeout)
+        except Exception:
+            if raise_on_error:
+                raise
+            logger.exception("rlcollect: error while shutting down the DistributedCollector (raise_on_error=False)")
+
+    def _release(self, timeout: float) -> None:
         sup, self._sup = self._sup, None
         self._closed = True
         self._channel = None  # released with the store
@@ -532,6 +545,40 @@ class DistributedCollector(NodeWeights, NodeRecovery):
             return
         self._finalizer.detach()
         sup.release(timeout)
+
+    # -- torchrl's accessors ------------------------------------------------------------------------
+    def iterator(self) -> Iterator[TensorDict]:
+        """``iter(collector)`` (torchrl's name)."""
+        return iter(self)
+
+    @property
+    def requested_frames_per_batch(self) -> int:
+        """``frames_per_batch`` as given: a sync batch's frames, or each async node's."""
+        return self.frames_per_batch
+
+    def frames_per_batch_worker(self, worker_idx: int | None = None) -> int:
+        """Frames in each batch node ``worker_idx`` collects (every node collects the same)."""
+        if worker_idx is not None and (isinstance(worker_idx, bool) or not isinstance(worker_idx, int)
+                                       or not 0 <= worker_idx < self.num_nodes):
+            raise ValueError(f"worker_idx must be None or an int in 0..{self.num_nodes - 1}, got {worker_idx!r}")
+        return self.config.node_frames
+
+    @property
+    def device(self) -> list:
+        """One device per node, as given (torchrl's distributed device properties are lists)."""
+        return list(self.config.devices["device"])
+
+    @property
+    def storing_device(self) -> list:
+        return list(self.config.devices["storing_device"])
+
+    @property
+    def env_device(self) -> list:
+        return list(self.config.devices["env_device"])
+
+    @property
+    def policy_device(self) -> list:
+        return list(self.config.devices["policy_device"])
 
     def __enter__(self) -> DistributedCollector:
         return self
@@ -546,6 +593,10 @@ class DistributedCollector(NodeWeights, NodeRecovery):
 
 #: Shutdown's bound after a Ctrl-C: the user wants the processes gone now, not a graceful wait.
 INTERRUPTED_SHUTDOWN_S = 1.0
+
+
+#: torchrl's older name, which its migration notes still use.
+DistributedDataCollector = DistributedCollector
 
 
 def _shutdown_timeout(err: BaseException | None) -> float:
