@@ -100,8 +100,10 @@ class Collector(TorchrlMethods):
         track_policy_version: bool = False,
         worker_idx: int | None = None,
         traj_id_start: int | None = None,
+        reset_when_done: bool = True,
     ):
         self._closed = True  # until construction succeeds, shutdown has nothing to do
+        torchrl_args.check_reset_when_done(reset_when_done)
         track_policy_version, self._version_tracker = version_tracker(track_policy_version)
         self.config = cfg = CollectorConfig(
             frames_per_batch=frames_per_batch,
@@ -171,6 +173,7 @@ class Collector(TorchrlMethods):
             cfg.policy_device_or_default,
             cfg.compile_policy,
             cfg.cudagraph_policy,
+            cfg.trust_policy,
         )
         rows = env.num_rows
         self.frames_per_batch = cfg.frames_per_batch

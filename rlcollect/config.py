@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 from rlcollect.policy import as_exploration_type
-from rlcollect.torchrl_args import endless_total_frames, random_frames, traj_limit
+from rlcollect.torchrl_args import check_trust_policy, endless_total_frames, random_frames, traj_limit
 
 
 def positive_int(name: str, value: Any) -> int:
@@ -101,6 +101,7 @@ class CollectorConfig:
         self.init_random_frames = random_frames(self.init_random_frames)
         callable_or_none("postproc", self.postproc)
         self.exploration_type = as_exploration_type(self.exploration_type)
+        self.trust_policy = check_trust_policy(self.trust_policy)
         self.compile_policy = compile_arg("compile_policy", self.compile_policy)
         self.cudagraph_policy = compile_arg("cudagraph_policy", self.cudagraph_policy)
         if self.worker_idx is not None:

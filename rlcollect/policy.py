@@ -208,8 +208,10 @@ def make_runner(
     device: torch.device | None,
     compile_policy: bool | dict | None = None,
     cudagraph_policy: bool | dict | None = None,
+    trust_policy: bool | None = None,
 ):
-    """Build the runner for what the user gave as ``policy``."""
+    """Build the runner for what the user gave as ``policy``.  ``trust_policy=True`` (torchrl's):
+    the policy is called with a TensorDict as it is, whatever its type or signature."""
     if policy is None:
         return RandomRunner()
     if compile_policy:
@@ -224,7 +226,7 @@ def make_runner(
             raise RuntimeError("cudagraph_policy needs a CUDA device; none is available")
         kwargs = cudagraph_policy if isinstance(cudagraph_policy, dict) else {}
         policy_fn = CudaGraphModule(policy_fn, **kwargs)
-    if _is_tensordict_module(policy) or (callable(policy) and takes_tensordict(policy)):
+    if _is_tensordict_module(policy) or (callable(policy) and (trust_policy or takes_tensordict(policy))):
         runner = TensorDictRunner(policy_fn, batch_size, device)
         runner.module = policy if isinstance(policy, torch.nn.Module) else None
         return runner

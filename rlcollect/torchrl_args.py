@@ -97,6 +97,31 @@ def check_close_env(close_env: Any, owner: str) -> None:
         )
 
 
+def check_reset_when_done(value: Any) -> None:
+    """``reset_when_done``: True is what rlcollect always does; False is refused."""
+    if value is True:
+        return
+    raise ValueError(
+        f"reset_when_done={value!r} is not supported: rlcollect resets an env in the very step it ends "
+        "(same-step autoreset, the ending step's observation is kept under 'next'), so every batch row is a "
+        "valid transition; torchrl's reset_when_done=False leaves ended envs for you to reset. To start "
+        "every batch fresh use reset_at_each_iter=True; to reset by hand use collector.reset()"
+    )
+
+
+def check_trust_policy(value: Any) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    raise TypeError(f"trust_policy must be None, True or False, got {value!r}")
+
+
+def check_local_init_rb(value: Any) -> bool | None:
+    """``local_init_rb``: accepted; the buffer's storage is always set up in the main process."""
+    if value is None or isinstance(value, bool):
+        return value
+    raise TypeError(f"local_init_rb must be None, True or False, got {value!r}")
+
+
 def check_timeout(timeout: Any, default: float) -> float:
     """``shutdown(timeout=None)`` means the collector's default."""
     if timeout is None:

@@ -348,3 +348,64 @@ def test_distributed_iterator_next_devices_versions():
         c.increment_version()
         assert c.policy_version == 1 == c.get_policy_version()
         c.shutdown(timeout=None, close_env=True, raise_on_error=True)
+
+
+# -- arguments torchrl has that were inert -------------------------------------------------------------
+def untyped_policy(td):
+    """No annotation, not named ``tensordict``: only ``trust_policy=True`` makes it a tensordict policy."""
+    td.set("action", (td["observation"][..., 0] > 3).long())
+    return td
+
+
+def test_trust_policy_true_calls_the_policy_with_a_tensordict():
+    with Collector(counting5(), untyped_policy, frames_per_batch=5, total_frames=5, trust_policy=True) as c:
+        assert c.next()["action"].tolist() == [0, 0, 0, 0, 1]
+    # without it, the single argument is matched to the observation (a tensor), as before
+    with pytest.raises(AttributeError):
+        Collector(counting5(), untyped_policy, frames_per_batch=5, trust_policy=False)
+    with pytest.raises(TypeError, match="trust_policy must be None, True or False"):
+        Collector(counting5(), frames_per_batch=5, trust_policy="yes")
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_no_cuda_sync_accepted(value):
+    with Collector(counting5(), AnnotatedForward(), frames_per_batch=5, total_frames=5, no_cuda_sync=value) as c:
+        assert c.next()["action"].tolist() == [0, 0, 1, 1, 1]
+
+
+def test_reset_when_done():
+    with Collector(counting5(), frames_per_batch=10, total_frames=10, reset_when_done=True) as c:
+        assert c.next()["observation"][:, 0].tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 3, 4]
+    with pytest.raises(ValueError, match="reset_when_done=False is not supported.*same-step autoreset"):
+        Collector(counting5(), frames_per_batch=10, reset_when_done=False)
+
+
+def test_multi_reset_when_done_false_refused_before_workers_start():
+    with pytest.raises(ValueError, match="reset_when_done=False is not supported"):
+        MultiSyncCollector([counting5] * 2, frames_per_batch=4, reset_when_done=False, mp_start_method=START)
+    with pytest.raises(TypeError, match="local_init_rb must be None, True or False"):
+        MultiSyncCollector([counting5] * 2, frames_per_batch=4, local_init_rb="yes", mp_start_method=START)
+    with pytest.raises(TypeError, match="use_buffers must be a bool"):
+        MultiSyncCollector([counting5] * 2, frames_per_batch=4, use_buffers=None, mp_start_method=START)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("cls", [MultiSyncCollector, MultiAsyncCollector])
+def test_multi_use_buffers_false_delivers_fresh_memory(cls):
+    from rlcollect import ReplayBuffer
+
+    with cls([counting5] * 2, frames_per_batch=4, total_frames=-1, use_buffers=False, local_init_rb=True,
+             mp_start_method=START) as c:
+        first = c.next()
+        kept = first.clone()
+        c.next()
+        c.next()
+    assert (first == kept).all()  # the next batches did not overwrite it
+    rb = ReplayBuffer(100)
+    try:
+        with cls([counting5] * 2, frames_per_batch=4, total_frames=8, replay_buffer=rb, local_init_rb=False,
+                 mp_start_method=START) as c:
+            list(c)
+        assert rb.write_count == 8
+    finally:
+        rb.close()

@@ -128,6 +128,8 @@ class MultiCollectorBase(MultiCollector, WeightSync, FreeRunning, TorchrlMethods
         per_worker_weights: bool = False,
         collector_kwargs: dict | None = None,
         worker_idx: int | None = None,
+        reset_when_done: bool = True,
+        local_init_rb: bool | None = None,
         **inner_options: Any,
     ):
         self._pool = None
@@ -135,6 +137,14 @@ class MultiCollectorBase(MultiCollector, WeightSync, FreeRunning, TorchrlMethods
         unknown = set(inner_options) - set(INNER_OPTIONS)
         if unknown:
             raise TypeError(f"{type(self).__name__} got unexpected arguments {sorted(unknown)}")
+        torchrl_args.check_reset_when_done(reset_when_done)
+        self.local_init_rb = torchrl_args.check_local_init_rb(local_init_rb)
+        if not isinstance(use_buffers, bool):
+            raise TypeError(f"use_buffers must be a bool, got {use_buffers!r}")
+        # Batches always cross from the workers through shared-memory slots; use_buffers=False
+        # (torchrl: no preallocated buffers) is honoured where it is observable: every batch
+        # delivered is freshly allocated memory, never a view that the next batch overwrites.
+        self.use_buffers = use_buffers
         if "track_policy_version" in inner_options:  # a torchrl PolicyVersion stays here; workers get True
             inner_options["track_policy_version"], self._version_tracker = version_tracker(
                 inner_options["track_policy_version"])
