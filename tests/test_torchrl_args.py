@@ -409,3 +409,88 @@ def test_multi_use_buffers_false_delivers_fresh_memory(cls):
         assert rb.write_count == 8
     finally:
         rb.close()
+
+
+# -- state with torchrl envs (item 5) --------------------------------------------------------------------
+class StepCountingEnv(torch.nn.Module):
+    """torchrl-like: an ``nn.Module`` env whose transforms' state is a buffer (``scale``, like
+    ObservationNorm's loc/scale), a StepCounter-like ``step_count`` in the root tensordict, and a
+    simulator state (``t``) that ``nn.Module.state_dict`` does not hold."""
+
+    def __init__(self):
+        super().__init__()
+        self.batch_size = torch.Size([])
+        self.device = torch.device("cpu")
+        self.register_buffer("scale", torch.ones(1))
+        self.t = 0
+
+    def _flags(self, done: bool) -> dict:
+        flag = torch.tensor([done])
+        return {"done": flag.clone(), "terminated": flag.clone(), "truncated": torch.tensor([False])}
+
+    def reset(self, td=None):
+        self.t = 0
+        return TensorDict({"observation": torch.zeros(1), "step_count": torch.zeros(1, dtype=torch.int64),
+                           **self._flags(False)}, [])
+
+    def step(self, td):
+        self.t += 1
+        nxt = {"observation": torch.full((1,), float(self.t)) * self.scale, "step_count": td["step_count"] + 1,
+               "reward": torch.ones(1), **self._flags(self.t >= 7)}
+        td.set("next", TensorDict(nxt, []))
+        return td
+
+    def rand_action(self, td):
+        td.set("action", torch.zeros((), dtype=torch.int64))
+        return td
+
+
+class FullStateEnv(StepCountingEnv):
+    """Exposes its whole state: its own state_dict includes the simulator's ``t``."""
+
+    def state_dict(self, *args, **kwargs):
+        out = dict(super().state_dict(*args, **kwargs))
+        out["t"] = self.t
+        return out
+
+    def load_state_dict(self, state, strict=True):
+        state = dict(state)
+        self.t = state.pop("t")
+        return super().load_state_dict(state, strict=strict)
+
+
+def test_torchrl_like_env_with_its_state_resumes_exactly():
+    env = FullStateEnv()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "does not expose" warning
+        with Collector(env, frames_per_batch=4, total_frames=-1) as c:
+            c.next()
+            state = c.state_dict()
+            expected = c.next()
+            env.scale.fill_(5.0)  # the transforms' state changes after the save ...
+            c.next()
+            c.load_state_dict(state)  # ... and comes back with the load
+            again = c.next()
+    assert env.scale.item() == 1.0
+    assert (expected == again).all()
+    assert expected["step_count"].reshape(-1).tolist() == [4, 5, 6, 0]
+
+
+def test_torchrl_like_env_without_simulator_state_warns_once_and_keeps_what_it_can():
+    env = StepCountingEnv()
+    with Collector(env, frames_per_batch=4, total_frames=-1) as c:
+        c.next()
+        with pytest.warns(UserWarning, match=r"StepCountingEnv does not expose its simulator's state .*\['scale'\]"):
+            state = c.state_dict()
+        expected = c.next()
+        env.scale.fill_(5.0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # once: no second warning
+            c.state_dict()
+        c.load_state_dict(state)
+        again = c.next()
+    assert env.scale.item() == 1.0  # transforms' state restored
+    # StepCounter's count comes back with the root; the simulator continued from where it was
+    assert expected["step_count"].reshape(-1).tolist() == [4, 5, 6, 0]
+    assert again["step_count"].reshape(-1).tolist()[:3] == [4, 5, 6]
+    assert again["next", "observation"].reshape(-1).tolist() != expected["next", "observation"].reshape(-1).tolist()
