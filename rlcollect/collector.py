@@ -481,9 +481,9 @@ class Collector(TorchrlMethods):
         with self._loop.pause():
             yield
 
-    def async_shutdown(self, timeout: float = 10.0) -> None:
+    def async_shutdown(self, timeout: float | None = None) -> None:
         """Stop running free, then shut down. Re-raises an error the background loop hit."""
-        self.shutdown()
+        self.shutdown(timeout)
 
     def __enter__(self) -> Collector:
         return self
