@@ -363,7 +363,7 @@ class Collector(TorchrlMethods):
         self._check_open()
         if kwargs:
             raise TypeError(f"Collector.reset got unexpected arguments {sorted(kwargs)} (it takes index=None)")
-        if index is not None and not _selects_all(index, self.env.num_rows):
+        if index is not None and not torchrl_args.selects_all(index, self.env.num_rows):
             raise ValueError(
                 f"Collector.reset(index={index!r}): resetting only some rows of a batched env is not supported "
                 f"(its {self.env.num_rows} rows reset as a whole; a row that ends resets itself); call reset() "
@@ -588,16 +588,6 @@ class Collector(TorchrlMethods):
     def __repr__(self) -> str:
         return (f"Collector(env={self.env!r}, frames_per_batch={self.frames_per_batch}, "
                 f"total_frames={self.total_frames}, frames={self._frames})")
-
-
-def _selects_all(index: Any, rows: int) -> bool:
-    """Whether torchrl's ``reset(index=...)`` names every row of the env."""
-    if isinstance(index, slice):
-        return len(range(*index.indices(rows))) == rows
-    flat = torch.as_tensor(index).reshape(-1)
-    if flat.dtype == torch.bool:
-        return flat.numel() == rows and bool(flat.all())
-    return set(flat.tolist()) >= set(range(rows)) if rows > 1 else flat.numel() >= 1
 
 
 def frames_written(replay_buffer: Any, collected: int) -> int:

@@ -21,6 +21,8 @@ import os
 import warnings
 from typing import Any
 
+import torch
+
 _FALSE = {"0", "false", "f", "no", "n", "off"}
 
 
@@ -129,6 +131,26 @@ def check_timeout(timeout: Any, default: float) -> float:
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
         raise ValueError(f"shutdown timeout must be None or a number of seconds >= 0, got {timeout!r}")
     return float(timeout)
+
+
+def selects_all(index: Any, rows: int) -> bool:
+    """Whether torchrl's ``reset(index=...)`` names every row of the env."""
+    if isinstance(index, slice):
+        return len(range(*index.indices(rows))) == rows
+    flat = torch.as_tensor(index).reshape(-1)
+    if flat.dtype == torch.bool:
+        return flat.numel() == rows and bool(flat.all())
+    return set(flat.tolist()) >= set(range(rows)) if rows > 1 else flat.numel() >= 1
+
+
+def chosen_workers(reset_idx: Any, n: int) -> list[int]:
+    """torchrl's ``reset(reset_idx=...)``: None is every worker, else one bool per worker."""
+    if reset_idx is None:
+        return list(range(n))
+    flags = reset_idx.reshape(-1).tolist() if isinstance(reset_idx, torch.Tensor) else list(reset_idx)
+    if len(flags) != n or not all(isinstance(f, bool) for f in flags):
+        raise ValueError(f"reset_idx must be None or {n} bools (one per worker), got {reset_idx!r}")
+    return [i for i, f in enumerate(flags) if f]
 
 
 class TorchrlMethods:

@@ -26,6 +26,7 @@ from rlcollect.data import deliver
 from rlcollect.distributed import protocol as P
 from rlcollect.distributed import transport
 from rlcollect.distributed.channel import Channel
+from rlcollect.distributed.accessors import DistributedAccessors
 from rlcollect.distributed.config import DistributedConfig
 from rlcollect.distributed.auth import Keys, new_secret, read_secret_file, secret_from_env, write_secret_file
 from rlcollect.distributed.heartbeat import Rank0Beat
@@ -34,7 +35,6 @@ from rlcollect.distributed.node_weights import NodeWeights
 from rlcollect.distributed.recovery import NodeRecovery
 from rlcollect.distributed.supervisor import Supervisor, node_error
 from rlcollect.multiprocess.protocol import WorkerError
-from rlcollect.torchrl_args import TorchrlMethods
 
 logger = logging.getLogger("rlcollect")
 
@@ -43,7 +43,7 @@ NODE_ID = ("collector", "node_id")
 _RENDEZVOUS_POLL_S = 0.02
 
 
-class DistributedCollector(NodeWeights, NodeRecovery, TorchrlMethods):
+class DistributedCollector(NodeWeights, NodeRecovery, DistributedAccessors):
     """Collect on ``num_nodes`` nodes (processes or hosts) joined over torch.distributed.
 
     Each entry of ``create_env_fn`` is one node (rank ``i + 1``; nodes are numbered from 0 in
@@ -545,40 +545,6 @@ class DistributedCollector(NodeWeights, NodeRecovery, TorchrlMethods):
             return
         self._finalizer.detach()
         sup.release(timeout)
-
-    # -- torchrl's accessors ------------------------------------------------------------------------
-    def iterator(self) -> Iterator[TensorDict]:
-        """``iter(collector)`` (torchrl's name)."""
-        return iter(self)
-
-    @property
-    def requested_frames_per_batch(self) -> int:
-        """``frames_per_batch`` as given: a sync batch's frames, or each async node's."""
-        return self.frames_per_batch
-
-    def frames_per_batch_worker(self, worker_idx: int | None = None) -> int:
-        """Frames in each batch node ``worker_idx`` collects (every node collects the same)."""
-        if worker_idx is not None and (isinstance(worker_idx, bool) or not isinstance(worker_idx, int)
-                                       or not 0 <= worker_idx < self.num_nodes):
-            raise ValueError(f"worker_idx must be None or an int in 0..{self.num_nodes - 1}, got {worker_idx!r}")
-        return self.config.node_frames
-
-    @property
-    def device(self) -> list:
-        """One device per node, as given (torchrl's distributed device properties are lists)."""
-        return list(self.config.devices["device"])
-
-    @property
-    def storing_device(self) -> list:
-        return list(self.config.devices["storing_device"])
-
-    @property
-    def env_device(self) -> list:
-        return list(self.config.devices["env_device"])
-
-    @property
-    def policy_device(self) -> list:
-        return list(self.config.devices["policy_device"])
 
     def __enter__(self) -> DistributedCollector:
         return self

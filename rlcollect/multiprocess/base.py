@@ -456,13 +456,7 @@ class MultiCollectorBase(MultiCollector, WeightSync, FreeRunning, TorchrlMethods
             >>> c.reset(reset_idx=[True, False])
             >>> c.shutdown()
         """
-        if reset_idx is None:
-            chosen = list(range(self.num_workers))
-        else:
-            flags = list(reset_idx) if not isinstance(reset_idx, torch.Tensor) else reset_idx.reshape(-1).tolist()
-            if len(flags) != self.num_workers or not all(isinstance(f, bool) for f in flags):
-                raise ValueError(f"reset_idx must be None or {self.num_workers} bools (one per worker), got {reset_idx!r}")
-            chosen = [i for i, f in enumerate(flags) if f]
+        chosen = torchrl_args.chosen_workers(reset_idx, self.num_workers)
         with self._control(), self._guard():
             self._discard_in_flight()
             for i in chosen:
