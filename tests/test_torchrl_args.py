@@ -494,3 +494,10 @@ def test_torchrl_like_env_without_simulator_state_warns_once_and_keeps_what_it_c
     assert expected["step_count"].reshape(-1).tolist() == [4, 5, 6, 0]
     assert again["step_count"].reshape(-1).tolist()[:3] == [4, 5, 6]
     assert again["next", "observation"].reshape(-1).tolist() != expected["next", "observation"].reshape(-1).tolist()
+
+
+def test_sync_is_only_multicollectors_argument():
+    with pytest.raises(TypeError, match="sync"):
+        MultiSyncCollector([counting5] * 2, frames_per_batch=4, sync=False, mp_start_method=START)
+    with pytest.raises(TypeError, match="sync must be True or False"):
+        MultiCollector([counting5] * 2, frames_per_batch=4, sync="yes", mp_start_method=START)

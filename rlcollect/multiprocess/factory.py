@@ -6,9 +6,10 @@ from typing import Any
 
 
 class _Dispatch(type):
-    def __call__(cls, *args: Any, sync: bool = True, **kwargs: Any):
+    def __call__(cls, *args: Any, **kwargs: Any):
         if cls is not MultiCollector:
-            return super().__call__(*args, **kwargs)
+            return super().__call__(*args, **kwargs)  # (a subclass given sync= refuses it)
+        sync = kwargs.pop("sync", True)
         from rlcollect.multiprocess.asynchronous import MultiAsyncCollector
         from rlcollect.multiprocess.sync import MultiSyncCollector
 
