@@ -19,6 +19,7 @@ _EXPORTS = {
     "Collector": "rlcollect.collector",
     "CountingEnv": "rlcollect.envs.testing",
     "DistributedCollector": "rlcollect.distributed.collector",
+    "DistributedDataCollector": "rlcollect.distributed.collector",
     "DistributedWeightSyncScheme": "rlcollect.weights.schemes",
     "EnvBase": "rlcollect.envs.base",
     "EnvPoolEnv": "rlcollect.envs.envpool",
@@ -63,7 +64,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rlcollect.buffers.replay import ReplayBuffer
     from rlcollect.collector import Collector
     from rlcollect.data import split_trajectories
-    from rlcollect.distributed.collector import DistributedCollector
+    from rlcollect.distributed.collector import DistributedCollector, DistributedDataCollector
     from rlcollect.envs.base import EnvBase
     from rlcollect.envs.envpool import EnvPoolEnv
     from rlcollect.envs.gym import GymEnv

@@ -8,7 +8,6 @@ import logging
 import math
 import os
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +20,8 @@ from rlcollect.envs.adapter import make_env
 from rlcollect.freerun import BackgroundLoop
 from rlcollect.policy import exploration_scope, has_weights, load_weights, make_runner
 from rlcollect.rollout import Rollout
+from rlcollect import torchrl_args
+from rlcollect.torchrl_args import TorchrlMethods, version_tracker
 from rlcollect.weights.schemes import validate_schemes
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ logger = logging.getLogger("rlcollect")
 _STATE_KEYS = ("frames", "iter", "rollout", "env", "policy", "policy_version", "torch_rng")
 
 
-class Collector:
+class Collector(TorchrlMethods):
     """Collect experience from one env with a policy, in this process.
 
     Args:
@@ -99,8 +100,11 @@ class Collector:
         track_policy_version: bool = False,
         worker_idx: int | None = None,
         traj_id_start: int | None = None,
+        reset_when_done: bool = True,
     ):
         self._closed = True  # until construction succeeds, shutdown has nothing to do
+        torchrl_args.check_reset_when_done(reset_when_done)
+        track_policy_version, self._version_tracker = version_tracker(track_policy_version)
         self.config = cfg = CollectorConfig(
             frames_per_batch=frames_per_batch,
             total_frames=total_frames,
@@ -139,7 +143,7 @@ class Collector:
             raise TypeError(f"replay_buffer must have an extend() method, got {type(replay_buffer).__name__}")
         self.replay_buffer = replay_buffer
         if cfg.total_frames > 0 and cfg.total_frames % cfg.frames_per_batch:
-            warnings.warn(
+            torchrl_args.warn(
                 f"total_frames={cfg.total_frames} is not a multiple of frames_per_batch={cfg.frames_per_batch}: "
                 "the last batch overshoots to a whole batch",
                 stacklevel=2,
@@ -169,6 +173,7 @@ class Collector:
             cfg.policy_device_or_default,
             cfg.compile_policy,
             cfg.cudagraph_policy,
+            cfg.trust_policy,
         )
         rows = env.num_rows
         self.frames_per_batch = cfg.frames_per_batch
@@ -185,7 +190,7 @@ class Collector:
             traj_id_start=traj_id_start,
         )
         if cfg.frames_per_batch % rows:
-            warnings.warn(
+            torchrl_args.warn(
                 f"frames_per_batch={cfg.frames_per_batch} is not a multiple of the env's {rows} rows: "
                 f"each batch holds {rows * self._rollout.time} frames",
                 stacklevel=3,
@@ -193,6 +198,8 @@ class Collector:
         with exploration_scope(cfg.exploration_type):
             self.layout = self._rollout.discover_layout()
         self._buffer = BatchBuffer(self.layout) if cfg.use_buffers else None
+        # torchrl's: the frames of one batch, frames_per_batch rounded up to whole env rows
+        self.requested_frames_per_batch = self.layout.frames
         self._frames = 0
         self._iter = 0
         self._version = 0
@@ -228,10 +235,11 @@ class Collector:
         """Frames collected so far."""
         return self._frames
 
-    @property
-    def policy_version(self) -> int:
-        """The version of the weights acting now (0 until the first update)."""
-        return self._version
+    def frames_per_batch_worker(self, worker_idx: int | None = None) -> int:
+        """Frames in each batch (torchrl's; a single collector is its own only worker)."""
+        if worker_idx not in (None, 0):
+            raise ValueError(f"a single-process Collector has only worker 0; got worker_idx={worker_idx!r}")
+        return self.layout.frames
 
     def _check_open(self) -> None:
         if self._closed:
@@ -341,14 +349,26 @@ class Collector:
             self._rollout.needs_reset = True
         return next_seed
 
-    def reset(self) -> None:
+    def reset(self, index: Any = None, **kwargs: Any) -> None:
         """Reset every env; the next frames start new trajectories.
+
+        ``index`` (torchrl's: which rows of a batched env to reset) may be None or select every
+        row (a full mask, a slice, all indices); resetting some rows only is refused, since
+        rlcollect's envs reset as a whole (rows that end reset themselves at once).
 
         Example:
             >>> c = Collector("CartPole-v1", frames_per_batch=10)
             >>> c.reset()
         """
         self._check_open()
+        if kwargs:
+            raise TypeError(f"Collector.reset got unexpected arguments {sorted(kwargs)} (it takes index=None)")
+        if index is not None and not torchrl_args.selects_all(index, self.env.num_rows):
+            raise ValueError(
+                f"Collector.reset(index={index!r}): resetting only some rows of a batched env is not supported "
+                f"(its {self.env.num_rows} rows reset as a whole; a row that ends resets itself); call reset() "
+                "to reset every row"
+            )
         with self._quiet():
             self._rollout.needs_reset = True
 
@@ -403,22 +423,33 @@ class Collector:
                 load_weights(module, source)
             self._version += 1
 
-    def shutdown(self) -> None:
+    def shutdown(self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True) -> None:
         """Stop running free (if started) and close the env. Idempotent.
+
+        torchrl's arguments: ``timeout`` (seconds to wait for the background loop, None: 10),
+        ``close_env`` (must be True: the collector owns its env), ``raise_on_error=False`` logs
+        an error met while stopping instead of raising it.
 
         Example:
             >>> c = Collector("CartPole-v1", frames_per_batch=10)
             >>> c.shutdown(); c.shutdown()
         """
+        torchrl_args.check_close_env(close_env, "Collector")
+        timeout = torchrl_args.check_timeout(timeout, 10.0)
         if self._closed:
             return
         self._closed = True
         loop, self._loop = getattr(self, "_loop", None), None
         try:
-            if loop is not None:
-                loop.stop()
-        finally:
-            self.env.close()
+            try:
+                if loop is not None:
+                    loop.stop(timeout)
+            finally:
+                self.env.close()
+        except Exception:
+            if raise_on_error:
+                raise
+            logger.exception("rlcollect: error while shutting down the Collector (raise_on_error=False)")
 
     # -- free-running ------------------------------------------------------------------------
     def start(self) -> None:
@@ -450,9 +481,9 @@ class Collector:
         with self._loop.pause():
             yield
 
-    def async_shutdown(self, timeout: float = 10.0) -> None:
+    def async_shutdown(self, timeout: float | None = None) -> None:
         """Stop running free, then shut down. Re-raises an error the background loop hit."""
-        self.shutdown()
+        self.shutdown(timeout)
 
     def __enter__(self) -> Collector:
         return self

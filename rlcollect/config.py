@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 from rlcollect.policy import as_exploration_type
+from rlcollect.torchrl_args import check_trust_policy, endless_total_frames, random_frames, traj_limit
 
 
 def positive_int(name: str, value: Any) -> int:
@@ -29,9 +30,8 @@ def non_negative_int(name: str, value: Any) -> int:
 
 
 def total_frames_arg(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and value != -1):
-        raise ValueError(f"total_frames must be a positive int, or -1 for an endless collector; got {value!r}")
-    return value
+    """A positive int, or -1 for torchrl's endless values (None, any negative int)."""
+    return endless_total_frames(value)
 
 
 def device_arg(name: str, value: Any) -> torch.device | None:
@@ -93,14 +93,15 @@ class CollectorConfig:
 
     def __post_init__(self) -> None:
         positive_int("frames_per_batch", self.frames_per_batch)
-        total_frames_arg(self.total_frames)
+        self.total_frames = total_frames_arg(self.total_frames)
         for name in ("device", "storing_device", "env_device", "policy_device"):
             setattr(self, name, device_arg(name, getattr(self, name)))
         self.create_env_kwargs = kwargs_arg("create_env_kwargs", self.create_env_kwargs)
-        optional_positive_int("max_frames_per_traj", self.max_frames_per_traj)
-        self.init_random_frames = non_negative_int("init_random_frames", self.init_random_frames or 0)
+        self.max_frames_per_traj = traj_limit(self.max_frames_per_traj)
+        self.init_random_frames = random_frames(self.init_random_frames)
         callable_or_none("postproc", self.postproc)
         self.exploration_type = as_exploration_type(self.exploration_type)
+        self.trust_policy = check_trust_policy(self.trust_policy)
         self.compile_policy = compile_arg("compile_policy", self.compile_policy)
         self.cudagraph_policy = compile_arg("cudagraph_policy", self.cudagraph_policy)
         if self.worker_idx is not None:

@@ -62,6 +62,24 @@ def _is_tensordict_module(policy: Any) -> bool:
     return isinstance(policy, TensorDictModuleBase)
 
 
+def takes_tensordict(policy: Any) -> bool:
+    """Whether a plain module's (or callable's) forward takes one tensordict, as torchrl uses such
+    policies unwrapped: its only argument is named ``tensordict`` or annotated ``TensorDictBase``
+    (or ``TensorDict``)."""
+    params = _forward_params(policy)
+    if not params or len(params) != 1:
+        return False
+    param = params[0]
+    if param.name == "tensordict":
+        return True
+    note = param.annotation
+    if note is param.empty:
+        return False
+    if isinstance(note, str):
+        return note.split(".")[-1].strip("'\"") in ("TensorDictBase", "TensorDict")
+    return isinstance(note, type) and any(c.__name__ in ("TensorDictBase", "TensorDict") for c in note.__mro__)
+
+
 def _key_name(key: NestedKey) -> str:
     return key if isinstance(key, str) else ".".join(key)
 
@@ -190,8 +208,10 @@ def make_runner(
     device: torch.device | None,
     compile_policy: bool | dict | None = None,
     cudagraph_policy: bool | dict | None = None,
+    trust_policy: bool | None = None,
 ):
-    """Build the runner for what the user gave as ``policy``."""
+    """Build the runner for what the user gave as ``policy``.  ``trust_policy=True`` (torchrl's):
+    the policy is called with a TensorDict as it is, whatever its type or signature."""
     if policy is None:
         return RandomRunner()
     if compile_policy:
@@ -206,9 +226,9 @@ def make_runner(
             raise RuntimeError("cudagraph_policy needs a CUDA device; none is available")
         kwargs = cudagraph_policy if isinstance(cudagraph_policy, dict) else {}
         policy_fn = CudaGraphModule(policy_fn, **kwargs)
-    if _is_tensordict_module(policy):
+    if _is_tensordict_module(policy) or (callable(policy) and (trust_policy or takes_tensordict(policy))):
         runner = TensorDictRunner(policy_fn, batch_size, device)
-        runner.module = policy
+        runner.module = policy if isinstance(policy, torch.nn.Module) else None
         return runner
     if callable(policy):
         runner = ModuleRunner(policy_fn, match_in_keys(policy, obs_keys), device)

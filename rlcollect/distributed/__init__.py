@@ -4,6 +4,7 @@ One module per role:
 
 - ``collector.py``: ``DistributedCollector``, the rank 0 side (what the trainer holds);
 - ``config.py``: its arguments, validated once before anything starts;
+- ``accessors.py``: torchrl's accessors (``iterator()``, per-node devices, frames per batch);
 - ``node.py``: the node process (``rlcollect node``): rendezvous, inner collector, command loop;
 - ``protocol.py``: the control messages that travel through the TCPStore (keys, formats,
   validation), and the restricted decoding of what nodes send back;

@@ -20,11 +20,13 @@ import cloudpickle
 import torch
 from tensordict import TensorDict
 
+from rlcollect import torchrl_args
 from rlcollect.collector import Collector
 from rlcollect.data import deliver
 from rlcollect.distributed import protocol as P
 from rlcollect.distributed import transport
 from rlcollect.distributed.channel import Channel
+from rlcollect.distributed.accessors import DistributedAccessors
 from rlcollect.distributed.config import DistributedConfig
 from rlcollect.distributed.auth import Keys, new_secret, read_secret_file, secret_from_env, write_secret_file
 from rlcollect.distributed.heartbeat import Rank0Beat
@@ -41,7 +43,7 @@ NODE_ID = ("collector", "node_id")
 _RENDEZVOUS_POLL_S = 0.02
 
 
-class DistributedCollector(NodeWeights, NodeRecovery):
+class DistributedCollector(NodeWeights, NodeRecovery, DistributedAccessors):
     """Collect on ``num_nodes`` nodes (processes or hosts) joined over torch.distributed.
 
     Each entry of ``create_env_fn`` is one node (rank ``i + 1``; nodes are numbered from 0 in
@@ -522,9 +524,20 @@ class DistributedCollector(NodeWeights, NodeRecovery):
         return "collecting" if self._serving(i) else "rejoining"
 
     # -- shutdown ---------------------------------------------------------------------------------------
-    def shutdown(self, timeout: float = 10.0) -> None:
+    def shutdown(self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True) -> None:
         """Close every node (then terminate, then kill, for the nodes this collector started),
-        and release the store and the process group.  Idempotent."""
+        and release the store and the process group.  Idempotent.  torchrl's ``timeout=None``
+        is 10 s; ``close_env`` must be True; ``raise_on_error=False`` logs an error instead."""
+        torchrl_args.check_close_env(close_env, "DistributedCollector")
+        timeout = torchrl_args.check_timeout(timeout, 10.0)
+        try:
+            self._release(timeout)
+        except Exception:
+            if raise_on_error:
+                raise
+            logger.exception("rlcollect: error while shutting down the DistributedCollector (raise_on_error=False)")
+
+    def _release(self, timeout: float) -> None:
         sup, self._sup = self._sup, None
         self._closed = True
         self._channel = None  # released with the store
@@ -546,6 +559,10 @@ class DistributedCollector(NodeWeights, NodeRecovery):
 
 #: Shutdown's bound after a Ctrl-C: the user wants the processes gone now, not a graceful wait.
 INTERRUPTED_SHUTDOWN_S = 1.0
+
+
+#: torchrl's older name, which its migration notes still use.
+DistributedDataCollector = DistributedCollector
 
 
 def _shutdown_timeout(err: BaseException | None) -> float:

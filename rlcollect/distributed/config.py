@@ -14,6 +14,7 @@ from typing import Any
 import cloudpickle
 
 from rlcollect.collector import Collector
+from rlcollect.torchrl_args import random_frames
 from rlcollect.config import CollectorConfig, kwargs_arg, optional_positive_int, positive_int, total_frames_arg
 from rlcollect.data import TRAJ_ID_BLOCK
 from rlcollect.distributed.auth import SECRET_ENV, SecretError, read_secret_file, secret_from_env
@@ -119,9 +120,7 @@ class DistributedConfig:
                                "each node collects frames_per_batch / num_nodes frames")
         self.frames_per_batch = frames_per_batch
         self.node_frames = frames_per_batch // n if sync else frames_per_batch
-        self.init_random_frames = int(init_random_frames or 0)
-        if self.init_random_frames < 0:
-            raise ValueError(f"init_random_frames must be >= 0, got {init_random_frames!r}")
+        self.init_random_frames = random_frames(init_random_frames)
         if postproc is not None and not callable(postproc):
             raise TypeError(f"postproc must be callable or None, got {type(postproc).__name__}")
         self.postproc, self.split_trajs = postproc, bool(split_trajs)
@@ -135,6 +134,8 @@ class DistributedConfig:
         if slurm_kwargs is not None and not isinstance(slurm_kwargs, dict):
             raise TypeError(f"slurm_kwargs must be a dict or None, got {type(slurm_kwargs).__name__}")
         self.slurm_kwargs = slurm_kwargs
+        if isinstance(tcp_port, str) and tcp_port.strip().isdigit():
+            tcp_port = int(tcp_port)  # torchrl keeps the port as a string ("10003")
         if tcp_port is not None and (isinstance(tcp_port, bool) or not isinstance(tcp_port, int)
                                      or not 0 < tcp_port < 65536):
             raise ValueError(f"tcp_port must be a port number in 1..65535, or None to pick a free one; got {tcp_port!r}")
@@ -219,6 +220,7 @@ class DistributedConfig:
         env_kwargs = _per_node("create_env_kwargs", create_env_kwargs, n)
         devices = {name: _per_node(name, devices[name], n) for name in PER_NODE_ARGS}
         self.storing_device = devices["storing_device"][0] or devices["device"][0]
+        self.devices = devices  # {name: one per node}
         if "exploration_type" in inner_options:
             inner_options = {**inner_options, "exploration_type": as_exploration_type(inner_options["exploration_type"])}
         self.payloads: list[bytes] = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,26 @@ if TYPE_CHECKING:
 _NOT_OBS = {*DONE_KEYS, "reward", "action"}
 _ONE_FLOAT = ArraySpec((1,), np.dtype(np.float32))
 _ONE_FLAG = ArraySpec((1,), np.dtype(np.bool_))
+#: The adapter's own entry in ``state_dict()``: the env's last root tensordict (StepCounter's
+#: ``step_count``, RewardSum's ``episode_reward``, primers' entries: what the next step reads).
+ROOT_KEY = "_rlcollect_root"
+
+
+def exposes_state(env: Any) -> bool:
+    """Whether ``env.state_dict()`` holds the env's whole state: the innermost env (through
+    torchrl's ``base_env``) defines its own ``state_dict``, not only ``nn.Module``'s or a torchrl
+    class's (those hold parameters and buffers, e.g. ObservationNorm's loc/scale, but not the
+    simulator)."""
+    inner = env
+    for _ in range(32):
+        nxt = getattr(inner, "base_env", None)
+        if nxt is None or nxt is inner:
+            break
+        inner = nxt
+    owner = next((c for c in type(inner).__mro__ if "state_dict" in c.__dict__), None)
+    if owner is None or owner is torch.nn.Module:
+        return False
+    return not (getattr(owner, "__module__", "") or "").startswith("torchrl.")
 
 
 def _leaf_key_ok(key) -> bool:
@@ -57,6 +78,7 @@ class TensorDictEnvAdapter(EnvBase):
         action = self._rand_action_tensor()
         self.action_layout = ArraySpec(tuple(action.shape[nb:]), numpy_dtype(action.dtype))
         self.has_truncated = "truncated" in root.keys()
+        self._warned_state = False
 
     def _rand_action_tensor(self) -> torch.Tensor:
         if hasattr(self.env, "rand_action"):
@@ -141,15 +163,40 @@ class TensorDictEnvAdapter(EnvBase):
         return self.env.set_seed(seed, static_seed=static_seed)
 
     def state_dict(self) -> dict:
+        """The env's ``state_dict()`` (for a torchrl env: its transforms' parameters and buffers)
+        plus its last root tensordict under ``ROOT_KEY``.  An env whose state_dict does not hold
+        the simulator's state warns once: after a load, episodes in progress continue from the
+        env's own current internal state."""
         fn = getattr(self.env, "state_dict", None)
-        return fn() if fn is not None else {}
+        # Cloned: an nn.Module's state_dict aliases its live buffers, which later steps change.
+        out = {k: _snapshot(v) for k, v in fn().items()} if fn is not None else {}
+        if not self._warned_state and not exposes_state(self.env):
+            self._warned_state = True
+            held = sorted(map(str, out)) or "nothing"
+            warnings.warn(
+                f"rlcollect: env {type(self.env).__name__} does not expose its simulator's state (its state_dict "
+                f"holds {held}): state_dict() keeps the transforms' state, the last root tensordict (StepCounter's "
+                "step_count, RewardSum's episode_reward, primers) and the collector's carry, but load_state_dict() "
+                "cannot restore the simulator, so episodes in progress continue from the env's current internal "
+                "state; call collector.reset() after loading to start clean episodes",
+                stacklevel=3,
+            )
+        out[ROOT_KEY] = self._root.clone()
+        return out
 
     def load_state_dict(self, state: dict) -> None:
+        state = dict(state)
+        root = state.pop(ROOT_KEY, None)
+        if root is not None and (not hasattr(root, "batch_size") or tuple(root.batch_size) != tuple(self.batch_size)):
+            raise ValueError(f"env state: {ROOT_KEY} must be a TensorDict with batch size {list(self.batch_size)}, "
+                             f"got {root!r}")
         fn = getattr(self.env, "load_state_dict", None)
         if fn is not None:
             fn(state)
         elif state:
             raise ValueError(f"env {type(self.env).__name__} has no load_state_dict")
+        if root is not None:
+            self._root = root.clone()
 
     def __repr__(self) -> str:
         return f"{type(self.env).__name__}(batch_size={list(self.batch_size)})"
@@ -158,6 +205,14 @@ class TensorDictEnvAdapter(EnvBase):
         close = getattr(self.env, "close", None)
         if close is not None:
             close()
+
+
+def _snapshot(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) or hasattr(value, "to_module"):  # a tensor or a TensorDict
+        return value.detach().clone() if isinstance(value, torch.Tensor) else value.clone()
+    if isinstance(value, dict):
+        return {k: _snapshot(v) for k, v in value.items()}
+    return value
 
 
 def as_env(env: Any) -> EnvBase:

@@ -72,8 +72,11 @@ class MultiAsyncCollector(MultiCollectorBase):
         it (with a replay buffer they write what they collect, so that would write extra)."""
         if self.total_frames < 0:
             return True
-        coming = sum(len(slots) for slots in self._in_flight) + len(self._ready)
-        return self._frames + coming * self.frames_per_batch < self.total_frames
+        # per worker: frames_per_batch may be one size per worker (torchrl's list)
+        sizes = self._worker_frames_per_batch
+        coming = sum(len(slots) * sizes[i] for i, slots in enumerate(self._in_flight))
+        coming += sum(sizes[index] for index, _ in self._ready)
+        return self._frames + coming < self.total_frames
 
     def _next_batch(self) -> TensorDict | None:
         with self._guard():

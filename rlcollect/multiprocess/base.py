@@ -19,9 +19,12 @@ import torch
 from tensordict import TensorDict
 
 from rlcollect.collector import Collector
+from rlcollect import torchrl_args
+from rlcollect.torchrl_args import TorchrlMethods, version_tracker
 from rlcollect.config import CollectorConfig, kwargs_arg, optional_positive_int, positive_int, total_frames_arg
 from rlcollect.data import deliver
 from rlcollect.multiprocess import protocol as P
+from rlcollect.multiprocess.factory import MultiCollector
 from rlcollect.multiprocess.freerun import FreeRunning
 from rlcollect.multiprocess.weight_sync import WeightSync
 from rlcollect.multiprocess.pool import DEFAULT_START_TIMEOUT_S, WorkerPool
@@ -83,7 +86,7 @@ def _shared_buffer(replay_buffer: Any) -> bool:
     return isinstance(replay_buffer, ReplayBuffer)
 
 
-class MultiCollectorBase(WeightSync, FreeRunning):
+class MultiCollectorBase(MultiCollector, WeightSync, FreeRunning, TorchrlMethods):
     """Shared machinery of ``MultiSyncCollector`` and ``MultiAsyncCollector``."""
 
     _sync: bool = True
@@ -125,6 +128,8 @@ class MultiCollectorBase(WeightSync, FreeRunning):
         per_worker_weights: bool = False,
         collector_kwargs: dict | None = None,
         worker_idx: int | None = None,
+        reset_when_done: bool = True,
+        local_init_rb: bool | None = None,
         **inner_options: Any,
     ):
         self._pool = None
@@ -132,6 +137,17 @@ class MultiCollectorBase(WeightSync, FreeRunning):
         unknown = set(inner_options) - set(INNER_OPTIONS)
         if unknown:
             raise TypeError(f"{type(self).__name__} got unexpected arguments {sorted(unknown)}")
+        torchrl_args.check_reset_when_done(reset_when_done)
+        self.local_init_rb = torchrl_args.check_local_init_rb(local_init_rb)
+        if not isinstance(use_buffers, bool):
+            raise TypeError(f"use_buffers must be a bool, got {use_buffers!r}")
+        # Batches always cross from the workers through shared-memory slots; use_buffers=False
+        # (torchrl: no preallocated buffers) is honoured where it is observable: every batch
+        # delivered is freshly allocated memory, never a view that the next batch overwrites.
+        self.use_buffers = use_buffers
+        if "track_policy_version" in inner_options:  # a torchrl PolicyVersion stays here; workers get True
+            inner_options["track_policy_version"], self._version_tracker = version_tracker(
+                inner_options["track_policy_version"])
         if "exploration_type" in inner_options:  # travels as a plain string
             inner_options["exploration_type"] = as_exploration_type(inner_options["exploration_type"])
         # -- workers and per-worker lists -------------------------------------------------------
@@ -148,28 +164,31 @@ class MultiCollectorBase(WeightSync, FreeRunning):
                 raise ValueError("num_workers is required when create_env_fn is not a list (one entry per worker)")
             env_fns = [create_env_fn] * positive_int("num_workers", num_workers)
         n = self.num_workers = len(env_fns)
-        total_frames_arg(total_frames)
+        total_frames = total_frames_arg(total_frames)
         if isinstance(frames_per_batch, (list, tuple)):
             frames = [positive_int("frames_per_batch", f) for f in _per_worker("frames_per_batch", frames_per_batch, n)]
         else:
             positive_int("frames_per_batch", frames_per_batch)
             if self._sync:
                 if frames_per_batch % n:
-                    warnings.warn(
+                    torchrl_args.warn(
                         f"frames_per_batch={frames_per_batch} is not divisible by num_workers={n}: each worker "
                         f"collects {math.ceil(frames_per_batch / n)} frames", stacklevel=3)
                 frames = [math.ceil(frames_per_batch / n)] * n
             else:
                 frames = [frames_per_batch] * n
+        # async with one size per worker: a batch is one worker's, so frames_per_batch stays the list
         self.frames_per_batch = sum(frames) if self._sync else frames_per_batch
+        self._worker_frames_per_batch = frames
+        self.requested_frames_per_batch = sum(frames)
         self.total_frames = total_frames
         kwargs_list = _per_worker("create_env_kwargs", create_env_kwargs, n)
         factories = _per_worker("policy_factory", policy_factory, n)
         devices = {name: _per_worker(name, value, n) for name, value in
                    zip(PER_WORKER_ARGS, (device, storing_device, env_device, policy_device))}
-        if total_frames > 0 and total_frames % self.frames_per_batch:
-            warnings.warn(f"total_frames={total_frames} is not a multiple of frames_per_batch="
-                          f"{self.frames_per_batch}: the last batch overshoots", stacklevel=3)
+        if total_frames > 0 and isinstance(self.frames_per_batch, int) and total_frames % self.frames_per_batch:
+            torchrl_args.warn(f"total_frames={total_frames} is not a multiple of frames_per_batch="
+                              f"{self.frames_per_batch}: the last batch overshoots", stacklevel=3)
         # -- options of this class ----------------------------------------------------------------
         if preemptive_threshold is not None:
             if not self._sync:
@@ -216,7 +235,7 @@ class MultiCollectorBase(WeightSync, FreeRunning):
         self.postproc, self.split_trajs, self.return_same_td = postproc, split_trajs, return_same_td
         self.update_at_each_batch = bool(update_at_each_batch)
         self.per_worker_weights = bool(per_worker_weights)
-        self.init_random_frames = init_random_frames or 0
+        self.init_random_frames = torchrl_args.random_frames(init_random_frames)
         self.policy = policy
         self._weight_source = policy if has_weights(policy) else None
         self._storing_device = devices["storing_device"][0] or devices["device"][0]
@@ -357,7 +376,25 @@ class MultiCollectorBase(WeightSync, FreeRunning):
     def __len__(self) -> int:
         if self.total_frames < 0:
             raise TypeError("an endless collector (total_frames=-1) has no len()")
+        if not isinstance(self.frames_per_batch, int):
+            raise TypeError("an async collector with one frames_per_batch per worker has no len(): how many "
+                            "batches reach total_frames depends on which workers deliver them")
         return math.ceil(self.total_frames / self.frames_per_batch)
+
+    def frames_per_batch_worker(self, worker_idx: int | None = None) -> int:
+        """Frames in each batch worker ``worker_idx`` collects (torchrl's; None: worker 0).
+
+        Example:
+            >>> from rlcollect import MultiAsyncCollector
+            >>> c = MultiAsyncCollector(["CartPole-v1"] * 2, frames_per_batch=[10, 30], total_frames=80)
+            >>> c.frames_per_batch_worker(1), c.requested_frames_per_batch
+            (30, 40)
+            >>> c.shutdown()
+        """
+        index = 0 if worker_idx is None else worker_idx
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < self.num_workers:
+            raise ValueError(f"worker_idx must be None or an int in 0..{self.num_workers - 1}, got {worker_idx!r}")
+        return self._worker_frames_per_batch[index]
 
     def _next_batch(self) -> TensorDict | None:
         raise NotImplementedError
@@ -408,11 +445,21 @@ class MultiCollectorBase(WeightSync, FreeRunning):
                 seed = self._pool.request(i, P.SEED, seed, static_seed)
         return seed
 
-    def reset(self) -> None:
-        """Reset every worker's envs; the next frames start new trajectories."""
+    def reset(self, reset_idx: Any = None) -> None:
+        """Reset the envs of every worker (``reset_idx=None``) or of the workers whose entry of
+        ``reset_idx`` (torchrl's: one bool per worker) is True; their next frames start new
+        trajectories.  Batches collected before the call and not yet delivered are discarded.
+
+        Example:
+            >>> from rlcollect import MultiSyncCollector
+            >>> c = MultiSyncCollector("CartPole-v1", num_workers=2, frames_per_batch=20)
+            >>> c.reset(reset_idx=[True, False])
+            >>> c.shutdown()
+        """
+        chosen = torchrl_args.chosen_workers(reset_idx, self.num_workers)
         with self._control(), self._guard():
             self._discard_in_flight()
-            for i in range(self.num_workers):
+            for i in chosen:
                 self._pool.request(i, P.RESET)
 
     def _discard_in_flight(self) -> None:
@@ -493,15 +540,27 @@ class MultiCollectorBase(WeightSync, FreeRunning):
                             workers=[i])
 
     # -- shutdown -------------------------------------------------------------------------------------
-    def shutdown(self, timeout: float = 10.0) -> None:
-        """Stop every worker (close -> terminate -> kill within ``timeout``), free shared memory,
-        restore the main process's torch threads. Idempotent.
+    def shutdown(self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True) -> None:
+        """Stop every worker (close -> terminate -> kill within ``timeout``, None: 10 s), free
+        shared memory, restore the main process's torch threads. Idempotent.  torchrl's
+        ``close_env`` must be True (workers own their envs); ``raise_on_error=False`` logs an
+        error met while stopping instead of raising it.
 
         Example:
             >>> from rlcollect import MultiSyncCollector
             >>> c = MultiSyncCollector("CartPole-v1", num_workers=2, frames_per_batch=20)
             >>> c.shutdown(); c.shutdown()
         """
+        torchrl_args.check_close_env(close_env, type(self).__name__)
+        timeout = torchrl_args.check_timeout(timeout, 10.0)
+        try:
+            self._shutdown(timeout)
+        except Exception:
+            if raise_on_error:
+                raise
+            logger.exception("rlcollect: error while shutting down %s (raise_on_error=False)", type(self).__name__)
+
+    def _shutdown(self, timeout: float) -> None:
         if self._closed and self._pool is None:
             return
         self._closed = True

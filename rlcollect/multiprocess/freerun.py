@@ -131,8 +131,10 @@ class FreeRunning:
         else:
             yield
 
-    def async_shutdown(self, timeout: float = 10.0) -> None:
-        """Stop running free (writes stop after the batches in progress), then shut down."""
+    def async_shutdown(self, timeout: float | None = None) -> None:
+        """Stop running free (writes stop after the batches in progress), then shut down
+        (``timeout=None``: 10 s, as ``shutdown``)."""
+        timeout = 10.0 if timeout is None else timeout
         try:
             if not self._closed:
                 if self._loop is not None:

@@ -46,9 +46,9 @@ class MultiSyncCollector(MultiCollectorBase):
     def _check_cat_results(self, value: Any) -> str | int:
         if value is None:
             return "stack"
-        if value == "stack" or (isinstance(value, int) and not isinstance(value, bool) and value in (0, -1)):
-            return value
-        raise ValueError(f"cat_results must be 'stack', 0 or -1, got {value!r}")
+        if value == "stack" or (isinstance(value, int) and not isinstance(value, bool)):
+            return value  # an int dim is checked against the workers' batch dims once they report them
+        raise ValueError(f"cat_results must be 'stack' or an int dim of the workers' batches (0, -1, ...), got {value!r}")
 
     def _attach(self) -> None:
         super()._attach()
@@ -61,10 +61,20 @@ class MultiSyncCollector(MultiCollectorBase):
                 f"cat_results='stack' needs every worker's batch to have the same shape, got {sorted(shapes)}; "
                 "use cat_results=0 (same T) or -1 (same env batch size)"
             )
-        if self.cat_results == 0 and len({t for _, t in shapes}) > 1:
-            raise ValueError(f"cat_results=0 needs the same number of time steps in every worker, got {sorted(shapes)}")
-        if self.cat_results == -1 and len({b for b, _ in shapes}) > 1:
-            raise ValueError(f"cat_results=-1 needs the same env batch size in every worker, got {sorted(shapes)}")
+        self._cat_dim = None
+        if self.cat_results != "stack":
+            dims = {len(b) + 1 for b, _ in shapes}
+            ndim = min(dims)
+            if len(dims) > 1 or not -ndim <= self.cat_results < ndim:
+                raise ValueError(f"cat_results={self.cat_results} is not a dim of the workers' batches (shapes "
+                                 f"{sorted(shapes)}, {ndim} dims: give one in {-ndim}..{ndim - 1})")
+            dim = self.cat_results % ndim
+            # 0 keeps its meaning of "along the first dim, same T"; the last dim is time
+            self._cat_dim = -1 if dim == ndim - 1 and self.cat_results != 0 else dim
+            full = {(*b, t) for b, t in shapes}
+            if len({s[:dim] + s[dim + 1:] for s in full}) > 1:
+                raise ValueError(f"cat_results={self.cat_results} needs the workers' batches to agree on every dim "
+                                 f"but dim {dim}, got {sorted(shapes)}")
 
     def _next_batch(self) -> TensorDict | None:
         with self._guard():
@@ -143,7 +153,7 @@ class MultiSyncCollector(MultiCollectorBase):
         else:
             if self.preemptive_threshold is not None:
                 steps = [int(info["frames"] // max(1, lay.rows)) for info, lay in zip(infos, self.layouts)]
-                if self.cat_results == 0:
+                if self._cat_dim != -1:
                     keep = min(steps)
                     dropped = valid - sum(keep * lay.rows for lay in self.layouts)
                     self._dropped += dropped  # counted out: only delivered frames count
@@ -152,7 +162,7 @@ class MultiSyncCollector(MultiCollectorBase):
                     steps = [keep] * len(steps)
                 tds = [td[..., :s] for td, s in zip(tds, steps)]
                 tds = [td.exclude(MASK) for td in tds]
-            batch = torch.cat(tds, self.cat_results if self.cat_results == 0 else -1)
+            batch = torch.cat(tds, self._cat_dim)
         batch.names = [None] * (batch.batch_dims - 1) + ["time"]
         return batch
 

@@ -54,7 +54,7 @@ def _make(**kwargs):
     ({"policy": ValuePolicy(), "policy_factory": ValuePolicy}, ValueError, "policy and policy_factory"),
     ({"device": ["cpu"] * 3}, ValueError, "per-node list of length 3, but there are 2 nodes"),
     ({"collector_kwargs": [{}]}, ValueError, "collector_kwargs is a per-node list"),
-    ({"collector_kwargs": {"max_frames_per_traj": 0}}, ValueError, "max_frames_per_traj"),
+    ({"collector_kwargs": {"max_frames_per_traj": -3}}, ValueError, "max_frames_per_traj"),
     ({"create_env_fn": []}, ValueError, "empty list"),
     ({"create_env_fn": [counting5], "num_nodes": 2}, ValueError, "num_nodes=2"),
     ({"create_env_fn": [functools.partial(CountingEnv, max_steps=threading.Lock())]}, TypeError, "cannot be pickled"),

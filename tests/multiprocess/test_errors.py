@@ -72,7 +72,7 @@ BAD_INPUTS = [
                                                              "policy_factory": make_value_policy},
      ValueError, ["policy_factory", "weight_sync_schemes"]),
     ("cat_results-bogus", counting5, {"cat_results": "bogus"}, ValueError, ["cat_results", "'bogus'"]),
-    ("cat_results-2", counting5, {"cat_results": 2}, ValueError, ["cat_results", "2"]),
+    ("cat_results-float", counting5, {"cat_results": 1.5}, ValueError, ["cat_results", "1.5"]),
     ("mp_start_method-bogus", counting5, {"mp_start_method": "bogus"}, ValueError, ["mp_start_method", "'bogus'"]),
     ("worker_timeout-negative", counting5, {"worker_timeout": -1}, ValueError, ["worker_timeout", "-1"]),
     ("collector_class-bogus", counting5, {"collector_class": "bogus"}, ValueError, ["collector_class", "'bogus'"]),
