@@ -6,9 +6,9 @@ looks at one observation cannot tell a pole falling left from one rising right, 
 The LSTM state is carried by the collector: the policy writes `("next", "h")` and `("next", "c")`,
 and the collector feeds them back as the root `"h"`, `"c"` of the next step, row by row, zeros at
 every episode start. The batch therefore holds, for every frame, the state the policy acted with;
-the learner replays each env stream's sequence from the state stored at its first step (truncated
-backpropagation through time over the batch), and checks that its replay reproduces the stored
-states (`carry_error` in the output: ~1e-7, float rounding).
+the learner cuts each env stream into chunks of `seq_len` steps and replays each chunk from the
+state stored at its first step (truncated backpropagation through time), and it checks that a
+replay of the whole batch reproduces the stored states (`carry_error` in the output).
 
     .venv/bin/python examples/ppo_lstm_masked_cartpole.py --seed 1 --out lstm.png
     .venv/bin/python examples/ppo_lstm_masked_cartpole.py --memory none --out mlp.png   # no memory
@@ -54,7 +54,7 @@ class Args:
     memory: str = "lstm"
     """`lstm`: an LSTM cell carries a state between steps; `none`: the same network with the cell
     replaced by a feed-forward layer (the baseline that cannot remember)"""
-    total_frames: int = 500_000
+    total_frames: int = 300_000
     """environment steps to collect over the whole run"""
     workers: int = 2
     """worker processes, each stepping `envs_per_worker` environments"""
@@ -68,10 +68,14 @@ class Args:
     """discount factor"""
     gae_lambda: float = 0.95
     """lambda of generalised advantage estimation"""
-    epochs: int = 8
+    epochs: int = 4
     """passes over each batch"""
-    streams_per_minibatch: int = 4
-    """env streams (whole sequences) per gradient step: a recurrent minibatch is cut by stream"""
+    seq_len: int = 16
+    """training sequence length: each stream's T steps are cut into chunks of `seq_len`, each
+    replayed from the LSTM state the collector stored at its first step (backpropagation through
+    `seq_len` steps; must divide T)"""
+    minibatches: int = 4
+    """gradient steps per epoch; a minibatch is a set of whole chunks"""
     clip_coef: float = 0.2
     """PPO's clipping of the probability ratio"""
     ent_coef: float = 0.01
@@ -151,7 +155,7 @@ class Agent(TensorDictModuleBase):
         return td
 
     def replay(self, obs, start, h0, c0):
-        """Features and states of whole sequences: `obs` (streams, T, obs_dim), `start` (streams, T)
+        """Features and states of whole sequences: `obs` (sequences, T, obs_dim), `start` (sequences, T)
         True where an episode starts (the state is zeroed there, as the collector does), `h0`, `c0`
         the stored state at t = 0. Gradients flow through time."""
         features, hs = [], []
@@ -196,12 +200,13 @@ def finished_episode_returns(reward: torch.Tensor, done: torch.Tensor, running: 
 
 
 def ppo_update(agent, optimizer, data: dict[str, torch.Tensor], args: Args) -> dict[str, float]:
-    """Clipped PPO; a minibatch is a set of whole streams, replayed from their stored first state."""
-    streams = data["observation"].shape[0]
+    """Clipped PPO on chunks (chunks, seq_len): a minibatch is a set of whole chunks, each replayed
+    from its stored first state."""
+    chunks = data["observation"].shape[0]
     sums = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "approx_kl": 0.0}
     steps = 0
     for _ in range(args.epochs):
-        for idx in torch.randperm(streams).split(args.streams_per_minibatch):
+        for idx in torch.randperm(chunks).chunk(args.minibatches):
             features, _ = agent.replay(data["observation"][idx], data["start"][idx], data["h0"][idx], data["c0"][idx])
             dist = Categorical(logits=agent.actor(features))
             log_prob = dist.log_prob(data["action"][idx])
@@ -230,6 +235,10 @@ def ppo_update(agent, optimizer, data: dict[str, torch.Tensor], args: Args) -> d
 def train(args: Args) -> list[dict]:
     if args.memory not in ("lstm", "none"):
         raise ValueError(f"--memory must be 'lstm' or 'none', got {args.memory!r}")
+    streams = args.workers * args.envs_per_worker
+    if args.frames_per_batch % (streams * args.seq_len):
+        raise ValueError(f"--frames-per-batch ({args.frames_per_batch}) must be a multiple of "
+                         f"workers * envs_per_worker * seq_len ({streams * args.seq_len})")
     torch.set_num_threads(args.torch_threads)
     torch.manual_seed(args.seed)
     keep = [int(i) for i in args.keep.split(",")]
@@ -281,8 +290,13 @@ def train(args: Args) -> list[dict]:
 
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate
-            data = {"observation": obs, "start": episode_start, "h0": batch["h"][:, 0], "c0": batch["c"][:, 0],
-                    "action": batch["action"], "log_prob": log_prob, "advantage": advantage, "return": value_target}
+            # (streams, T) -> (chunks, seq_len); each chunk starts from the state stored at its head
+            # (the collector's carry), so backpropagation runs through seq_len steps, not T.
+            data = {"observation": obs, "start": episode_start, "action": batch["action"], "log_prob": log_prob,
+                    "advantage": advantage, "return": value_target}
+            data = {key: value.reshape(-1, args.seq_len, *value.shape[2:]) for key, value in data.items()}
+            data["h0"] = batch["h"][:, ::args.seq_len].flatten(0, 1)
+            data["c0"] = batch["c"][:, ::args.seq_len].flatten(0, 1)
             losses = ppo_update(agent, optimizer, data, args)
             collector.update_policy_weights_()  # the next batch is collected with the new weights
 
