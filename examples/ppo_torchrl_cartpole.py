@@ -108,7 +108,7 @@ def train(args: Args) -> list[dict]:
 
     # The one place that differs from torchrl: MultiSyncCollector is rlcollect's (same arguments).
     collector = MultiSyncCollector(
-        [partial(make_env, args.env_id)] * args.workers,  # one env factory per worker,
+        [partial(make_env, args.env_id)] * args.workers,  # one env factory per worker
         actor,
         frames_per_batch=args.frames_per_batch,
         total_frames=args.total_frames,

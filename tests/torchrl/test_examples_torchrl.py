@@ -67,7 +67,9 @@ def test_the_guides_diff_is_the_example():
     # and whose + lines are in the example; the only changed line is the import.
     guide = GUIDE.read_text()
     section = guide[guide.index("## From torchrl, line by line"):]
-    diff = re.search(r"```diff\n(.*?)```", section, re.S).group(1).splitlines()
+    blocks = re.findall(r"```diff\n(.*?)```", section, re.S)
+    assert len(blocks) == 2
+    diff = "".join(blocks).splitlines()
     removed = [line[1:].strip() for line in diff if line.startswith("-")]
     added = [line[1:].strip() for line in diff if line.startswith("+")]
     context = [line[1:].strip() for line in diff if line.startswith(" ") and line.strip()]
