@@ -68,7 +68,7 @@ class Args:
     """discount factor"""
     gae_lambda: float = 0.95
     """lambda of generalised advantage estimation"""
-    epochs: int = 4
+    epochs: int = 8
     """passes over each batch"""
     seq_len: int = 16
     """training sequence length: each stream's T steps are cut into chunks of `seq_len`, each
@@ -85,7 +85,7 @@ class Args:
     max_grad_norm: float = 0.5
     """gradients are clipped to this global norm"""
     hidden: int = 64
-    """width of the encoder and of the LSTM state"""
+    """width of each encoder and LSTM state (actor and critic each have one)"""
     torch_threads: int = 1
     """torch threads of the learner (the workers use one each)"""
     target_return: float = 475.0
@@ -118,9 +118,11 @@ def layer_init(layer: nn.Linear, std: float) -> nn.Linear:
 
 
 class Agent(TensorDictModuleBase):
-    """Encoder -> LSTM cell -> actor and critic heads. The same module runs in the workers
-    (`forward`: one step, reads the root `"h"`, `"c"`, writes the next state under `"next"`) and
-    in the learner (`replay`: whole sequences, for the PPO loss)."""
+    """An actor and a critic, each an encoder -> LSTM cell -> head (separate networks: a shared
+    trunk let the critic's large CartPole value errors drown the policy's gradient). The state
+    `"h"`, `"c"` holds both cells' states side by side, `[actor | critic]`. The same module runs in
+    the workers (`forward`: one step, reads the root `"h"`, `"c"`, writes the next state under
+    `"next"`) and in the learner (`replay`: whole sequences, for the PPO loss)."""
 
     in_keys = ["observation", "h", "c"]
     out_keys = ["action", ("next", "h"), ("next", "c")]
@@ -128,53 +130,65 @@ class Agent(TensorDictModuleBase):
     def __init__(self, obs_dim: int, n_actions: int, hidden: int, memory: str):
         super().__init__()
         self.hidden, self.memory = hidden, memory
-        self.encoder = nn.Sequential(layer_init(nn.Linear(obs_dim, hidden), math.sqrt(2)), nn.Tanh())
-        if memory == "lstm":
-            self.cell = nn.LSTMCell(hidden, hidden)
-        else:  # same depth and width, no state
-            self.cell = nn.Sequential(layer_init(nn.Linear(hidden, hidden), math.sqrt(2)), nn.Tanh())
+
+        def core() -> nn.ModuleDict:
+            encoder = nn.Sequential(layer_init(nn.Linear(obs_dim, hidden), math.sqrt(2)), nn.Tanh())
+            if memory == "lstm":
+                cell = nn.LSTMCell(hidden, hidden)
+            else:  # same depth and width, no state
+                cell = nn.Sequential(layer_init(nn.Linear(hidden, hidden), math.sqrt(2)), nn.Tanh())
+            return nn.ModuleDict({"encoder": encoder, "cell": cell})
+
+        self.actor_core, self.critic_core = core(), core()
         self.actor = layer_init(nn.Linear(hidden, n_actions), 0.01)
         self.critic = layer_init(nn.Linear(hidden, 1), 1.0)
 
-    def step(self, obs, h, c):
-        """One step: features of `obs` given the state `(h, c)`, and the next state."""
-        x = self.encoder(obs)
+    def _cell(self, core, obs, h, c):
+        x = core["encoder"](obs)
         if self.memory == "lstm":
-            h, c = self.cell(x, (h, c))
+            h, c = core["cell"](x, (h, c))
             return h, h, c
-        return self.cell(x), h, c  # h, c stay zeros
+        return core["cell"](x), h, c  # h, c stay zeros
+
+    def step(self, obs, h, c):
+        """One step: actor and critic features of `obs` given the state `(h, c)`, and the next state."""
+        H = self.hidden
+        fa, ha, ca = self._cell(self.actor_core, obs, h[..., :H], c[..., :H])
+        fc, hc, cc = self._cell(self.critic_core, obs, h[..., H:], c[..., H:])
+        return fa, fc, torch.cat([ha, hc], -1), torch.cat([ca, cc], -1)
 
     def forward(self, td):
         obs = td.get("observation")
-        zeros = torch.zeros(*obs.shape[:-1], self.hidden)
+        zeros = torch.zeros(*obs.shape[:-1], 2 * self.hidden)
         h, c = td.get("h", zeros), td.get("c", zeros)  # absent only in the collector's dry run
-        features, h, c = self.step(obs, h, c)
-        td.set("action", Categorical(logits=self.actor(features)).sample())
+        actor_features, _, h, c = self.step(obs, h, c)
+        td.set("action", Categorical(logits=self.actor(actor_features)).sample())
         td.set(("next", "h"), h)
         td.set(("next", "c"), c)
         return td
 
     def replay(self, obs, start, h0, c0):
-        """Features and states of whole sequences: `obs` (sequences, T, obs_dim), `start` (sequences, T)
-        True where an episode starts (the state is zeroed there, as the collector does), `h0`, `c0`
-        the stored state at t = 0. Gradients flow through time."""
-        features, hs = [], []
+        """Logits, values and input states of whole sequences: `obs` (sequences, T, obs_dim),
+        `start` (sequences, T) True where an episode starts (the state is zeroed there, as the
+        collector does), `h0`, `c0` the stored state at t = 0. Gradients flow through time."""
+        logits, values, hs = [], [], []
         h, c = h0, c0
         for t in range(obs.shape[1]):
-            keep = (~start[:, t]).float().unsqueeze(-1)
             if t > 0:
+                keep = (~start[:, t]).float().unsqueeze(-1)
                 h, c = h * keep, c * keep
             hs.append(h)
-            f, h, c = self.step(obs[:, t], h, c)
-            features.append(f)
-        return torch.stack(features, 1), torch.stack(hs, 1)
+            fa, fc, h, c = self.step(obs[:, t], h, c)
+            logits.append(self.actor(fa))
+            values.append(self.critic(fc).squeeze(-1))
+        return torch.stack(logits, 1), torch.stack(values, 1), torch.stack(hs, 1)
 
     def value_after(self, next_obs, next_h, next_c):
         """V of each frame's next observation, from the state the collector stored with it
         (all frames at once: (streams, T) flattened, since `nn.LSTMCell` takes 2-D input)."""
         lead = next_obs.shape[:-1]
-        features = self.step(next_obs.flatten(0, -2), next_h.flatten(0, -2), next_c.flatten(0, -2))[0]
-        return self.critic(features).squeeze(-1).reshape(lead)
+        fc = self.step(next_obs.flatten(0, -2), next_h.flatten(0, -2), next_c.flatten(0, -2))[1]
+        return self.critic(fc).squeeze(-1).reshape(lead)
 
 
 def gae(reward, value, next_value, terminated, done, gamma: float, lam: float):
@@ -207,15 +221,15 @@ def ppo_update(agent, optimizer, data: dict[str, torch.Tensor], args: Args) -> d
     steps = 0
     for _ in range(args.epochs):
         for idx in torch.randperm(chunks).chunk(args.minibatches):
-            features, _ = agent.replay(data["observation"][idx], data["start"][idx], data["h0"][idx], data["c0"][idx])
-            dist = Categorical(logits=agent.actor(features))
+            logits, value, _ = agent.replay(data["observation"][idx], data["start"][idx], data["h0"][idx], data["c0"][idx])
+            dist = Categorical(logits=logits)
             log_prob = dist.log_prob(data["action"][idx])
             log_ratio = log_prob - data["log_prob"][idx]
             ratio = log_ratio.exp()
             adv = data["advantage"][idx]
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
             policy_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
-            value_loss = 0.5 * (agent.critic(features).squeeze(-1) - data["return"][idx]).pow(2).mean()
+            value_loss = 0.5 * (value - data["return"][idx]).pow(2).mean()
             entropy = dist.entropy().mean()
             loss = policy_loss - args.ent_coef * entropy + args.vf_coef * value_loss
 
@@ -281,10 +295,9 @@ def train(args: Args) -> list[dict]:
 
             with torch.no_grad():
                 # the weights that collected this batch: the workers acted with exactly these
-                features, replayed_h = agent.replay(obs, episode_start, batch["h"][:, 0], batch["c"][:, 0])
+                logits, value, replayed_h = agent.replay(obs, episode_start, batch["h"][:, 0], batch["c"][:, 0])
                 carry_error = (replayed_h - batch["h"]).abs().max().item()  # the collector's carry, checked
-                log_prob = Categorical(logits=agent.actor(features)).log_prob(batch["action"])
-                value = agent.critic(features).squeeze(-1)
+                log_prob = Categorical(logits=logits).log_prob(batch["action"])
                 next_value = agent.value_after(batch["next", "observation"], batch["next", "h"], batch["next", "c"])
                 advantage, value_target = gae(reward, value, next_value, terminated, done, args.gamma, args.gae_lambda)
 
