@@ -106,7 +106,7 @@ def train(args: Args) -> list[dict]:
                                  sampler=SamplerWithoutReplacement(), batch_size=args.minibatch_size)
     start = time.perf_counter()  # the clock includes starting the workers
 
-    # The one place that differs from torchrl: MultiSyncCollector is rlcollect's (same arguments).
+    # torchrl's construction, unchanged: only the import of MultiSyncCollector differs.
     collector = MultiSyncCollector(
         [partial(make_env, args.env_id)] * args.workers,  # one env factory per worker
         actor,
