@@ -1,8 +1,9 @@
-# `make demo` runs the main job, `make test` the tests, `make bench` the benchmarks.
+# `make demo` runs the main job, `make test` the tests (what CI runs), `make bench` the benchmarks.
 # Each first sets up .venv on a fresh machine (python3.11 venv, torch, the package editable).
-# `make test-torchrl` runs the torchrl interop tests in .venv-torchrl, where torchrl (the newest
-# the registry offers for this torch) is installed first and rlcollect second, as a torchrl user
-# would; `pip check` must be clean there.
+# `make test` runs the main suite in .venv (`make test-main`), then the torchrl interop tests in
+# .venv-torchrl (`make test-torchrl`), where torchrl (the newest the registry offers for this
+# torch) is installed first and rlcollect second, as a torchrl user would; `pip check` must be
+# clean there.
 
 PYTHON ?= python3.11
 VENV := .venv
@@ -16,7 +17,7 @@ VENV_TORCHRL := .venv-torchrl
 PY_TORCHRL := $(VENV_TORCHRL)/bin/python
 STAMP_TORCHRL := $(VENV_TORCHRL)/.installed
 
-.PHONY: install test test-torchrl demo bench
+.PHONY: install test test-main test-torchrl demo bench
 
 install: $(STAMP)
 
@@ -28,8 +29,10 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e '.[test,atari,mujoco,envpool]'
 	touch $(STAMP)
 
+test: test-main test-torchrl
+
 # pytest exits with 5 when it collects no test: that is not a failure of the suite.
-test: $(STAMP)
+test-main: $(STAMP)
 	$(PY) -m pytest -q tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
 

@@ -21,6 +21,7 @@ so that tests/test_leak_check.py can show that the checker sees what it should.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import shutil
@@ -311,21 +312,25 @@ class ShmTracker:
             self.created.add(path[len(SHM_DIR) + 1 :].split("/", 1)[0])
 
     # -- holders: the whole tree ---------------------------------------------------------------
-    def poll(self) -> None:
-        """Claim the new entries that a process of our tree holds now."""
+    def poll(self, names: set[str] | None = None) -> None:
+        """Claim the new entries that a process of our tree holds now: all of ``names``, or (the
+        periodic poll) those that appeared less than ``SHM_UNCLAIMED_S`` ago."""
         with self._lock:
             now = time.monotonic()
-            present = _shm_inodes()
+            present = _shm_inodes(names)
             pending = {
                 name: ino
                 for name, ino in present.items()
                 if self._known.get(name) != ino and self.claimed.get(name) != ino and name not in self.created
             }
-            for name in list(self._first_seen):
-                if name not in pending:
-                    del self._first_seen[name]
-            # An entry unclaimed for long is someone else's: stop paying to look at it.
-            pending = {n: i for n, i in pending.items() if now - self._first_seen.setdefault(n, now) < SHM_UNCLAIMED_S}
+            if names is None:
+                for name in list(self._first_seen):
+                    if name not in pending:
+                        del self._first_seen[name]
+                # An entry unclaimed for long is someone else's: stop paying to look at it.
+                pending = {
+                    n: i for n, i in pending.items() if now - self._first_seen.setdefault(n, now) < SHM_UNCLAIMED_S
+                }
             if not pending:
                 return
             tree = {self.pid, *descendants(self.pid)}
@@ -336,11 +341,10 @@ class ShmTracker:
             for name, ino in pending.items():
                 if ino in held or _torch_creator(name) in self.tree_pids:
                     self.claimed[name] = ino
-                    self._first_seen.pop(name, None)
 
     def ours(self, names: set[str]) -> set[str]:
         """Those of ``names`` (present entries) that this tree made."""
-        self.poll()
+        self.poll(set(names))
         inodes = _shm_inodes(names)
         with self._lock:
             return {
@@ -383,14 +387,19 @@ def open_fds() -> dict[int, str]:
     """``{fd: target}`` of this process's open file descriptors, helpers excluded."""
     fds: dict[int, str] = {}
     helpers = _helper_fds()
-    for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
-        if fd in helpers:
-            continue
-        try:
-            fds[fd] = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:
-            continue  # closed meanwhile (the directory handle listdir itself used, for one)
+    tracker = _TRACKER if _TRACKER is not None and _TRACKER.pid == os.getpid() else None
+    # Under the tracker's lock: its poll (a thread) opens an fd or two for a moment.
+    with tracker._lock if tracker is not None else contextlib.nullcontext():
+        names = os.listdir("/proc/self/fd")
+        targets = {}
+        for name in names:
+            try:
+                targets[name] = os.readlink(f"/proc/self/fd/{name}")
+            except OSError:
+                continue  # closed meanwhile (the directory handle listdir itself used, for one)
+    for name, target in targets.items():
+        if int(name) not in helpers:
+            fds[int(name)] = target
     return fds
 
 
@@ -516,7 +525,10 @@ def remove_shm(names) -> None:
             else:
                 os.unlink(path)
         except OSError:
-            pass
+            continue
+        if os.environ.get("RLCOLLECT_LEAK_LOG"):  # for tests/security/test_busy_machine.py
+            with open(os.environ["RLCOLLECT_LEAK_LOG"], "a") as log:
+                log.write(name + "\n")
 
 
 # -- fixtures ----------------------------------------------------------------------------------

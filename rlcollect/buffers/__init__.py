@@ -6,5 +6,6 @@ does not import tensordict: worker processes that only extend a buffer stay ligh
 """
 
 from rlcollect.buffers.replay import ReplayBuffer
+from rlcollect.buffers.storage import LockTimeout
 
-__all__ = ["ReplayBuffer"]
+__all__ = ["LockTimeout", "ReplayBuffer"]

@@ -22,7 +22,9 @@ The contract a collector may rely on:
 - ``sample()`` never returns a frame that is being written or was half-written by a process that
   died: it is drawn uniformly among the complete frames.
 - Only the owner (the process that constructed the buffer) removes storage; handles in workers
-  only unmap on ``close()``, so a worker exiting or crashing leaves the buffer intact.
+  only unmap on ``close()``, so a worker exiting or crashing leaves the buffer intact.  If the
+  owner dies without closing (even by SIGKILL), its reaper process removes the storage
+  (``lifetime.Reaper``).  Lock waits are bounded by ``lock_timeout`` (``LockTimeout``).
 
 How concurrent writers stay exact (see :meth:`ReplayBuffer.extend`): a writer takes the
 cross-process lock only to reserve its slots (advance the cursor and the counters, mark the slots
@@ -54,9 +56,9 @@ Limits, chosen knowingly:
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
-import tempfile
 import threading
 import time
 import weakref
@@ -67,10 +69,18 @@ import torch
 
 from rlcollect.buffers.checkpoint import Checkpointing
 from rlcollect.buffers.frames import frames_of, to_tensordict
-from rlcollect._pids import pid_alive
-from rlcollect.buffers.lifetime import release, ring_segments, shm_root
+from rlcollect.buffers.lifetime import (
+    Reaper,
+    check_not_abandoned,
+    make_storage_dir,
+    release,
+    ring_segments,
+    shm_root,
+    slot_writers,
+)
 from rlcollect.buffers.storage import (
     ALLOCATED,
+    DEFAULT_LOCK_TIMEOUT_S,
     CURSOR,
     SIZE,
     WRITE_COUNT,
@@ -106,6 +116,11 @@ class ReplayBuffer(Checkpointing):
         shared: ``"memory"`` only: False keeps the frames in this process's private memory
             (faster to create, not picklable until :meth:`share`).  Memmap storage is always
             shareable.
+        lock_timeout: seconds that ``extend``, ``state_dict``, ``load_state_dict`` and
+            ``empty`` wait for the cross-process lock (held for microseconds by a working
+            process) before raising :class:`~rlcollect.buffers.LockTimeout` (a ``TimeoutError``)
+            naming the pid that holds it, stopped or stuck.  Handles sent to other processes
+            keep it.  A holder that dies releases the lock at once.
 
     The storage is allocated by the first :meth:`extend`, from that batch's keys, per-frame
     shapes and dtypes, in whatever process it runs; later batches must have the same structure.
@@ -131,6 +146,7 @@ class ReplayBuffer(Checkpointing):
         storage: str = "memory",
         path: str | os.PathLike | None = None,
         shared: bool = True,
+        lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S,
     ):
         if isinstance(capacity, bool) or not isinstance(capacity, int | np.integer) or capacity <= 0:
             raise ValueError(f"capacity must be a positive int, got {capacity!r}")
@@ -140,6 +156,9 @@ class ReplayBuffer(Checkpointing):
             raise ValueError(f"path={str(path)!r} is only used with storage='memmap', got storage={storage!r}")
         if not isinstance(shared, bool):
             raise ValueError(f"shared must be True or False, got {shared!r}")
+        if isinstance(lock_timeout, bool) or not isinstance(lock_timeout, int | float) or not 0 < lock_timeout < math.inf:
+            raise ValueError(f"lock_timeout must be a positive, finite number of seconds, got {lock_timeout!r}")
+        self._lock_timeout = float(lock_timeout)
         self._capacity = int(capacity)
         self._storage = storage
         self._shared = shared or storage == "memmap"
@@ -150,20 +169,22 @@ class ReplayBuffer(Checkpointing):
             self._directory = None
             self._adopt(Region.private(self._capacity), remove=None)
         elif self._user_path is None:
-            self._directory = tempfile.mkdtemp(prefix="rlcollect-rb-", dir=shm_root() if storage == "memory" else None)
-            self._create_in(self._directory, remove=self._directory)
+            self._directory, reaper = make_storage_dir(shm_root() if storage == "memory" else None)
+            self._create_in(self._directory, remove=self._directory, reaper=reaper)
         else:
             self._directory = self._user_path
             self._open_user_path()
 
-    def _create_in(self, directory: str, remove: str | None) -> None:
+    def _create_in(self, directory: str, remove: str | None, reaper: Reaper | None = None) -> None:
         try:
             region = Region.create(directory, self._capacity)
         except BaseException:
             if remove is not None:
                 shutil.rmtree(remove, ignore_errors=True)
+            if reaper is not None:
+                reaper.stop()
             raise
-        self._adopt(region, remove)
+        self._adopt(region, remove, reaper)
 
     def _open_user_path(self) -> None:
         path = self._user_path
@@ -181,9 +202,11 @@ class ReplayBuffer(Checkpointing):
         os.makedirs(path, exist_ok=True)
         self._create_in(path, remove=None)
 
-    def _adopt(self, region: Region, remove: str | None) -> None:
+    def _adopt(self, region: Region, remove: str | None, reaper: Reaper | None = None) -> None:
+        region.lock_timeout = self._lock_timeout
         self._region = region
-        self._finalizer = weakref.finalize(self, release, region, remove, os.getpid())
+        self._reaper = reaper  # the process that removes ``remove`` if this one dies
+        self._finalizer = weakref.finalize(self, release, region, remove, os.getpid(), reaper)
 
     # -- pickling: a handle on the same storage ------------------------------------------------
     def __getstate__(self) -> dict:
@@ -199,11 +222,13 @@ class ReplayBuffer(Checkpointing):
             "storage": self._storage,
             "directory": self._directory,
             "user_path": self._user_path,
+            "lock_timeout": self._lock_timeout,
         }
 
     def __setstate__(self, state: dict) -> None:
         self._capacity, self._storage = state["capacity"], state["storage"]
         self._directory, self._user_path = state["directory"], state["user_path"]
+        self._lock_timeout = state.get("lock_timeout", DEFAULT_LOCK_TIMEOUT_S)
         self._shared = True
         self._local = threading.Lock()
         self._closed = False
@@ -228,7 +253,7 @@ class ReplayBuffer(Checkpointing):
             return self
         with self._local:
             old = self._region
-            directory = tempfile.mkdtemp(prefix="rlcollect-rb-", dir=shm_root())
+            directory, reaper = make_storage_dir(shm_root())
             try:
                 region = Region.create(directory, self._capacity)
                 if old.attached:
@@ -239,11 +264,12 @@ class ReplayBuffer(Checkpointing):
                 region.header[[CURSOR, SIZE, WRITE_COUNT]] = old.header[[CURSOR, SIZE, WRITE_COUNT]]
             except BaseException:
                 shutil.rmtree(directory, ignore_errors=True)
+                reaper.stop()
                 raise
             self._finalizer.detach()
             old.close()
             self._directory, self._shared = directory, True
-            self._adopt(region, remove=directory)
+            self._adopt(region, remove=directory, reaper=reaper)
         return self
 
     # -- properties ------------------------------------------------------------------------------
@@ -428,7 +454,7 @@ class ReplayBuffer(Checkpointing):
                 header, seq, owner = region.header, region.seq, region.owner
                 start = int(header[CURSOR])
                 segs = ring_segments((start + count - written) % cap, written, cap)
-                blockers = self._blockers(region, segs)
+                blockers = slot_writers(region, segs)
                 if blockers and waiting_since is None:
                     waiting_since = time.monotonic()
                 if not blockers or time.monotonic() - waiting_since > STALL_TIMEOUT_S:
@@ -450,16 +476,6 @@ class ReplayBuffer(Checkpointing):
                     header[WRITE_COUNT] += count
                     return start, slots
             time.sleep(0.0005)
-
-    @staticmethod
-    def _blockers(region: Region, segs: list[tuple[int, int]]) -> set[int]:
-        """Live processes still writing into the given slots (whose seq is odd)."""
-        pids: set[int] = set()
-        for a, b in segs:
-            busy = (region.seq[a:b] & 1).astype(bool)
-            if busy.any():
-                pids.update(int(p) for p in np.unique(region.owner[a:b][busy]))
-        return {p for p in pids if pid_alive(p)}
 
     def _finish(self, region: Region, slots: list, committed: bool) -> None:
         """Commit (seq -> even) or abandon (owner -> 0) the slots this call reserved.
@@ -555,7 +571,7 @@ class ReplayBuffer(Checkpointing):
                 idx = idx.clone()
                 idx[pos] = torch.randint(redraw_below, (pos.numel(),))
             else:
-                self._check_not_abandoned(region, idx[pos])
+                check_not_abandoned(region, idx[pos])
             if time.monotonic() > deadline:
                 raise RuntimeError(
                     f"ReplayBuffer: no complete frame could be read for {SAMPLE_TIMEOUT_S:.0f} s "
@@ -571,12 +587,6 @@ class ReplayBuffer(Checkpointing):
             if bool(still.all()):
                 time.sleep(0.0001)
         return out
-
-    @staticmethod
-    def _check_not_abandoned(region: Region, slots: torch.Tensor) -> None:
-        for slot in slots.tolist():
-            if region.seq[slot] & 1 and not pid_alive(int(region.owner[slot])):
-                raise RuntimeError(f"ReplayBuffer slot {slot} holds no complete frame: the write into it failed")
 
     def empty(self) -> None:
         """Drop every frame (``len`` becomes 0); the storage and ``write_count`` are kept.

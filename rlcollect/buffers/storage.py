@@ -7,7 +7,8 @@ A shared region is a directory (under /dev/shm for ``storage="memory"``, anywher
     int64 words: a small header (capacity, allocated flag, cursor, size, write count), then one
     sequence number and one owner pid per slot.  It exists from construction on, so every
     process can read the counters before any frame has been written.  It is also the file that
-    ``fcntl.flock`` locks for cross-process mutual exclusion.
+    ``fcntl.flock`` locks for cross-process mutual exclusion (through a file description of
+    its own in each process, never shared with a forked child: see :meth:`Region.lock`).
 ``layout.json``
     the fields (nested key, per-frame shape, torch dtype, byte offset), written once by the
     first writer, from the structure of the first batch.  JSON rather than pickle: reopening a
@@ -31,6 +32,8 @@ import json
 import mmap
 import os
 import threading
+import time
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -39,8 +42,8 @@ import torch
 
 NestedKey = tuple[str, ...]
 
-# Header words of the control file.
-MAGIC, VERSION, CAPACITY, ALLOCATED, CURSOR, SIZE, WRITE_COUNT = range(7)
+# Header words of the control file (HOLDER: pid of the process inside the lock, 0 if none).
+MAGIC, VERSION, CAPACITY, ALLOCATED, CURSOR, SIZE, WRITE_COUNT, HOLDER = range(8)
 HEADER_WORDS = 8
 MAGIC_VALUE = 0x726C63726231  # b"rlcrb1"
 FORMAT_VERSION = 1
@@ -49,8 +52,81 @@ _ALIGN = 64
 CONTROL_FILE, LAYOUT_FILE, DATA_FILE = "control", "layout.json", "data"
 
 
+#: How long a process waits for the buffer's cross-process lock before raising LockTimeout.
+DEFAULT_LOCK_TIMEOUT_S = 30.0
+
+
 class StorageMismatch(ValueError):
     """A directory or a batch does not match the buffer it is meant for."""
+
+
+class LockTimeout(TimeoutError):
+    """The replay buffer's lock was not acquired within ``lock_timeout``.
+
+    Attributes: ``pid`` (the process holding the lock, or None if it cannot be told), ``timeout``
+    (seconds waited) and ``path`` (the control file).  The lock is held only for microseconds
+    by a working process, so this means its holder is stopped (SIGSTOP, a debugger) or stuck.
+
+    Example:
+        >>> err = LockTimeout("/dev/shm/rlcollect-rb-1/control", 30.0, 1234, "stopped")
+        >>> isinstance(err, TimeoutError), err.pid
+        (True, 1234)
+    """
+
+    def __init__(self, path: str, timeout: float, pid: int | None, state: str):
+        self.path, self.timeout, self.pid = path, timeout, pid
+        holder = f"pid {pid} ({state})" if pid is not None else state
+        super().__init__(
+            f"could not take the ReplayBuffer lock ({path}) within lock_timeout={timeout:g} s: it is held by "
+            f"{holder}.  Resume or kill that process, or pass ReplayBuffer(..., lock_timeout=...) a larger "
+            "value if it is only slow"
+        )
+
+
+_STATES = {"R": "running", "S": "sleeping", "D": "in uninterruptible sleep", "T": "stopped", "t": "stopped by a tracer"}
+
+
+def _process_state(pid: int) -> str | None:
+    """``"stopped"``, ``"running"``, ... for a live ``pid``; None if it is gone (or a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    state = stat[stat.rfind(")") + 2 : stat.rfind(")") + 3]
+    return None if state in ("Z", "X", "") else _STATES.get(state, f"state {state}")
+
+
+def _flock_holders(fd: int) -> list[int]:
+    """Pids that /proc/locks lists as holding an flock on the file of ``fd`` (the process that
+    took it; a forked child sharing the description is not named)."""
+    st = os.fstat(fd)
+    ident = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    pids = []
+    try:
+        with open("/proc/locks") as f:
+            for line in f:
+                parts = line.split()
+                # "1: FLOCK  ADVISORY  WRITE 1234 00:1a:5678 0 EOF" ("->" marks a waiter)
+                if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5] == ident and parts[4].isdigit():
+                    pids.append(int(parts[4]))
+    except OSError:
+        pass
+    return pids
+
+
+# Every Region with a lock fd, so that a forked child closes its copies at once: flock locks
+# belong to the open file description, and a child holding a copy would keep the lock of a
+# holder that died (or make parent and child not exclude each other).
+_LOCKING: weakref.WeakSet[Region] = weakref.WeakSet()
+
+
+def _close_lock_fds_in_child() -> None:
+    for region in list(_LOCKING):
+        region._after_fork()
+
+
+os.register_at_fork(after_in_child=_close_lock_fds_in_child)
 
 
 @dataclass(frozen=True)
@@ -159,7 +235,9 @@ class Region:
         self.signature: dict[NestedKey, tuple[torch.Size, torch.dtype]] = {}
         self.tensors: dict[NestedKey, torch.Tensor] = {}
         self._maps: list[mmap.mmap] = []
-        self._fd = -1
+        self._fd = -1  # the lock's fd: -1 in a private region, or until reopened after a fork
+        self._lock_path: str | None = None  # the control file, for a shared region
+        self.lock_timeout = DEFAULT_LOCK_TIMEOUT_S
         self._pid = os.getpid()
         self._thread_lock = threading.Lock()
         self.header = self.seq = self.owner = None
@@ -182,10 +260,9 @@ class Region:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             _reserve_space(fd, (HEADER_WORDS + 2 * capacity) * 8, path)
-            region._map_control(fd)
-        except BaseException:
+            region._map_control(fd, path)
+        finally:
             os.close(fd)
-            raise
         region.header[[MAGIC, VERSION, CAPACITY]] = (MAGIC_VALUE, FORMAT_VERSION, capacity)
         return region
 
@@ -210,17 +287,18 @@ class Region:
             if size != (HEADER_WORDS + 2 * stored) * 8:
                 raise StorageMismatch(f"{path} has {size} bytes, expected {(HEADER_WORDS + 2 * stored) * 8}")
             region = cls(stored, directory)
-            region._map_control(fd)
-        except BaseException:
+            region._map_control(fd, path)
+        finally:
             os.close(fd)
-            raise
         return region
 
-    def _map_control(self, fd: int) -> None:
-        self._fd = fd
-        mm = mmap.mmap(fd, 0)
+    def _map_control(self, fd: int, path: str) -> None:
+        mm = mmap.mmap(fd, 0)  # keeps a duplicate of fd: its description is not the lock's
         self._maps.append(mm)
         self._set_control(np.frombuffer(mm, dtype=np.int64))
+        self._lock_path = path
+        self._fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        _LOCKING.add(self)
 
     def _set_control(self, control: np.ndarray) -> None:
         cap = self.capacity
@@ -231,29 +309,75 @@ class Region:
     # -- locking ---------------------------------------------------------------------------------
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
-        """Exclusive across threads (a thread lock) and processes (flock on the control file)."""
+        """Exclusive across threads (a thread lock) and processes (flock on the control file).
+
+        Waits at most ``self.lock_timeout`` seconds, then raises :class:`LockTimeout` naming the
+        holder's pid.  A holder that dies releases the lock at once (the kernel drops an flock
+        when the last fd of its description closes, and no other process has one: forked
+        children close their copies at the fork).
+        """
         if self._pid != os.getpid():
             self._after_fork()
-        with self._thread_lock:
-            if self._fd < 0:
+        timeout = self.lock_timeout
+        deadline = time.monotonic() + timeout
+        if not self._thread_lock.acquire(timeout=timeout):
+            raise LockTimeout(self._lock_path or "private", timeout, os.getpid(), "another thread of this process")
+        try:
+            if self._lock_path is None:
                 yield
                 return
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            if self._fd < 0:
+                self._fd = os.open(self._lock_path, os.O_RDWR | os.O_CLOEXEC)
+            self._flock(deadline, timeout)
             try:
+                self.header[HOLDER] = os.getpid()
                 yield
             finally:
+                if self.header is not None:
+                    self.header[HOLDER] = 0
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
+        finally:
+            self._thread_lock.release()
+
+    def _flock(self, deadline: float, timeout: float) -> None:
+        # Polled (LOCK_NB) rather than blocking: a blocking flock cannot be given a timeout
+        # without signals.  Uncontended, this is the same single syscall.
+        delay = 0.0001
+        while True:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                pass
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise self._timeout_error(timeout)
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, 0.005)
+
+    def _timeout_error(self, timeout: float) -> LockTimeout:
+        named = int(self.header[HOLDER])
+        for pid in [named, *_flock_holders(self._fd)]:
+            state = _process_state(pid) if pid > 0 else None
+            if state is not None:
+                return LockTimeout(self._lock_path, timeout, pid, state)
+        return LockTimeout(
+            self._lock_path,
+            timeout,
+            None,
+            "a process that cannot be named (its last holder, pid %d, is gone; a process it forked "
+            "outside rlcollect may keep the lock)" % named,
+        )
 
     def _after_fork(self) -> None:
         # A forked child shares the parent's open file description, and flock() locks belong to
-        # the description: without a fresh one the parent and the child would not exclude each
-        # other.  The maps themselves are MAP_SHARED and stay valid.
+        # the description: the child closes its copy (reopened at its first lock()).  The maps
+        # themselves are MAP_SHARED and stay valid.
         self._pid = os.getpid()
         self._thread_lock = threading.Lock()
         if self._fd >= 0:
-            old = self._fd
-            self._fd = os.open(os.path.join(self.directory, CONTROL_FILE), os.O_RDWR)
-            os.close(old)
+            fd, self._fd = self._fd, -1
+            os.close(fd)
 
     # -- the data file -----------------------------------------------------------------------------
     @property
@@ -331,6 +455,7 @@ class Region:
                 mm.close()
             except BufferError:
                 pass  # a view is still referenced somewhere: the map goes when it does
+        self._lock_path = None
         if self._fd >= 0:
             fd, self._fd = self._fd, -1
             os.close(fd)

@@ -24,9 +24,9 @@ from rlcollect.data import deliver
 from rlcollect.multiprocess import protocol as P
 from rlcollect.multiprocess.freerun import FreeRunning
 from rlcollect.multiprocess.weight_sync import WeightSync
-from rlcollect.multiprocess.pool import WorkerPool
+from rlcollect.multiprocess.pool import DEFAULT_START_TIMEOUT_S, WorkerPool
 from rlcollect.multiprocess.restart import RestartPolicy
-from rlcollect.multiprocess.shm import allocate_slot, slot_buffer
+from rlcollect.multiprocess.shm import allocate_slot, check_free_space, slot_buffer, slot_bytes
 from rlcollect.policy import as_exploration_type, has_weights
 from rlcollect.weights.schemes import validate_schemes
 
@@ -111,6 +111,7 @@ class MultiCollectorBase(WeightSync, FreeRunning):
         num_sub_threads: int = 1,
         mp_start_method: str = "spawn",
         worker_timeout: float | None = None,
+        start_timeout: float = DEFAULT_START_TIMEOUT_S,
         on_worker_failure: str = "raise",
         max_worker_restarts: int = 3,
         init_random_frames: int | None = None,
@@ -185,6 +186,11 @@ class MultiCollectorBase(WeightSync, FreeRunning):
                                            or worker_timeout <= 0):
             raise ValueError(f"worker_timeout must be a positive number of seconds or None, got {worker_timeout!r}")
         self.worker_timeout = None if worker_timeout is None else float(worker_timeout)
+        if isinstance(start_timeout, bool) or not isinstance(start_timeout, (int, float)) \
+                or not math.isfinite(start_timeout) or start_timeout <= 0:
+            raise ValueError(f"start_timeout must be a positive, finite number of seconds (default "
+                             f"{DEFAULT_START_TIMEOUT_S:g}), got {start_timeout!r}")
+        self.start_timeout = float(start_timeout)
         optional_positive_int("num_threads", num_threads)
         positive_int("num_sub_threads", num_sub_threads)
         self.collector_class = resolve_collector_class(collector_class)
@@ -262,7 +268,8 @@ class MultiCollectorBase(WeightSync, FreeRunning):
         self._last_batch_frames = 0
         self._iterator: Iterator | None = None
         try:
-            self._pool = WorkerPool(mp.get_context(mp_start_method), payloads, num_sub_threads, self.worker_timeout)
+            self._pool = WorkerPool(mp.get_context(mp_start_method), payloads, num_sub_threads, self.worker_timeout,
+                                    self.start_timeout)
         except BaseException:
             torch.set_num_threads(self._previous_threads)  # no shutdown() will run to restore it
             raise
@@ -282,6 +289,10 @@ class MultiCollectorBase(WeightSync, FreeRunning):
         """Allocate every worker's shared batch slots and weight store and hand them over."""
         pool = self._pool
         self.layouts = [h.info["layout"] for h in pool.handles]
+        # Known only now (the workers report their layouts): check before allocating anything,
+        # rather than fail half-way (or have a write hit SIGBUS) on a full /dev/shm.
+        needed = sum(self._slots_per_worker * slot_bytes(layout) for layout in self.layouts)
+        check_free_space(needed, f"the batch slots of {self.num_workers} workers ({self._slots_per_worker} each)")
         self._slots = [[allocate_slot(layout) for _ in range(self._slots_per_worker)] for layout in self.layouts]
         self._buffers = [[slot_buffer(flat, layout) for flat in slots] for slots, layout in zip(self._slots, self.layouts)]
         self._stops = [torch.zeros(1, dtype=torch.uint8).share_memory_() for _ in range(self.num_workers)]

@@ -9,6 +9,8 @@ import collections
 import contextlib
 import logging
 import os
+import signal
+import threading
 import time
 from multiprocessing.connection import wait
 from typing import Any
@@ -16,16 +18,53 @@ from typing import Any
 
 from rlcollect.multiprocess import protocol as P
 from rlcollect.multiprocess.protocol import WorkerError
+from rlcollect.multiprocess.reaper import Reaper
 from rlcollect.multiprocess.worker import worker_main
 
 logger = logging.getLogger("rlcollect")
 
-STARTUP_TIMEOUT_S = 300.0
+#: Default ``start_timeout``: "spawn" under load has been measured at 30-40 s for 2 workers.
+DEFAULT_START_TIMEOUT_S = 120.0
 _STARTUP_HINT = (
     " before it was ready. If the script that builds the collector runs it at import time, guard it with "
     "`if __name__ == '__main__':` (the 'spawn' start method imports the main module in every worker); the "
     "worker's own error, if any, is on stderr above"
 )
+
+
+@contextlib.contextmanager
+def _ctrl_c_deferred():
+    """Hold Ctrl-C back while starting a worker (or the fork server).
+
+    A child inherits the signal mask through fork and exec, so with SIGINT blocked here a worker
+    starts with Ctrl-C blocked and ignores it from the first line of ``worker_main``: Ctrl-C is
+    the main process's to handle (it shuts the workers down), and a worker still importing never
+    prints a KeyboardInterrupt traceback. In the main thread the KeyboardInterrupt itself is
+    also held back until the worker is started and known to the pool (other threads may take
+    the signal despite the mask), then raised: a start cut in the middle would leave a worker
+    that nobody shuts down.
+    """
+    from multiprocessing import resource_tracker
+
+    # Starting the resource tracker unblocks SIGINT in this thread when it is done: have it
+    # running (a no-op once it is) before blocking.
+    resource_tracker.ensure_running()
+    held: list = []
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler):
+            previous = handler
+            signal.signal(signal.SIGINT, lambda signum, frame: held.append(frame))
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+            if held:
+                previous(signal.SIGINT, held[0])
 
 
 class _Handle:
@@ -73,23 +112,65 @@ class WorkerPool:
         payloads: one cloudpickled worker spec per worker.
         num_sub_threads: torch threads in each worker.
         worker_timeout: seconds a worker may spend on one batch (None: no limit).
+        start_timeout: seconds a worker may take to build its collector and report ready.
     """
 
-    def __init__(self, context: Any, payloads: list[bytes], num_sub_threads: int, worker_timeout: float | None):
+    def __init__(self, context: Any, payloads: list[bytes], num_sub_threads: int, worker_timeout: float | None,
+                 start_timeout: float = DEFAULT_START_TIMEOUT_S):
         self.context = context
         self.worker_timeout = worker_timeout
+        self.start_timeout = start_timeout
         self.num_sub_threads = num_sub_threads
         self.handles: list[_Handle] = []
         self.closed = False
+        self.reaper = Reaper()  # before the first worker: it ends them if this process dies
         try:
+            self._watch_fork_server()
+            # start_timeout counts from here: a fork server's or spawned interpreter's start-up
+            # is part of the wait a user sees.
+            deadline = time.monotonic() + start_timeout
             for index, payload in enumerate(payloads):
-                self.handles.append(self._spawn(index, payload))
-            self._await_ready(self.handles)
-        except BaseException:
+                self._spawn(index, payload)
+            self._await_ready(self.handles, deadline)
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt):
+                for handle in self.handles:  # Ctrl-C: no worker is waited for, all are terminated now
+                    handle.hung = True
+                self._stop_own_fork_server()
             self.shutdown(timeout=2.0)
             raise
 
-    def _spawn(self, index: int, payload: bytes) -> _Handle:
+    def _watch_fork_server(self) -> None:
+        """With "forkserver", the server imports the main module before it serves (seconds) and
+        would finish that, and fork a worker, after this process died: the guard ends it too."""
+        if self.context.get_start_method() != "forkserver":
+            return
+        from multiprocessing import forkserver
+
+        before = getattr(forkserver._forkserver, "_forkserver_pid", None)  # no public accessor
+        with _ctrl_c_deferred():  # the server's forks inherit its mask
+            forkserver.ensure_running()
+        server_pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+        if server_pid:
+            self.reaper.watch(server_pid)
+            if server_pid != before:
+                self._own_fork_server = server_pid
+
+    def _stop_own_fork_server(self) -> None:
+        """After Ctrl-C during start-up: a fork server this pool launched may still be importing
+        the main module (seconds) and only then notice that the main process is gone; end it now.
+        multiprocessing launches a new one for the next pool that needs it."""
+        pid = getattr(self, "_own_fork_server", None)
+        if pid:
+            try:
+                os.kill(pid, signal.SIGKILL)  # left unreaped: multiprocessing reaps it when relaunching
+            except OSError:
+                pass
+
+    def _spawn(self, index: int, payload: bytes) -> None:
+        """Start worker ``index`` and put its handle in ``self.handles`` (appended, or replacing
+        the old one), so that shutdown() always knows it, even if a Ctrl-C deferred during the
+        start is raised the moment the mask is restored."""
         parent_conn, child_conn = self.context.Pipe(duplex=True)
         process = self.context.Process(
             target=worker_main,
@@ -97,33 +178,54 @@ class WorkerPool:
             name=f"rlcollect-worker-{index}",
             daemon=False,  # a worker may itself run a multi-process collector
         )
-        process.start()
-        child_conn.close()
-        return _Handle(index, process, parent_conn)
+        with _ctrl_c_deferred():
+            try:
+                process.start()
+            finally:
+                child_conn.close()
+            self.reaper.watch(process.pid)
+            handle = _Handle(index, process, parent_conn)
+            if index < len(self.handles):
+                self.handles[index] = handle
+            else:
+                self.handles.append(handle)
 
     def restart(self, index: int, payload: bytes) -> None:
         """Replace worker ``index`` by a new process built from ``payload`` (the old one is
         killed if it still runs) and wait until it is ready."""
         old = self.handles[index]
         _stop_process(old.process)
+        self.reaper.forget(old.process.pid)
         old.conn.close()
         with contextlib.suppress(ValueError):
             old.process.close()
-        self.handles[index] = self._spawn(index, payload)
-        self._await_ready([self.handles[index]])
+        deadline = time.monotonic() + self.start_timeout
+        self._spawn(index, payload)
+        self._await_ready([self.handles[index]], deadline)
 
     def __len__(self) -> int:
         return len(self.handles)
 
-    def _await_ready(self, handles: list[_Handle]) -> None:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    def _await_ready(self, handles: list[_Handle], deadline: float) -> None:
         waiting = {h.index for h in handles}
         while waiting:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise WorkerError(f"workers {sorted(waiting)} did not start within {STARTUP_TIMEOUT_S:.0f} s")
+                late = sorted(waiting)
+                for i in late:
+                    self.handles[i].hung = self.handles[i].failed = True  # killed at shutdown, not asked
+                who = f"worker {late[0]}" if len(late) == 1 else f"workers {late}"
+                raise WorkerError(
+                    f"{who} hung during start-up: not ready within start_timeout={self.start_timeout:g} s (the worker "
+                    "builds its env and policy then; a constructor that blocks is the usual cause). Raise "
+                    "start_timeout if start-up is legitimately slow", late[0], None)
             for handle in self._wait([self.handles[i] for i in sorted(waiting)], remaining):
-                kind, value = handle.conn.recv()
+                try:
+                    kind, value = handle.conn.recv()
+                except (EOFError, OSError) as err:
+                    handle.failed = True
+                    raise WorkerError(f"worker {handle.index} {_describe_death(handle)}{_STARTUP_HINT}",
+                                      handle.index, handle.process.exitcode) from err
                 if kind == P.ERROR:
                     handle.failed = True
                     raise P.unpack_exception(value, "start-up")
@@ -137,8 +239,15 @@ class WorkerPool:
         ready = wait([*by_conn, *by_sentinel], timeout)
         out = [by_conn[r] for r in ready if r in by_conn]
         for r in ready:
-            if r in by_sentinel and by_sentinel[r] not in out and not by_sentinel[r].conn.poll():
+            if r in by_sentinel and by_sentinel[r] not in out:
                 dead = by_sentinel[r]
+                if dead.conn.poll():
+                    # The process closes its file descriptors one by one as it dies, so the
+                    # sentinel can fire a moment before its pipe reads as closed. The pipe
+                    # holds a last reply or EOF now: reading it raises the WorkerError (or
+                    # delivers the reply) instead of reporting "nothing ready".
+                    out.append(dead)
+                    continue
                 dead.failed = True
                 hint = "" if dead.info else _STARTUP_HINT
                 raise WorkerError(f"worker {dead.index} {_describe_death(dead)}{hint}", dead.index, dead.process.exitcode)
@@ -238,5 +347,7 @@ class WorkerPool:
                 handle.process.close()
             except ValueError:
                 logger.error("rlcollect: worker %d could not be reaped", handle.index)
+        # Clears what it watches (the fork server lives on for other pools) and exits.
+        self.reaper.close()
 
 

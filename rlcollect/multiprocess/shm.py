@@ -8,6 +8,10 @@ slot and only sends a short "ready" reply.
 
 from __future__ import annotations
 
+import errno
+import os
+import re
+
 import numpy as np
 import torch
 
@@ -15,6 +19,9 @@ from rlcollect.data import BatchBuffer, BatchLayout
 from rlcollect.envs.base import torch_dtype
 
 _ALIGN = 64
+#: Where torch's shared memory lives (``shm_open``); its free space is checked before allocating.
+SHM_DIR = "/dev/shm"
+_TORCH_SHM_FILE = re.compile(r"for file </?(torch_\d+_\d+_\d+)>")
 #: Fresh slots are filled with this byte so that a field nobody wrote shows up in tests.
 POISON = 0xA5
 
@@ -30,10 +37,63 @@ def _field_bytes(layout: BatchLayout) -> list[tuple]:
     return out, max(offset, _ALIGN)
 
 
+def slot_bytes(layout: BatchLayout) -> int:
+    """The size of one slot of ``layout`` in bytes."""
+    return _field_bytes(layout)[1]
+
+
+def _human(nbytes: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if nbytes < 1024 or unit == "GiB":
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1024
+    return ""
+
+
+def _full(needed: int, free: int | None, what: str) -> OSError:
+    have = f"only {_human(free)} are free" if free is not None else "the allocation failed (it is full)"
+    return OSError(errno.ENOSPC, (
+        f"not enough shared memory for {what}: {_human(needed)} are needed in {SHM_DIR} but {have}. Free space "
+        f"there (leftovers of killed programs?), make it bigger (docker run --shm-size=...), or lower "
+        f"frames_per_batch or num_workers"))
+
+
+def check_free_space(needed: int, what: str) -> None:
+    """Raise ``OSError(ENOSPC)`` naming ``what`` if :data:`SHM_DIR` has less than ``needed`` bytes free.
+
+    Example:
+        >>> check_free_space(64, "a tiny slot")  # fine: returns None
+        >>> try:
+        ...     check_free_space(1 << 62, "an absurd slot")
+        ... except OSError as err:
+        ...     print(err.errno == errno.ENOSPC, "an absurd slot" in str(err))
+        True True
+    """
+    try:
+        stat = os.statvfs(SHM_DIR)
+    except OSError:
+        return  # no such folder (not Linux): torch reports what it cannot allocate
+    free = stat.f_bavail * stat.f_frsize
+    if free < needed:
+        raise _full(needed, free, what)
+
+
 def allocate_slot(layout: BatchLayout) -> torch.Tensor:
     """One flat shared-memory slot big enough for a batch of ``layout``."""
     _, total = _field_bytes(layout)
-    flat = torch.empty(total, dtype=torch.uint8).share_memory_()
+    try:
+        flat = torch.empty(total, dtype=torch.uint8).share_memory_()
+    except RuntimeError as err:
+        # torch leaves the file it could not grow in /dev/shm: remove it (only one of ours).
+        found = _TORCH_SHM_FILE.search(str(err))
+        if found and found.group(1).startswith(f"torch_{os.getpid()}_"):
+            try:
+                os.unlink(os.path.join(SHM_DIR, found.group(1)))
+            except OSError:
+                pass
+        if "No space left" in str(err) or "unable to allocate shared memory" in str(err):
+            raise _full(total, None, f"a batch slot ({_human(total)})") from err
+        raise
     flat.fill_(POISON)
     return flat
 

@@ -116,6 +116,8 @@ class MultiSyncCollector(MultiCollectorBase):
             try:
                 timeout = None if not deadlines else max(0.0, min(deadlines[i] for i in waiting) - time.monotonic())
                 ready = pool.ready(waiting, timeout)
+                if not ready and not deadlines:
+                    continue  # woken without a reply (pool.ready reports deaths): wait again
                 if not ready:
                     late = min(waiting, key=lambda i: deadlines[i])
                     raise pool.timed_out(late, self.worker_timeout)

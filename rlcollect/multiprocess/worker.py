@@ -8,6 +8,7 @@ thread is doing.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -47,8 +48,17 @@ def _exit_now() -> None:
     os._exit(0)
 
 
+def _ignore_ctrl_c() -> None:
+    # Ctrl-C reaches every process of the terminal's foreground group; the main process handles
+    # it and shuts the workers down. The pool starts workers with SIGINT blocked (pool.py), so
+    # one pressed during start-up is still pending: ignoring it first discards it, silently.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def worker_main(index: int, payload: bytes, conn: Any, parent_pid: int, num_threads: int) -> None:
     """Entry point of a worker process (the target of ``multiprocessing.Process``)."""
+    _ignore_ctrl_c()
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True, name="rlcollect-watchdog").start()
     torch.set_num_threads(num_threads)
     _context._worker_index = index
@@ -62,9 +72,11 @@ def worker_main(index: int, payload: bytes, conn: Any, parent_pid: int, num_thre
             pass  # the main process is already gone or has given up on this worker
         conn.close()
         _exit_now()
-    conn.send((P.READY, worker.describe()))
     try:
+        conn.send((P.READY, worker.describe()))
         worker.serve()
+    except OSError:
+        pass  # the main process closed this worker's pipe: it gave up on it, or is gone
     finally:
         worker.close()
         conn.close()
@@ -203,6 +215,8 @@ class _Worker:
                 command, args = self._deferred.pop(0) if self._deferred else conn.recv()
             except (EOFError, OSError):
                 return  # the main process is gone
+            except Exception:  # noqa: BLE001  (a message cut short: the main process was interrupted mid-send)
+                return
             if command == P.CLOSE:
                 conn.send((P.OK, None))
                 return

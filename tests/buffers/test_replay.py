@@ -15,6 +15,7 @@ import rlcollect
 from rlcollect.buffers import ReplayBuffer
 from rlcollect.buffers import replay as replay_module
 from rlcollect.buffers import storage as storage_module
+from rlcollect.buffers import lifetime as lifetime_module
 
 
 def frames(values, batch=None, extra=None) -> TensorDict:
@@ -341,7 +342,7 @@ def test_exported_by_rlcollect():
     assert rlcollect.ReplayBuffer is ReplayBuffer
 
 
-@pytest.mark.parametrize("module", [replay_module, storage_module], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [replay_module, storage_module, lifetime_module], ids=lambda m: m.__name__)
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 5 and result.failed == 0
