@@ -62,7 +62,7 @@ class Args:
     """environment copies per worker (batched in-process by `GymEnv(num_envs=...)`)"""
     frames_per_batch: int = 2048
     """frames in each batch, all workers together; the sequence length is this / (workers * envs)"""
-    learning_rate: float = 1e-3
+    learning_rate: float = 3e-3
     """Adam learning rate at the start; it decays linearly to 0 over `total_frames`"""
     gamma: float = 0.99
     """discount factor"""
