@@ -54,7 +54,7 @@ class Args:
     memory: str = "lstm"
     """`lstm`: an LSTM cell carries a state between steps; `none`: the same network with the cell
     replaced by a feed-forward layer (the baseline that cannot remember)"""
-    total_frames: int = 300_000
+    total_frames: int = 400_000
     """environment steps to collect over the whole run"""
     workers: int = 2
     """worker processes, each stepping `envs_per_worker` environments"""
