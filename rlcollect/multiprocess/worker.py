@@ -156,8 +156,21 @@ class _Worker:
     def enable_profile(self, path: str, rollouts: tuple, profiler_kwargs: dict) -> None:
         self.collector.enable_profile(path, rollouts=rollouts, **profiler_kwargs)
 
-    def get_weights(self) -> dict:
-        return {k: v.detach().cpu().numpy() for k, v in self.module.state_dict().items()}
+    def _model(self, model_id: str) -> torch.nn.Module:
+        if model_id == "policy":
+            return self.module
+        if self.nested:
+            raise ValueError(f"model_id {model_id!r}: a nested multi-process collector updates only 'policy'")
+        from rlcollect.weights.models import resolve_model
+
+        module = resolve_model(self.collector, model_id)
+        if not has_weights(module):
+            raise ValueError(f"weight_sync_schemes[{model_id!r}] names a {type(module).__name__} without parameters "
+                             "or buffers in the worker's collector")
+        return module
+
+    def get_weights(self, model_id: str = "policy") -> dict:
+        return {k: v.detach().cpu().numpy() for k, v in self._model(model_id).state_dict().items()}
 
     def collect(self, slot: int, random: bool) -> dict:
         self._pull_weights()
@@ -195,9 +208,14 @@ class _Worker:
     def pause(self) -> None:
         """Nothing to do: a paused worker is one that is not running free."""
 
-    def update_weights(self, state: dict, version: int) -> None:
-        load_weights(self.module, {k: torch.from_numpy(v) for k, v in state.items()})
-        self._adopt(version)
+    def update_weights(self, state: dict, version: int, model_id: str = "policy") -> None:
+        load_weights(self._model(model_id), {k: torch.from_numpy(v) for k, v in state.items()})
+        if model_id == "policy":
+            self._adopt(version)
+        else:
+            # Not self.version: that tracks the shared policy store, which may hold this version
+            # too and must still be read before the next batch.
+            self.collector._version = version
 
     def getattr_policy(self, name: str) -> Any:
         return getattr(self.collector.policy, name)
