@@ -96,6 +96,7 @@ class _Worker:
         self.nested = not hasattr(self.collector, "_runner")
         self.module = self.collector.policy if self.nested else self.collector._runner.module
         self.version = 0
+        self.model_version = 0  # the last version of a model other than "policy" (weight_sync_schemes)
         fields = dict(self.collector.layout.fields)
         if spec.get("preemptive"):
             fields[MASK] = ArraySpec((), np.dtype(np.bool_))
@@ -139,6 +140,7 @@ class _Worker:
     def _adopt(self, version: int) -> None:
         """The module now holds weights ``version``: make the inner collector act with them."""
         self.version = version
+        version = max(version, self.model_version)  # an extra model may have moved it further
         if self.nested:
             self.collector._version = version - 1  # its update bumps the version by one
             self.collector.update_policy_weights_()
@@ -209,13 +211,18 @@ class _Worker:
         """Nothing to do: a paused worker is one that is not running free."""
 
     def update_weights(self, state: dict, version: int, model_id: str = "policy") -> None:
+        if model_id != "policy":
+            # The shared store was written before this message was sent: apply it first, so
+            # that it cannot overwrite this newer update of a part of the policy afterwards.
+            self._pull_weights()
         load_weights(self._model(model_id), {k: torch.from_numpy(v) for k, v in state.items()})
         if model_id == "policy":
             self._adopt(version)
         else:
             # Not self.version: that tracks the shared policy store, which may hold this version
             # too and must still be read before the next batch.
-            self.collector._version = version
+            self.model_version = version
+            self.collector._version = max(self.collector._version, version)
 
     def getattr_policy(self, name: str) -> Any:
         return getattr(self.collector.policy, name)
