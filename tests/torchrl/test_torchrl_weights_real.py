@@ -130,7 +130,7 @@ def test_real_weight_updater_subclass_single_and_multi():
         assert updater.collector is m
         m.update_policy_weights_()  # _get_server_weights: the main policy's weights (w=1), doubled
         assert updater.synced == [0, 1] and next(m)["action"].unique().tolist() == [2]
-        assert m.worker_policy_versions() == [2, 2]  # one built-in update per worker
+        assert m.worker_policy_versions() == [1, 2]  # one built-in update (one version) per worker
     finally:
         m.shutdown()
     with pytest.raises(ValueError, match="weight_sync_schemes or weight_updater, not both"):
