@@ -269,3 +269,25 @@ def test_multi_weight_updater_calls_back_into_the_built_in_path():
     with pytest.raises(ValueError, match="weight_sync_schemes or weight_updater, not both"):
         MultiSyncCollector(CountingEnv, Scalar_policy(), num_workers=1, frames_per_batch=4, mp_start_method=START,
                            weight_updater=DuckUpdater(), weight_sync_schemes={})
+
+
+class WithLambda(ScalarPolicy):
+    def __init__(self):
+        super().__init__()
+        self.fn = None
+
+    def forward(self, observation):
+        self.fn = lambda: None  # unpicklable by the pipe's pickler
+        return super().forward(observation)
+
+
+def test_unpicklable_getattr_policy_reply_is_an_error_not_a_dead_worker():
+    # Regression: the worker died (PicklingError while sending) and the call raised WorkerError.
+    c = MultiSyncCollector(CountingEnv, WithLambda(), num_workers=1, frames_per_batch=4, mp_start_method=START)
+    try:
+        next(c)
+        with pytest.raises(TypeError, match="the reply to 'getattr_policy' \\(function\\) cannot be pickled back"):
+            c.getattr_policy("fn")
+        assert c.getattr_policy("training") is True and next(c).shape == (1, 4)
+    finally:
+        c.shutdown()

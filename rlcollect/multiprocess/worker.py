@@ -253,7 +253,19 @@ class _Worker:
             except Exception as exc:  # noqa: BLE001  (sent back and re-raised in the main process)
                 conn.send((P.ERROR, P.pack_exception(exc, self.index)))
             else:
-                conn.send((P.OK, result))
+                self._reply(command, result)
+
+    def _reply(self, command: str, result: Any) -> None:
+        try:
+            self.conn.send((P.OK, result))
+        except OSError:
+            raise
+        except Exception as exc:  # noqa: BLE001  (pickled before anything is written: nothing was sent)
+            # e.g. getattr_policy of a sub-module whose class only the worker can import: the
+            # worker must answer (and live on) rather than die with the reply unsent.
+            error = TypeError(f"the reply to {command!r} ({type(result).__name__}) cannot be pickled back to the main "
+                              f"process: {type(exc).__name__}: {exc}")
+            self.conn.send((P.ERROR, P.pack_exception(error, self.index)))
 
     def close(self) -> None:
         try:
