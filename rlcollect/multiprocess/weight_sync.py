@@ -170,14 +170,12 @@ class WeightSync:
         of weights), any other an attribute path from this collector (``"policy.module[0]"``);
         models that exist only inside the workers (``"env.x"``) raise ``UnknownModelError``.
 
-        Example:
-            >>> import torch
-            >>> from rlcollect import MultiSyncCollector, CountingEnv
-            >>> c = MultiSyncCollector(CountingEnv, torch.nn.Sequential(torch.nn.Linear(1, 1)), num_workers=1,
-            ...                        frames_per_batch=4)
-            >>> type(c.get_model("policy[0]")).__name__
-            'Linear'
-            >>> c.shutdown()
+        Example (``policy`` a module with a ``head`` sub-module)::
+
+            collector = MultiSyncCollector(make_env, policy, num_workers=2, frames_per_batch=100,
+                                           weight_sync_schemes={"policy.head": "process"})
+            collector.get_model("policy.head") is policy.head   # True
+            collector.update_policy_weights_(model_id="policy.head")  # policy.head's weights, to every worker
         """
         if model_id == "policy":
             if self.policy is None:
