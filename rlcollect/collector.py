@@ -4,6 +4,7 @@ batches of experience."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import math
 import os
@@ -22,6 +23,8 @@ from rlcollect.policy import exploration_scope, has_weights, load_weights, make_
 from rlcollect.rollout import Rollout
 from rlcollect import torchrl_args
 from rlcollect.torchrl_args import TorchrlMethods, version_tracker
+from rlcollect.weights.local import LocalWeights, module_device, place_env
+from rlcollect.weights.models import make_weight_updater
 from rlcollect.weights.schemes import validate_schemes
 
 if TYPE_CHECKING:
@@ -32,7 +35,7 @@ logger = logging.getLogger("rlcollect")
 _STATE_KEYS = ("frames", "iter", "rollout", "env", "policy", "policy_version", "torch_rng")
 
 
-class Collector(TorchrlMethods):
+class Collector(TorchrlMethods, LocalWeights):
     """Collect experience from one env with a policy, in this process.
 
     Args:
@@ -101,6 +104,7 @@ class Collector(TorchrlMethods):
         worker_idx: int | None = None,
         traj_id_start: int | None = None,
         reset_when_done: bool = True,
+        weight_updater: Any = None,
     ):
         self._closed = True  # until construction succeeds, shutdown has nothing to do
         torchrl_args.check_reset_when_done(reset_when_done)
@@ -131,6 +135,8 @@ class Collector(TorchrlMethods):
             worker_idx=worker_idx,
         )
         self._schemes = validate_schemes(weight_sync_schemes)
+        if weight_updater is not None and weight_sync_schemes is not None:
+            raise ValueError("give weight_sync_schemes or weight_updater, not both (as in torchrl)")
         if policy_factory is not None and not callable(policy_factory):
             raise TypeError(f"policy_factory must be a callable returning the policy, got {type(policy_factory).__name__}")
         if policy_factory is not None and policy is not None and "policy" not in self._schemes:
@@ -152,7 +158,11 @@ class Collector(TorchrlMethods):
         with worker_index(worker_idx):
             self.env = make_env(create_env_fn, cfg.create_env_kwargs)
         try:
+            place_env(self.env, cfg.env_device)
             self._setup(policy, policy_factory, traj_id_start)
+            self._check_models()
+            self._in_updater = False
+            self.weight_updater = make_weight_updater(weight_updater, self)
         except BaseException:
             self.env.close()
             raise
@@ -166,6 +176,14 @@ class Collector(TorchrlMethods):
             )
         self.policy = policy_factory() if policy_factory is not None else policy
         self._weight_source = policy if policy_factory is not None else None
+        device = cfg.policy_device_or_default
+        if device is not None and has_weights(self.policy) and module_device(self.policy) != device:
+            # As torchrl: the policy acts on policy_device. The user's own module is not moved:
+            # a copy is, and update_policy_weights_() copies from the user's module.
+            if policy_factory is None:
+                self._weight_source = self.policy
+                self.policy = copy.deepcopy(self.policy)
+            self.policy = self.policy.to(device)
         self._runner = make_runner(
             self.policy,
             list(env.obs_layout),
@@ -381,47 +399,6 @@ class Collector(TorchrlMethods):
         else:
             with self._loop.pause():
                 yield
-
-    def update_policy_weights_(self, weights: Any = None, *, worker_ids: Any = None, model_id: str = "policy") -> None:
-        """Load new weights into the acting policy and bump the policy version.
-
-        ``weights`` may be None (taken from ``policy`` when the acting copy came from
-        ``policy_factory``; otherwise the acting policy is the user's own module and only the
-        version moves), an ``nn.Module``, a TensorDict of parameters or a state dict.
-
-        Example:
-            >>> import torch
-            >>> from rlcollect import CountingEnv
-            >>> class Policy(torch.nn.Module):
-            ...     def __init__(self):
-            ...         super().__init__()
-            ...         self.w = torch.nn.Parameter(torch.zeros(1))
-            ...     def forward(self, observation):
-            ...         return (observation[..., 0] * self.w > 0).long()
-            >>> c = Collector(CountingEnv(), Policy(), frames_per_batch=10)
-            >>> c.update_policy_weights_({"w": torch.ones(1)})
-            >>> c.policy_version
-            1
-        """
-        self._check_open()
-        if model_id != "policy":
-            raise ValueError(f"model_id must be 'policy' (the only model a Collector has), got {model_id!r}")
-        if worker_ids not in (None, 0, [0], (0,)):
-            raise ValueError(f"a single-process Collector has only worker 0; got worker_ids={worker_ids!r}")
-        scheme = self._schemes.get(model_id)
-        if scheme is not None and not scheme.delivers:
-            return
-        module = self._runner.module
-        if not has_weights(module):
-            raise RuntimeError(
-                f"update_policy_weights_: the policy ({type(self.policy).__name__}) has no parameters or buffers, "
-                "so there are no weights to update"
-            )
-        source = weights if weights is not None else self._weight_source
-        with self._quiet():  # never between two steps of a running batch
-            if source is not None:
-                load_weights(module, source)
-            self._version += 1
 
     def shutdown(self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True) -> None:
         """Stop running free (if started) and close the env. Idempotent.

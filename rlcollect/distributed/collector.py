@@ -35,6 +35,7 @@ from rlcollect.distributed.node_weights import NodeWeights
 from rlcollect.distributed.recovery import NodeRecovery
 from rlcollect.distributed.supervisor import Supervisor, node_error
 from rlcollect.multiprocess.protocol import WorkerError
+from rlcollect.weights.models import make_weight_updater
 
 logger = logging.getLogger("rlcollect")
 
@@ -133,8 +134,10 @@ class DistributedCollector(NodeWeights, NodeRecovery, DistributedAccessors):
         start_timeout: float = 120.0,
         rank0_timeout: float = 60.0,
         secret_file: Any = None,
+        weight_updater: Any = None,
     ):
         self._closed = True
+        self.weight_updater, self._in_updater = None, False
         self._sup: Supervisor | None = None
         cfg = self.config = DistributedConfig(
             create_env_fn, policy, num_nodes=num_nodes, policy_factory=policy_factory,
@@ -159,6 +162,11 @@ class DistributedCollector(NodeWeights, NodeRecovery, DistributedAccessors):
             raise ValueError("update_after_each_batch, max_weight_update_interval and update_interval push rank 0's "
                              "policy weights: pass policy=<an nn.Module with parameters> (with policy_factory, also "
                              "weight_sync_schemes={'policy': 'distributed'})")
+        if weight_updater is not None and weight_sync_schemes is not None:
+            raise ValueError("give weight_sync_schemes or weight_updater, not both (as in torchrl)")
+        if weight_updater is not None and not callable(weight_updater):
+            raise TypeError(f"weight_updater must be a WeightUpdaterBase instance, a constructor of one, or a "
+                            f"function fn(policy_or_weights, worker_ids); got {type(weight_updater).__name__}")
         self.policy = policy
         self.num_nodes, self.sync = cfg.num_nodes, cfg.sync
         self.frames_per_batch, self.total_frames = cfg.frames_per_batch, cfg.total_frames
@@ -194,6 +202,7 @@ class DistributedCollector(NodeWeights, NodeRecovery, DistributedAccessors):
         self._closed = False
         try:
             self._start()
+            self.weight_updater = make_weight_updater(weight_updater, self)
         except BaseException as err:
             self.shutdown(_shutdown_timeout(err))
             # The frames of the failed start-up hold the store and the process group: free

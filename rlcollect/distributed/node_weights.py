@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlcollect.distributed import transport
+from rlcollect.weights.models import UnknownModelError, update_targets
 from rlcollect.weights.schemes import NoWeightSyncScheme
 from rlcollect.weights.store import as_state_dict
 
@@ -31,13 +32,18 @@ class NodeWeights:
         if due:
             self._push({i: cfg.weight_source for i in sorted(due)})
 
-    def update_policy_weights_(self, weights: Any = None, *, worker_ids: Any = None, model_id: str = "policy") -> None:
+    def update_policy_weights_(self, policy_or_weights: Any = None, *, weights: Any = None, policy: Any = None,
+                               worker_ids: Any = None, model_id: str | None = None,
+                               weights_dict: dict | None = None) -> None:
         """Send new weights to every node (or the node indices ``worker_ids``), with a new
         version; each node passes them to its workers and acts with them from its next batch.
         A node being relaunched gets them when it rejoins; a dropped node is skipped.
 
-        ``weights``: None (rank 0's ``policy``), an ``nn.Module``, a TensorDict of parameters, a
-        state dict, or ``{node_index: weights}``.
+        The weights (positionally, ``weights=`` or ``policy=``): None (rank 0's ``policy``), an
+        ``nn.Module``, a TensorDict of parameters, a state dict, or ``{node_index: weights}``.
+        ``model_id`` / ``weights_dict`` accept torchrl's forms, but a DistributedCollector has
+        only the ``"policy"`` model: any other id raises ``UnknownModelError`` (a KeyError).
+        With ``weight_updater`` the call goes to it (torchrl's legacy path).
 
         Example (needs running nodes)::
 
@@ -45,8 +51,22 @@ class NodeWeights:
             collector.update_policy_weights_(policy, worker_ids=[0])  # node 0 only
         """
         self._check_open()
-        if model_id != "policy":
-            raise ValueError(f"model_id must be 'policy', got {model_id!r}")
+        if self.weight_updater is not None and not self._in_updater:
+            if model_id is not None or weights_dict is not None:
+                raise ValueError("model_id / weights_dict are not supported with weight_updater (as in torchrl)")
+            target = update_targets(policy_or_weights, weights=weights, policy=policy)["policy"]
+            self._in_updater = True
+            try:  # the updater may call update_policy_weights_ back: that is the built-in path
+                self.weight_updater(policy_or_weights=target, worker_ids=worker_ids)
+            finally:
+                self._in_updater = False
+            return
+        models = update_targets(policy_or_weights, weights=weights, policy=policy, model_id=model_id,
+                                weights_dict=weights_dict)
+        unknown = sorted(set(models) - {"policy"})
+        if unknown:
+            raise UnknownModelError(f"model_id {unknown}: a DistributedCollector has only the 'policy' model")
+        weights = models["policy"]
         if isinstance(self.config.scheme, NoWeightSyncScheme):
             return
         targets = self._targets(weights, worker_ids)
@@ -54,6 +74,17 @@ class NodeWeights:
             # A node that fails meanwhile is dropped or relaunched (on_node_failure) and the
             # push is made again: the relaunched node gets these weights when it rejoins.
             self._recovering(lambda: self._push(targets))
+
+    def get_model(self, model_id: str) -> Any:
+        """Rank 0's model ``model_id``: only ``"policy"`` (the ``policy`` given) exists here."""
+        if model_id != "policy" or self.policy is None:
+            raise UnknownModelError(f"model_id {model_id!r}: a DistributedCollector has only the 'policy' model, "
+                                    "given as policy= on rank 0")
+        return self.policy
+
+    def get_cached_weights(self, model_id: str) -> Any:
+        """None: nothing is cached on rank 0 (weights are sent from the source on each update)."""
+        return None
 
     def _targets(self, weights: Any, worker_ids: Any) -> dict[int, Any]:
         n = self.num_nodes

@@ -101,7 +101,7 @@ class MultiAsyncCollector(MultiCollectorBase):
                 self._push_to(index)
             self._collect(index, info["slot"])
         self._iter += 1
-        return self._deliver(batch)
+        return self._deliver(batch, worker=index)
 
     def _account(self, index: int, info: dict, started: float) -> None:
         self._frames += info["frames"]
@@ -164,9 +164,9 @@ class MultiAsyncCollector(MultiCollectorBase):
         for slot in lost:
             self._collect(index, slot, needed_only=False)
 
-    def _send_weights(self, index: int, state: dict, version: int) -> None:
+    def _send_weights(self, index: int, state: dict, version: int, model_id: str = "policy") -> None:
         # Queued behind the worker's running batches: it applies them between two batches.
-        self._pool.send(index, P.UPDATE_WEIGHTS, state, version)
+        self._pool.send(index, P.UPDATE_WEIGHTS, state, version, model_id)
 
     def _quiesce(self) -> None:
         """Collect every reply still owed; finished batches stay queued for delivery."""

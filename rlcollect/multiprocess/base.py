@@ -31,6 +31,7 @@ from rlcollect.multiprocess.pool import DEFAULT_START_TIMEOUT_S, WorkerPool
 from rlcollect.multiprocess.restart import RestartPolicy
 from rlcollect.multiprocess.shm import allocate_slot, check_free_space, slot_buffer, slot_bytes
 from rlcollect.policy import as_exploration_type, has_weights
+from rlcollect.weights.models import make_weight_updater
 from rlcollect.weights.schemes import validate_schemes
 
 logger = logging.getLogger("rlcollect")
@@ -126,6 +127,7 @@ class MultiCollectorBase(MultiCollector, WeightSync, FreeRunning, TorchrlMethods
         use_buffers: bool = True,
         weight_sync_schemes: dict | None = None,
         per_worker_weights: bool = False,
+        weight_updater: Any = None,
         collector_kwargs: dict | None = None,
         worker_idx: int | None = None,
         reset_when_done: bool = True,
@@ -220,6 +222,8 @@ class MultiCollectorBase(MultiCollector, WeightSync, FreeRunning, TorchrlMethods
                 "collector_kwargs={'num_workers': K}"
             )
         self._schemes = validate_schemes(weight_sync_schemes)
+        if weight_updater is not None and weight_sync_schemes is not None:
+            raise ValueError("give weight_sync_schemes or weight_updater, not both (as in torchrl)")
         if any(f is not None for f in factories) and policy is not None and "policy" not in self._schemes:
             raise ValueError(
                 "policy and policy_factory were both given but weight_sync_schemes has no 'policy' scheme: pass "
@@ -238,7 +242,12 @@ class MultiCollectorBase(MultiCollector, WeightSync, FreeRunning, TorchrlMethods
         self.init_random_frames = torchrl_args.random_frames(init_random_frames)
         self.policy = policy
         self._weight_source = policy if has_weights(policy) else None
-        self._storing_device = devices["storing_device"][0] or devices["device"][0]
+        self._storing_devices = [devices["storing_device"][i] or devices["device"][i] for i in range(n)]
+        self._storing_device = self._storing_devices[0]
+        if self._sync and len({None if d is None else str(d) for d in self._storing_devices}) > 1:
+            raise ValueError(f"storing_device: MultiSyncCollector joins the workers' batches into one, so every worker "
+                             f"must store on the same device; got {[str(d) for d in self._storing_devices]} (use "
+                             "MultiAsyncCollector, which delivers each worker's batch on its own storing_device)")
         # -- per-worker specs, validated here before any process starts --------------------------
         specs = []
         for i in range(n):
@@ -271,6 +280,9 @@ class MultiCollectorBase(MultiCollector, WeightSync, FreeRunning, TorchrlMethods
         payloads = [cloudpickle.dumps(spec) for spec in specs]
         self._restart = RestartPolicy(on_worker_failure, max_worker_restarts, specs)
         self._last_weights: dict[int, tuple[dict, int]] = {}
+        self._last_model_weights: dict[tuple[int, str], tuple[dict, int]] = {}
+        self._in_updater = False
+        self.weight_updater = None
         # -- start ---------------------------------------------------------------------------------
         self._previous_threads = torch.get_num_threads()
         torch.set_num_threads(num_threads or max(1, (os.cpu_count() or 1) - n))
@@ -296,6 +308,8 @@ class MultiCollectorBase(MultiCollector, WeightSync, FreeRunning, TorchrlMethods
         self._closed = False
         try:
             self._attach()
+            self._check_models()
+            self.weight_updater = make_weight_updater(weight_updater, self)
         except BaseException:
             self.shutdown()
             raise
@@ -348,10 +362,14 @@ class MultiCollectorBase(MultiCollector, WeightSync, FreeRunning, TorchrlMethods
         if index in self._last_weights:
             state, version = self._last_weights[index]
             self._pool.request(index, P.UPDATE_WEIGHTS, state, version)
+        for (i, model_id), (state, version) in self._last_model_weights.items():
+            if i == index:
+                self._pool.request(index, P.UPDATE_WEIGHTS, state, version, model_id)
 
     # -- delivery -------------------------------------------------------------------------------
-    def _deliver(self, batch: TensorDict, stacked_workers: bool = False) -> TensorDict | None:
-        return deliver(batch, storing_device=self._storing_device, split_trajs=self.split_trajs,
+    def _deliver(self, batch: TensorDict, stacked_workers: bool = False, worker: int | None = None) -> TensorDict | None:
+        storing = self._storing_device if worker is None else self._storing_devices[worker]
+        return deliver(batch, storing_device=storing, split_trajs=self.split_trajs,
                        postproc=self.postproc, replay_buffer=self.replay_buffer, extend_buffer=self.extend_buffer,
                        stacked_workers=stacked_workers)
 

@@ -96,6 +96,7 @@ class _Worker:
         self.nested = not hasattr(self.collector, "_runner")
         self.module = self.collector.policy if self.nested else self.collector._runner.module
         self.version = 0
+        self.model_version = 0  # the last version of a model other than "policy" (weight_sync_schemes)
         fields = dict(self.collector.layout.fields)
         if spec.get("preemptive"):
             fields[MASK] = ArraySpec((), np.dtype(np.bool_))
@@ -139,6 +140,7 @@ class _Worker:
     def _adopt(self, version: int) -> None:
         """The module now holds weights ``version``: make the inner collector act with them."""
         self.version = version
+        version = max(version, self.model_version)  # an extra model may have moved it further
         if self.nested:
             self.collector._version = version - 1  # its update bumps the version by one
             self.collector.update_policy_weights_()
@@ -156,8 +158,21 @@ class _Worker:
     def enable_profile(self, path: str, rollouts: tuple, profiler_kwargs: dict) -> None:
         self.collector.enable_profile(path, rollouts=rollouts, **profiler_kwargs)
 
-    def get_weights(self) -> dict:
-        return {k: v.detach().cpu().numpy() for k, v in self.module.state_dict().items()}
+    def _model(self, model_id: str) -> torch.nn.Module:
+        if model_id == "policy":
+            return self.module
+        if self.nested:
+            raise ValueError(f"model_id {model_id!r}: a nested multi-process collector updates only 'policy'")
+        from rlcollect.weights.models import resolve_model
+
+        module = resolve_model(self.collector, model_id)
+        if not has_weights(module):
+            raise ValueError(f"weight_sync_schemes[{model_id!r}] names a {type(module).__name__} without parameters "
+                             "or buffers in the worker's collector")
+        return module
+
+    def get_weights(self, model_id: str = "policy") -> dict:
+        return {k: v.detach().cpu().numpy() for k, v in self._model(model_id).state_dict().items()}
 
     def collect(self, slot: int, random: bool) -> dict:
         self._pull_weights()
@@ -195,9 +210,19 @@ class _Worker:
     def pause(self) -> None:
         """Nothing to do: a paused worker is one that is not running free."""
 
-    def update_weights(self, state: dict, version: int) -> None:
-        load_weights(self.module, {k: torch.from_numpy(v) for k, v in state.items()})
-        self._adopt(version)
+    def update_weights(self, state: dict, version: int, model_id: str = "policy") -> None:
+        if model_id != "policy":
+            # The shared store was written before this message was sent: apply it first, so
+            # that it cannot overwrite this newer update of a part of the policy afterwards.
+            self._pull_weights()
+        load_weights(self._model(model_id), {k: torch.from_numpy(v) for k, v in state.items()})
+        if model_id == "policy":
+            self._adopt(version)
+        else:
+            # Not self.version: that tracks the shared policy store, which may hold this version
+            # too and must still be read before the next batch.
+            self.model_version = version
+            self.collector._version = max(self.collector._version, version)
 
     def getattr_policy(self, name: str) -> Any:
         return getattr(self.collector.policy, name)
@@ -228,7 +253,19 @@ class _Worker:
             except Exception as exc:  # noqa: BLE001  (sent back and re-raised in the main process)
                 conn.send((P.ERROR, P.pack_exception(exc, self.index)))
             else:
-                conn.send((P.OK, result))
+                self._reply(command, result)
+
+    def _reply(self, command: str, result: Any) -> None:
+        try:
+            self.conn.send((P.OK, result))
+        except OSError:
+            raise
+        except Exception as exc:  # noqa: BLE001  (pickled before anything is written: nothing was sent)
+            # e.g. getattr_policy of a sub-module whose class only the worker can import: the
+            # worker must answer (and live on) rather than die with the reply unsent.
+            error = TypeError(f"the reply to {command!r} ({type(result).__name__}) cannot be pickled back to the main "
+                              f"process: {type(exc).__name__}: {exc}")
+            self.conn.send((P.ERROR, P.pack_exception(error, self.index)))
 
     def close(self) -> None:
         try:

@@ -1,5 +1,6 @@
 """Weight synchronisation between the trainer's policy and the acting copies."""
 
+from rlcollect.weights.models import UnknownModelError
 from rlcollect.weights.schemes import (
     DistributedWeightSyncScheme,
     MultiProcessWeightSyncScheme,
@@ -14,6 +15,7 @@ __all__ = [
     "MultiProcessWeightSyncScheme",
     "NoWeightSyncScheme",
     "SharedMemWeightSyncScheme",
+    "UnknownModelError",
     "WeightSyncScheme",
     "validate_schemes",
 ]

@@ -86,8 +86,38 @@ class NoWeightSyncScheme(WeightSyncScheme):
     delivers = False
 
 
+#: torchrl's scheme classes (``torchrl.weight_update``) and the scheme each maps to here.
+TORCHRL_SCHEMES = {
+    "SharedMemWeightSyncScheme": SharedMemWeightSyncScheme,
+    "MultiProcessWeightSyncScheme": MultiProcessWeightSyncScheme,
+    "NoWeightSyncScheme": NoWeightSyncScheme,
+    "DistributedWeightSyncScheme": DistributedWeightSyncScheme,
+}
+
+
+def from_torchrl(scheme: Any) -> WeightSyncScheme | None:
+    """Our scheme for a torchrl scheme object (matched by class name in ``torchrl.*``, so
+    torchrl is never imported here); None for anything else.
+
+    Example:
+        >>> class SharedMemWeightSyncScheme: pass
+        >>> SharedMemWeightSyncScheme.__module__ = "torchrl.weight_update._shared"
+        >>> from_torchrl(SharedMemWeightSyncScheme())
+        SharedMemWeightSyncScheme()
+    """
+    cls = type(scheme)
+    if not cls.__module__.startswith("torchrl"):
+        return None
+    for klass in cls.__mro__:
+        if klass.__module__.startswith("torchrl") and klass.__name__ in TORCHRL_SCHEMES:
+            return TORCHRL_SCHEMES[klass.__name__]()
+    raise TypeError(f"torchrl's {cls.__name__} has no counterpart here; accepted torchrl schemes: "
+                    f"{', '.join(TORCHRL_SCHEMES)} (or our own of the same names)")
+
+
 def validate_schemes(value: Any) -> dict[str, WeightSyncScheme]:
-    """Check ``weight_sync_schemes``: None or ``{model_id: WeightSyncScheme or backend name}``."""
+    """Check ``weight_sync_schemes``: None or ``{model_id: WeightSyncScheme, a torchrl scheme
+    object or a backend name}``; torchrl's objects are mapped to ours of the same name."""
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -98,6 +128,14 @@ def validate_schemes(value: Any) -> dict[str, WeightSyncScheme]:
             raise ValueError(f"weight_sync_schemes[{key!r}]: unknown backend {scheme!r}; accepted: {', '.join(BACKENDS)}")
         if isinstance(scheme, str):
             scheme = WeightSyncScheme.from_backend(scheme)
+        if not isinstance(scheme, (str, WeightSyncScheme)):
+            try:
+                scheme = from_torchrl(scheme) or scheme
+            except TypeError as err:
+                raise TypeError(f"weight_sync_schemes[{key!r}]: {err}") from None
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"weight_sync_schemes keys must be model ids like 'policy' or 'policy.module[0]', "
+                             f"got {key!r}")
         if not isinstance(scheme, WeightSyncScheme):
             raise TypeError(
                 f"weight_sync_schemes[{key!r}] must be a WeightSyncScheme or one of {BACKENDS}, got {scheme!r}"
