@@ -289,10 +289,11 @@ def _foreign_process(code: str, tmp_path) -> None:
     done = tmp_path / "done"
     script = textwrap.dedent(f"""
         import os, time
+        parent = os.getpid()  # read before the fork: the child may run only after we exited
         if os.fork() == 0:
-            parent = os.getppid()
             os.setsid()
-            while os.getppid() == parent:
+            deadline = time.monotonic() + 30
+            while os.getppid() == parent and time.monotonic() < deadline:
                 time.sleep(0.01)
         """) + textwrap.indent(textwrap.dedent(code), "    ") + f"    open({str(done)!r}, 'w').close()\n"
     subprocess.run([sys.executable, "-c", script], check=True)
