@@ -340,23 +340,11 @@ class GymEnv(EnvBase):
 
     def _draw(self, rng: np.random.Generator, steps: int) -> np.ndarray:
         space = self.action_space
-        size = (steps, len(self._envs), *space.shape)
         if self._one_hot:
+            size = (steps, len(self._envs), *space.shape)
             index = rng.integers(int(space.start), int(space.start + space.n), size=size) - int(space.start)
             return np.eye(int(space.n), dtype=np.int64)[index]
-        if isinstance(space, gym.spaces.Discrete):
-            return rng.integers(int(space.start), int(space.start + space.n), size=size)
-        if isinstance(space, gym.spaces.MultiDiscrete):
-            return rng.integers(space.start, space.start + space.nvec, size=size)
-        if isinstance(space, gym.spaces.MultiBinary):
-            return rng.integers(0, 2, size=size)
-        if np.issubdtype(space.dtype, np.integer):
-            return rng.integers(space.low, space.high.astype(np.int64) + 1, size=size)
-        low, high = space.low, space.high
-        bounded = np.isfinite(low) & np.isfinite(high)
-        sample = rng.normal(size=size)
-        uniform = rng.uniform(np.where(bounded, low, 0.0), np.where(bounded, high, 1.0), size=size)
-        return np.clip(np.where(bounded, uniform, sample), low, high)
+        return draw_actions(space, len(self._envs), rng, steps)
 
     def _seed(self, seed: int) -> None:
         self._pending_seeds = [seed + i for i in range(len(self._envs))]
@@ -395,3 +383,22 @@ class GymEnv(EnvBase):
     def __repr__(self) -> str:
         name = self.env_id if self.env_id is not None else type(self._envs[0].unwrapped).__name__
         return f"GymEnv({name!r}, batch_size={list(self.batch_size)})"
+
+
+def draw_actions(space: gym.Space, rows: int, rng: np.random.Generator, steps: int) -> np.ndarray:
+    """``steps`` steps of uniformly random actions of ``rows`` copies of ``space``: the draws of
+    ``GymEnv`` and ``VectorEnv``, so that equal seeds give equal random actions."""
+    size = (steps, rows, *space.shape)
+    if isinstance(space, gym.spaces.Discrete):
+        return rng.integers(int(space.start), int(space.start + space.n), size=size)
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return rng.integers(space.start, space.start + space.nvec, size=size)
+    if isinstance(space, gym.spaces.MultiBinary):
+        return rng.integers(0, 2, size=size)
+    if np.issubdtype(space.dtype, np.integer):
+        return rng.integers(space.low, space.high.astype(np.int64) + 1, size=size)
+    low, high = space.low, space.high
+    bounded = np.isfinite(low) & np.isfinite(high)
+    sample = rng.normal(size=size)
+    uniform = rng.uniform(np.where(bounded, low, 0.0), np.where(bounded, high, 1.0), size=size)
+    return np.clip(np.where(bounded, uniform, sample), low, high)

@@ -31,7 +31,7 @@ import torch
 from gymnasium.vector import AutoresetMode
 
 from rlcollect.envs.base import EnvBase, NestedKey, RandomActionBlocks
-from rlcollect.envs.gym import _leaf_spec, _obs_writer, _observation_layout
+from rlcollect.envs.gym import _leaf_spec, _obs_writer, _observation_layout, draw_actions
 
 
 
@@ -42,25 +42,6 @@ def _space_paths(space: gym.Space, path: tuple = ()) -> list[tuple]:
     if isinstance(space, gym.spaces.Tuple):
         return [p for i, sub in enumerate(space.spaces) for p in _space_paths(sub, (*path, i))]
     return [path]
-
-
-def draw_actions(space: gym.Space, rows: int, rng: np.random.Generator, steps: int) -> np.ndarray:
-    """``steps`` steps of uniformly random actions of ``rows`` copies of ``space`` (the same
-    draws as ``GymEnv``'s, so that equal seeds give equal random actions)."""
-    size = (steps, rows, *space.shape)
-    if isinstance(space, gym.spaces.Discrete):
-        return rng.integers(int(space.start), int(space.start + space.n), size=size)
-    if isinstance(space, gym.spaces.MultiDiscrete):
-        return rng.integers(space.start, space.start + space.nvec, size=size)
-    if isinstance(space, gym.spaces.MultiBinary):
-        return rng.integers(0, 2, size=size)
-    if np.issubdtype(space.dtype, np.integer):
-        return rng.integers(space.low, space.high.astype(np.int64) + 1, size=size)
-    low, high = space.low, space.high
-    bounded = np.isfinite(low) & np.isfinite(high)
-    sample = rng.normal(size=size)
-    uniform = rng.uniform(np.where(bounded, low, 0.0), np.where(bounded, high, 1.0), size=size)
-    return np.clip(np.where(bounded, uniform, sample), low, high)
 
 
 def autoreset_mode_of(env: Any) -> AutoresetMode:
