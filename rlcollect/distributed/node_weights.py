@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlcollect.distributed import transport
-from rlcollect.weights.models import UnknownModelError, update_targets
+from rlcollect.weights.models import UnknownModelError, delegate_to_updater, update_targets
 from rlcollect.weights.schemes import NoWeightSyncScheme
 from rlcollect.weights.store import as_state_dict
 
@@ -51,15 +51,8 @@ class NodeWeights:
             collector.update_policy_weights_(policy, worker_ids=[0])  # node 0 only
         """
         self._check_open()
-        if self.weight_updater is not None and not self._in_updater:
-            if model_id is not None or weights_dict is not None:
-                raise ValueError("model_id / weights_dict are not supported with weight_updater (as in torchrl)")
-            target = update_targets(policy_or_weights, weights=weights, policy=policy)["policy"]
-            self._in_updater = True
-            try:  # the updater may call update_policy_weights_ back: that is the built-in path
-                self.weight_updater(policy_or_weights=target, worker_ids=worker_ids)
-            finally:
-                self._in_updater = False
+        if delegate_to_updater(self, policy_or_weights, weights=weights, policy=policy, model_id=model_id,
+                               weights_dict=weights_dict, worker_ids=worker_ids):
             return
         models = update_targets(policy_or_weights, weights=weights, policy=policy, model_id=model_id,
                                 weights_dict=weights_dict)

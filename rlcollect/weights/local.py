@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from rlcollect.policy import has_weights, load_weights
-from rlcollect.weights.models import UnknownModelError, resolve_model, update_targets
+from rlcollect.weights.models import UnknownModelError, delegate_to_updater, resolve_model, update_targets
 
 
 class LocalWeights:
@@ -53,16 +53,9 @@ class LocalWeights:
             1
         """
         self._check_open()
-        if self.weight_updater is not None and not self._in_updater:
-            if model_id is not None or weights_dict is not None:
-                raise ValueError("model_id / weights_dict are not supported with weight_updater (as in torchrl); "
-                                 "use weight_sync_schemes for several models")
-            target = update_targets(policy_or_weights, weights=weights, policy=policy)["policy"]
-            self._in_updater = True
-            try:  # the updater may call update_policy_weights_ back: that is the built-in path
-                self.weight_updater(policy_or_weights=target, worker_ids=worker_ids)
-            finally:
-                self._in_updater = False
+        if delegate_to_updater(self, policy_or_weights, weights=weights, policy=policy, model_id=model_id,
+                               weights_dict=weights_dict, worker_ids=worker_ids,
+                               hint="; use weight_sync_schemes for several models"):
             return
         targets = update_targets(policy_or_weights, weights=weights, policy=policy, model_id=model_id,
                                  weights_dict=weights_dict)
