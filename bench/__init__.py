@@ -10,6 +10,12 @@ start-up of a multi-process collector is timed in fresh interpreters. With
 same rounds, by ``bench/torchrl_side.py`` running under that interpreter.
 """
 
-from bench.suite import main
-
 __all__ = ["main"]
+
+
+def main(argv=None) -> int:
+    """``python -m bench``'s entry point (imported when called: ``bench/torchrl_side.py``
+    imports ``bench.workloads`` under torchrl's interpreter, where rlcollect is not needed)."""
+    from bench.suite import main as run
+
+    return run(argv)
