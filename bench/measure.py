@@ -136,11 +136,12 @@ def at_once(loop: Callable[[float], Rate], processes: int, seconds: float) -> Ra
 
 
 def collector_rate(make_collector: Callable[[], object], seconds: float, warmup: float = 0.0,
-                   probe: Callable[[object], dict] | None = None) -> Rate:
+                   probe: Callable[[object, object, dict | None], dict] | None = None) -> Rate:
     """Iterate an endless collector for ``seconds`` after one warmup batch (and more warmup
-    batches until ``warmup`` seconds have passed); frames per second. ``probe(last_batch)``,
-    if given, runs at the end of the window, before the collector shuts down, and its dict is
-    kept in ``Rate.probed`` (e.g. the main process's memory then)."""
+    batches until ``warmup`` seconds have passed); frames per second. ``probe(last_batch,
+    collector, stats)``, if given, runs at the end of the window, before the collector shuts
+    down (``stats``: the collector's ``stats()`` when the clock started, if it has them), and its
+    dict is kept in ``Rate.probed`` (e.g. the main process's memory then)."""
     collector = make_collector()
     try:
         batches = iter(collector)
@@ -148,6 +149,7 @@ def collector_rate(make_collector: Callable[[], object], seconds: float, warmup:
         next(batches)  # warmup: first reset, buffer allocation, first policy call
         while time.perf_counter() < warmup_end:
             next(batches)
+        stats = collector.stats() if probe is not None and hasattr(collector, "stats") else None
         frames = 0
         start = time.perf_counter()
         while True:
@@ -155,7 +157,7 @@ def collector_rate(make_collector: Callable[[], object], seconds: float, warmup:
             frames += batch.numel()
             elapsed = time.perf_counter() - start
             if elapsed >= seconds:
-                probed = probe(batch) if probe is not None else {}
+                probed = probe(batch, collector, stats) if probe is not None else {}
                 return Rate(frames / elapsed, f"{type(collector).__name__}", probed)
     finally:
         collector.shutdown()

@@ -185,8 +185,18 @@ def _collector(workload: Workload, runner: str, use_policy: bool, seconds: float
                                  num_workers=WORKERS, frames_per_batch=fpb, total_frames=-1)
         warmup = WARMUP_S
 
-    def probe(batch) -> dict:
-        return _memory(before, {"batch_bytes": nbytes(batch), "frames_per_delivery": batch.numel()})
+    def probe(batch, collector, stats: dict | None) -> dict:
+        extra = {"batch_bytes": nbytes(batch), "frames_per_delivery": batch.numel()}
+        if stats is not None and "wait_s" in stats:  # the multi-process collectors
+            now = collector.stats()
+            batches = now["batches"] - stats["batches"]
+            window = now["elapsed_s"] - stats["elapsed_s"]
+            waited = now["wait_s"] - stats["wait_s"]
+            # What the main process did per batch besides waiting for the workers (delivering the
+            # batch, and this loop), and the share of the window it waited.
+            extra.update(batches=batches, main_wait_share=waited / window,
+                         main_busy_ms_per_batch=(window - waited) / max(batches, 1) * 1e3)
+        return _memory(before, extra)
 
     rate = collector_rate(make, seconds, warmup=warmup, probe=probe)
     return {"steps_per_s": rate.frames_per_s, "how": f"rlcollect {rate.how}, frames_per_batch={fpb}", **rate.probed}

@@ -403,6 +403,7 @@ def test_every_real_row_runs_on_halfcheetah(runner, one_thread_then_restored):
         assert out["frames_per_delivery"] == batch and out["batch_bytes"] > batch * 17 * 4 * 2  # obs and next obs
     if runner in ("multisync", "multiasync"):
         assert out["shm_bytes"] >= out["batch_bytes"]  # the workers' slots are mapped from /dev/shm
+        assert out["batches"] >= 1 and 0.0 <= out["main_wait_share"] <= 1.0 and out["main_busy_ms_per_batch"] >= 0
     if runner in ("envpool", "sb3"):
         assert out["frames_per_delivery"] == real.ENVS
 
