@@ -187,7 +187,7 @@ def _collector(workload: Workload, runner: str, use_policy: bool, seconds: float
 
     def probe(batch, collector, stats: dict | None) -> dict:
         extra = {"batch_bytes": nbytes(batch), "frames_per_delivery": batch.numel()}
-        if stats is not None and "wait_s" in stats:  # the multi-process collectors
+        if runner != "collector" and stats is not None and "wait_s" in stats:  # the multi-process collectors
             now = collector.stats()
             batches = now["batches"] - stats["batches"]
             window = now["elapsed_s"] - stats["elapsed_s"]
