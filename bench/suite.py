@@ -4,7 +4,8 @@ Each configuration names how to measure its ideal rate and how to build the coll
 test, and optionally the key of the same work on torchrl's collectors (measured by
 ``bench/torchrl_side.py`` under the interpreter given with ``--torchrl-python``); adding a
 configuration is adding an entry to ``CONFIGS``. The multi-process ones are built in
-``bench/multi.py``.
+``bench/multi.py``, the real workloads (Pong, HalfCheetah: a row per collector or library, each
+measured in a fresh interpreter) in ``bench/real.py``.
 """
 
 from __future__ import annotations
@@ -392,8 +393,8 @@ def format_workload_table(result: WorkloadResult) -> str:
     "shm": the /dev/shm the main process maps, and that per frame of one delivery (a batch, or
     one step of a vector env). Targets: met, MISSED, or n/a when a figure is missing."""
     fps = result.config.frames_per_step
-    header = ("row", "steps/s", f"frames/s (×{fps})", "of ideal", "overhead µs/step", "/envpool", "main RSS MB",
-              "+RSS MB", "batch MB", "+RSS/batch", "shm MB", "shm B/frame", "targets")
+    header = ("row", "steps/s", f"frames/s (×{fps})", "of ideal", "overhead µs/step", "/envpool", "main RSS MiB",
+              "+RSS MiB", "batch MiB", "+RSS/batch", "shm MiB", "shm B/frame", "targets")
     rows = []
     for r in result.rows:
         if r.steps_per_s is None:
