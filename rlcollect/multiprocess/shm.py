@@ -4,6 +4,11 @@ Each slot is one flat shared-memory byte tensor (one file descriptor, not one pe
 carved into the typed ``(n, T, *feature)`` arrays of a :class:`BatchLayout`.  The main process
 allocates the slots once from the layout a worker reports; the worker writes a batch into a
 slot and only sends a short "ready" reply.
+
+A *stacked* slot holds the batches of ``parts`` workers with the same layout field by field:
+field ``k`` is one ``(parts, n, T, *feature)`` block, and worker ``i`` writes the ``i``-th
+``(n, T, *feature)`` of each (it is handed a :class:`SlotPart`). The stacked batch is then a
+view of the slot (:func:`stacked_tensors`): nothing is copied to gather it.
 """
 
 from __future__ import annotations
@@ -98,8 +103,38 @@ def allocate_slot(layout: BatchLayout) -> torch.Tensor:
     return flat
 
 
-def slot_buffer(flat: torch.Tensor, layout: BatchLayout) -> BatchBuffer:
-    """The typed view of a flat slot as a :class:`BatchBuffer`."""
+class SlotPart:
+    """Worker ``index``'s share of a stacked slot of ``parts`` workers (what that worker is
+    handed instead of a flat slot; :func:`slot_buffer` carves it)."""
+
+    def __init__(self, flat: torch.Tensor, index: int, parts: int):
+        self.flat, self.index, self.parts = flat, index, parts
+
+    def __reduce__(self):
+        return SlotPart, (self.flat, self.index, self.parts)
+
+
+def allocate_stacked(layout: BatchLayout, parts: int) -> torch.Tensor:
+    """One flat shared-memory slot for the batches of ``parts`` workers of ``layout``, stacked."""
+    return allocate_slot(_stacked_layout(layout, parts))
+
+
+def _stacked_layout(layout: BatchLayout, parts: int) -> BatchLayout:
+    # Stacking along the rows: field k of the stacked layout is parts consecutive (n, T, ...) blocks.
+    return BatchLayout(layout.fields, torch.Size([parts * layout.rows]), layout.time)
+
+
+def stacked_tensors(flat: torch.Tensor, layout: BatchLayout, parts: int) -> dict:
+    """The ``(parts * n, T, *feature)`` views of a stacked slot, by key (fresh tensors each call)."""
+    return slot_buffer(flat, _stacked_layout(layout, parts)).tensors
+
+
+def slot_buffer(flat: torch.Tensor | SlotPart, layout: BatchLayout) -> BatchBuffer:
+    """The typed view of a flat slot (or of a worker's part of a stacked one) as a :class:`BatchBuffer`."""
+    if isinstance(flat, SlotPart):
+        rows, i = layout.rows, flat.index
+        stacked = stacked_tensors(flat.flat, layout, flat.parts)
+        return BatchBuffer(layout, tensors={key: t[i * rows:(i + 1) * rows] for key, t in stacked.items()})
     fields, total = _field_bytes(layout)
     if flat.numel() < total:
         raise ValueError(f"shared slot holds {flat.numel()} bytes, the layout needs {total}")

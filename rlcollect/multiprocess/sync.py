@@ -1,8 +1,17 @@
 """``MultiSyncCollector``: every batch holds one contribution from every worker, all collected
-with the same weights."""
+with the same weights.
+
+When the workers' batches have the same layout and are stacked (or concatenated along their
+first dim), the workers write into one *stacked* shared slot and the delivered batch is a view
+of it: nothing is copied in the main process. The user's batch is never overwritten: two
+stacked slots take turns, a slot is reused only once nothing outside the collector refers to its
+memory any more, and when the user still holds both, a new slot replaces the older one (the
+workers are handed it before they collect).
+"""
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 from typing import Any
@@ -10,9 +19,20 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from rlcollect.data import MASK, BatchLayout
+from rlcollect.data import MASK, BatchBuffer, BatchLayout
 from rlcollect.multiprocess import protocol as P
 from rlcollect.multiprocess.base import MultiCollectorBase
+from rlcollect.multiprocess.shm import (SlotPart, allocate_stacked, check_free_space, slot_buffer, slot_bytes,
+                                        stacked_tensors)
+
+#: Stacked slots kept: the batch the user holds while the next one is collected, and that one.
+STACKED_SLOTS = 2
+_use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+
+def _references(flat: torch.Tensor) -> int:
+    """How many tensors (and arrays) in this process refer to ``flat``'s memory."""
+    return _use_count(flat.untyped_storage()._cdata)
 
 
 class MultiSyncCollector(MultiCollectorBase):
@@ -50,8 +70,56 @@ class MultiSyncCollector(MultiCollectorBase):
             return value  # an int dim is checked against the workers' batch dims once they report them
         raise ValueError(f"cat_results must be 'stack' or an int dim of the workers' batches (0, -1, ...), got {value!r}")
 
-    def _attach(self) -> None:
-        super()._attach()
+    def _allocate_slots(self) -> None:
+        self._check_layouts()  # before anything is allocated
+        first = self.layouts[0]
+        # A view needs one layout for all and a gather that is a stack (or a cat along dim 0);
+        # workers that write into a replay buffer deliver nothing.
+        self._stacked = (_use_count is not None and not self._workers_write
+                         and all(lay == first for lay in self.layouts[1:])
+                         and (self.cat_results == "stack" or (self._cat_dim == 0 and self.preemptive_threshold is None
+                                                               and len(first.batch_size) > 0)))
+        self._set = 0  # the slot (of each worker) the next batch is collected into
+        if not self._stacked:
+            super()._allocate_slots()
+            return
+        n = self.num_workers
+        check_free_space(STACKED_SLOTS * n * slot_bytes(first), f"the stacked batch slots of {n} workers")
+        self._slots = [[None] * STACKED_SLOTS for _ in range(n)]
+        self._buffers = [[None] * STACKED_SLOTS for _ in range(n)]
+        self._sets: list[tuple[torch.Tensor, int]] = [None] * STACKED_SLOTS  # (flat slot, its own references)
+        for s in range(STACKED_SLOTS):
+            self._new_set(s)
+
+    def _new_set(self, s: int) -> None:
+        """Allocate stacked slot ``s`` (the memory it replaces stays with whoever holds it)."""
+        layout, n = self.layouts[0], self.num_workers
+        self._sets[s] = None
+        flat = allocate_stacked(layout, n)
+        for i in range(n):
+            self._slots[i][s] = part = SlotPart(flat, i, n)
+            self._buffers[i][s] = slot_buffer(part, layout)
+        self._sets[s] = (flat, _references(flat))
+
+    def _pick_set(self) -> None:
+        """Choose the stacked slot the next batch goes into: one no delivered batch refers to."""
+        order = [(self._set + k) % STACKED_SLOTS for k in range(1, STACKED_SLOTS + 1)]
+        for attempt in range(2):
+            for s in order:
+                flat, own = self._sets[s]
+                if _references(flat) <= own:
+                    self._set = s
+                    return
+            if attempt == 0:
+                gc.collect()  # a batch in a reference cycle is only freed by the collector
+        # The user holds every slot: a fresh one replaces the oldest, and the workers get it.
+        s = order[0]
+        self._new_set(s)
+        for i in range(self.num_workers):
+            self._attach_worker(i)
+        self._set = s
+
+    def _check_layouts(self) -> None:
         shapes = {(tuple(lay.batch_size), lay.time) for lay in self.layouts}
         keys = {tuple(sorted(map(str, lay.fields))) for lay in self.layouts}
         if len(keys) > 1:
@@ -108,12 +176,14 @@ class MultiSyncCollector(MultiCollectorBase):
         share is collected again, so a batch never mixes frames from before and after."""
         pool, n = self._pool, self.num_workers
         random = self._random_now()
+        if self._stacked:
+            self._pick_set()
         for stop in self._stops:
             stop[0] = 0
         deadlines: dict[int, float] = {}
 
         def start(i: int) -> None:
-            pool.send(i, P.COLLECT, 0, random)
+            pool.send(i, P.COLLECT, self._set, random)
             if self.worker_timeout is not None:
                 deadlines[i] = time.monotonic() + self.worker_timeout
 
@@ -146,8 +216,17 @@ class MultiSyncCollector(MultiCollectorBase):
         return infos
 
     def _gather(self, infos: list[dict]) -> TensorDict:
-        tds = [buffers[0].td for buffers in self._buffers]
         valid = self._account(infos)
+        if self._stacked:  # the batch is a view of the stacked slot the workers wrote
+            layout, n = self.layouts[0], self.num_workers
+            flat = self._sets[self._set][0]
+            size = (n, *layout.batch_size) if self.cat_results == "stack" else \
+                (n * layout.batch_size[0], *layout.batch_size[1:])
+            batch = BatchBuffer(BatchLayout(layout.fields, torch.Size(size), layout.time),
+                                tensors=stacked_tensors(flat, layout, n)).td
+            batch.names = [None] * (batch.batch_dims - 1) + ["time"]
+            return batch
+        tds = [buffers[self._set].td for buffers in self._buffers]
         if self.cat_results == "stack":
             batch = torch.stack(tds, 0)
         else:
@@ -182,7 +261,7 @@ class MultiSyncCollector(MultiCollectorBase):
             infos = self._collect_all()
             rows = self.layouts[0].rows
             for i, buffers in enumerate(self._buffers):
-                for key, tensor in buffers[0].tensors.items():
+                for key, tensor in buffers[self._set].tensors.items():
                     buf.tensors[key][i * rows:(i + 1) * rows].copy_(tensor)
             valid = sum(info["frames"] for info in infos)
             for i, info in enumerate(infos):
