@@ -4,9 +4,10 @@ with the same weights.
 When the workers' batches have the same layout and are stacked (or concatenated along their
 first dim), the workers write into one *stacked* shared slot and the delivered batch is a view
 of it: nothing is copied in the main process. The user's batch is never overwritten: two
-stacked slots take turns, a slot is reused only once nothing outside the collector refers to its
-memory any more, and when the user still holds both, a new slot replaces the older one (the
-workers are handed it before they collect).
+stacked slots take turns, and a slot is reused only once nothing outside the collector refers to
+its memory any more. When the user still holds both, the workers write into a third, reserve
+slot and the batch is copied out of it, as every batch was before (a slot is one file
+descriptor: batches kept by the hundred must not each hold one).
 """
 
 from __future__ import annotations
@@ -85,25 +86,25 @@ class MultiSyncCollector(MultiCollectorBase):
             return
         n = self.num_workers
         check_free_space(STACKED_SLOTS * n * slot_bytes(first), f"the stacked batch slots of {n} workers")
-        self._slots = [[None] * STACKED_SLOTS for _ in range(n)]
-        self._buffers = [[None] * STACKED_SLOTS for _ in range(n)]
-        self._sets: list[tuple[torch.Tensor, int]] = [None] * STACKED_SLOTS  # (flat slot, its own references)
-        for s in range(STACKED_SLOTS):
-            self._new_set(s)
+        self._slots = [[] for _ in range(n)]
+        self._buffers = [[] for _ in range(n)]
+        self._sets: list[tuple[torch.Tensor, int]] = []  # (flat slot, its references in the collector)
+        for _ in range(STACKED_SLOTS):
+            self._new_set()
 
-    def _new_set(self, s: int) -> None:
-        """Allocate stacked slot ``s`` (the memory it replaces stays with whoever holds it)."""
+    def _new_set(self) -> None:
+        """Allocate one more stacked slot (index ``len(self._sets)``) for every worker."""
         layout, n = self.layouts[0], self.num_workers
-        self._sets[s] = None
         flat = allocate_stacked(layout, n)
         for i in range(n):
-            self._slots[i][s] = part = SlotPart(flat, i, n)
-            self._buffers[i][s] = slot_buffer(part, layout)
-        self._sets[s] = (flat, _references(flat))
+            part = SlotPart(flat, i, n)
+            self._slots[i].append(part)
+            self._buffers[i].append(slot_buffer(part, layout))
+        self._sets.append((flat, _references(flat)))
 
     def _pick_set(self) -> None:
         """Choose the stacked slot the next batch goes into: one no delivered batch refers to."""
-        order = [(self._set + k) % STACKED_SLOTS for k in range(1, STACKED_SLOTS + 1)]
+        order = [(self._set + k) % STACKED_SLOTS for k in range(1, STACKED_SLOTS + 1)]  # the other one first
         for attempt in range(2):
             for s in order:
                 flat, own = self._sets[s]
@@ -112,12 +113,13 @@ class MultiSyncCollector(MultiCollectorBase):
                     return
             if attempt == 0:
                 gc.collect()  # a batch in a reference cycle is only freed by the collector
-        # The user holds every slot: a fresh one replaces the oldest, and the workers get it.
-        s = order[0]
-        self._new_set(s)
-        for i in range(self.num_workers):
-            self._attach_worker(i)
-        self._set = s
+        # The user holds every slot: collect into the reserve (handed to the workers once) and copy.
+        if len(self._sets) == STACKED_SLOTS:
+            check_free_space(self.num_workers * slot_bytes(self.layouts[0]), "the reserve batch slot")
+            self._new_set()
+            for i in range(self.num_workers):
+                self._attach_worker(i)
+        self._set = STACKED_SLOTS
 
     def _check_layouts(self) -> None:
         shapes = {(tuple(lay.batch_size), lay.time) for lay in self.layouts}
@@ -224,6 +226,8 @@ class MultiSyncCollector(MultiCollectorBase):
                 (n * layout.batch_size[0], *layout.batch_size[1:])
             batch = BatchBuffer(BatchLayout(layout.fields, torch.Size(size), layout.time),
                                 tensors=stacked_tensors(flat, layout, n)).td
+            if self._set == STACKED_SLOTS:  # the reserve: the batch is copied out
+                batch = batch.clone()
             batch.names = [None] * (batch.batch_dims - 1) + ["time"]
             return batch
         tds = [buffers[self._set].td for buffers in self._buffers]
@@ -244,6 +248,10 @@ class MultiSyncCollector(MultiCollectorBase):
             batch = torch.cat(tds, self._cat_dim)
         batch.names = [None] * (batch.batch_dims - 1) + ["time"]
         return batch
+
+    def _shutdown(self, timeout: float) -> None:
+        super()._shutdown(timeout)
+        self._sets = []  # (a delivered batch the user still holds keeps its own slot alive)
 
     # -- nesting: a MultiSyncCollector running inside another collector's worker ------------------
     @property
