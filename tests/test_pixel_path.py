@@ -22,7 +22,7 @@ from helpers_collector import assert_td_equal, make_collector  # noqa: F401  (fi
 from tensordict import TensorDict
 from tensordict.nn import TensorDictModuleBase
 
-import rlcollect.multiprocess.sync as sync_module
+import rlcollect.multiprocess.shm as shm_module
 import rlcollect.rollout as rollout_module
 from rlcollect import CountingEnv, GymEnv, MultiSyncCollector
 from rlcollect.data import BatchBuffer
@@ -241,7 +241,7 @@ def test_collector_return_same_td_refills_one_buffer(make_collector):
 def _sync(stacked: bool, monkeypatch, cat_results="stack", workers: int = 2):
     with monkeypatch.context() as patch:
         if not stacked:
-            patch.setattr(sync_module, "_use_count", None)  # the copying gather
+            patch.setattr(shm_module, "_use_count", None)  # the copying gather
         collector = MultiSyncCollector(
             functools.partial(CountingEnv, max_steps=7, batch_size=[ROWS], obs_dim=1024), None,
             num_workers=workers, frames_per_batch=workers * ROWS * T, total_frames=-1, cat_results=cat_results,
@@ -294,5 +294,38 @@ def test_multisync_batches_alias_the_slots_and_are_never_overwritten(monkeypatch
             c = next(it)
             assert _storage(c) in slots
         assert [flat.untyped_storage().data_ptr() for flat, _ in collector._sets][:2] == slots
+    finally:
+        collector.shutdown()
+
+
+def test_multiasync_lends_views_and_copies_when_one_is_held(monkeypatch):
+    from rlcollect import MultiAsyncCollector
+
+    collector = MultiAsyncCollector(functools.partial(CountingEnv, max_steps=7, batch_size=[ROWS], obs_dim=1024),
+                                    None, num_workers=2, frames_per_batch=ROWS * T, total_frames=-1,
+                                    mp_start_method="fork")
+    try:
+        slots = {flat.untyped_storage().data_ptr(): (i, s) for i, flats in enumerate(collector._slots)
+                 for s, flat in enumerate(flats)}
+        it = iter(collector)
+        held, copies = [], 0
+        for _ in range(8):  # hold every batch: one view per worker, the rest copied out
+            batch = next(it)
+            held.append((batch, batch.clone()))
+            copies += _storage(batch) not in slots
+        worker_of = [int(b["collector", "worker_id"].flatten()[0]) for b, _ in held]
+        views = [slots[_storage(b)] for b, _ in held if _storage(b) in slots]
+        assert len(views) == 2 and {i for i, _ in views} == {0, 1} and copies == 6
+        assert all(worker_of[k] == slots[_storage(b)][0] for k, (b, _) in enumerate(held) if _storage(b) in slots)
+        for b, copy in held:  # nothing the user holds was overwritten
+            assert_td_equal(b.exclude(("collector", "worker_id")), copy.exclude(("collector", "worker_id")))
+        held.clear()
+        del batch, b, copy
+        seen = set()
+        for _ in range(8):  # released: every batch a view again (the previous one is let go each time)
+            batch = next(it)
+            seen.add(_storage(batch))
+            del batch
+        assert seen <= set(slots)
     finally:
         collector.shutdown()

@@ -63,6 +63,28 @@ def _full(needed: int, free: int | None, what: str) -> OSError:
         f"frames_per_batch or num_workers"))
 
 
+_use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+
+def can_count_references() -> bool:
+    """Whether :func:`references` works with this torch (a batch is delivered as a view of a
+    slot only then: otherwise nothing tells when the user let go of it)."""
+    return _use_count is not None
+
+
+def references(flat: torch.Tensor) -> int:
+    """How many tensors (and arrays made from them) in this process refer to ``flat``'s memory.
+
+    Example:
+        >>> flat = torch.zeros(8, dtype=torch.uint8)
+        >>> before = references(flat)
+        >>> view = flat[2:4]
+        >>> references(flat) - before
+        1
+    """
+    return _use_count(flat.untyped_storage()._cdata)
+
+
 def check_free_space(needed: int, what: str) -> None:
     """Raise ``OSError(ENOSPC)`` naming ``what`` if :data:`SHM_DIR` has less than ``needed`` bytes free.
 

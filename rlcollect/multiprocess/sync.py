@@ -23,17 +23,12 @@ from tensordict import TensorDict
 from rlcollect.data import MASK, BatchBuffer, BatchLayout
 from rlcollect.multiprocess import protocol as P
 from rlcollect.multiprocess.base import MultiCollectorBase
-from rlcollect.multiprocess.shm import (SlotPart, allocate_stacked, check_free_space, slot_buffer, slot_bytes,
-                                        stacked_tensors)
+from rlcollect.multiprocess import shm
+from rlcollect.multiprocess.shm import (SlotPart, allocate_stacked, check_free_space, references, slot_buffer,
+                                        slot_bytes, stacked_tensors)
 
 #: Stacked slots kept: the batch the user holds while the next one is collected, and that one.
 STACKED_SLOTS = 2
-_use_count = getattr(torch._C, "_storage_Use_Count", None)
-
-
-def _references(flat: torch.Tensor) -> int:
-    """How many tensors (and arrays) in this process refer to ``flat``'s memory."""
-    return _use_count(flat.untyped_storage()._cdata)
 
 
 class MultiSyncCollector(MultiCollectorBase):
@@ -76,7 +71,7 @@ class MultiSyncCollector(MultiCollectorBase):
         first = self.layouts[0]
         # A view needs one layout for all and a gather that is a stack (or a cat along dim 0);
         # workers that write into a replay buffer deliver nothing.
-        self._stacked = (_use_count is not None and not self._workers_write
+        self._stacked = (shm.can_count_references() and not self._workers_write
                          and all(lay == first for lay in self.layouts[1:])
                          and (self.cat_results == "stack" or (self._cat_dim == 0 and self.preemptive_threshold is None
                                                                and len(first.batch_size) > 0)))
@@ -100,7 +95,7 @@ class MultiSyncCollector(MultiCollectorBase):
             part = SlotPart(flat, i, n)
             self._slots[i].append(part)
             self._buffers[i].append(slot_buffer(part, layout))
-        self._sets.append((flat, _references(flat)))
+        self._sets.append((flat, references(flat)))
 
     def _pick_set(self) -> None:
         """Choose the stacked slot the next batch goes into: one no delivered batch refers to."""
@@ -108,7 +103,7 @@ class MultiSyncCollector(MultiCollectorBase):
         for attempt in range(2):
             for s in order:
                 flat, own = self._sets[s]
-                if _references(flat) <= own:
+                if references(flat) <= own:
                     self._set = s
                     return
             if attempt == 0:
