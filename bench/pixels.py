@@ -11,23 +11,27 @@ the multi-process collectors on this machine now).
 What is measured, precisely:
 
 * **fps**: frames delivered per second over ``--seconds`` after ``--warmup`` seconds of batches.
-* **Main-process RSS** (each collector runs in a fresh interpreter): ``VmRSS`` of
-  ``/proc/self/status`` sampled right after every delivered batch, minus its value after the
-  imports and before the collector is built (the baseline). ``anon`` / ``shm`` split it into
-  private memory (``RssAnon``) and shared memory mapped and touched by the main process
-  (``RssShmem``: the batch slots the workers write into). The figure is the largest sample after
-  the warm-up; ``peak`` is ``VmHWM`` minus the baseline (the highest RSS at any instant, e.g.
-  inside ``next()``).
-* **Bytes held** at a sample: the batch the user holds (the loop keeps only the current batch,
-  as ``for batch in collector:`` does: the previous one is released when the name is rebound)
-  plus the batches in flight in the main process: the shared-memory slots a worker is filling
-  or has filled and not yet delivered (MultiAsync: every slot but none of them is the user's;
-  MultiSync and Collector: none, nothing is collected between two ``next()`` calls).
-  ``ratio`` = RSS growth / bytes held: 1.0 means the main process holds nothing but those
-  batches; the target is at most 1.25.
+  The loop is ``for batch in collector:`` reading one byte of every page of each batch (as a
+  trainer reading it would: shared pages count in a process's RSS only once it touches them).
+* **Main-process memory** (each collector runs in a fresh interpreter; the baseline is taken
+  after the imports and, for ``Collector``, after building the env the user hands it, before
+  the collector is built): ``peak RSS`` is ``VmHWM`` of ``/proc/self/status`` minus the
+  baseline's ``VmRSS`` (the highest resident memory at any instant, inside ``next()`` included).
+  ``steady`` is ``VmRSS`` minus the baseline sampled right after each batch (the largest
+  sample), split into private memory (``RssAnon``) and shared memory the main process touched
+  (``RssShmem``: the batch slots).
+* **Bytes held**: the distinct memory blocks (tensor storages) of the batches alive at once in
+  the main process plus the shared slots in flight (a worker is filling them, or they are
+  filled and not yet delivered). ``peak held`` is its largest value, counted right after
+  ``next()`` returns and before the previous batch is released: the batch the user still holds
+  during ``next()``, the new one, and the slots in flight. ``ratio`` = peak RSS / peak held: the
+  target is at most 1.25. ``held`` (steady) counts the user's batch and the slots in flight after
+  the previous batch is released; the steady ratio also counts memory kept for the next batch
+  (MultiSync's second stacked slot, the allocator's free lists).
 * **Bytes copied per frame by stage**: what each stage of the data path writes per frame, from
   the layout (observation bytes per frame) and the path each collector takes (see
-  docs/performance.md, "Memory and copies on the pixel path"). Printed per collector.
+  docs/multiprocess.md, "Memory and copies"); the gather stage is counted: the share of
+  batches delivered as a copy instead of a view of the slot the workers wrote.
 
 The machine is shared: the load average is printed with the table; compare ratios of one run.
 """
@@ -95,15 +99,15 @@ def _build(name: str, batch_steps: int, env=None):
                                frames_per_batch=ENVS_PER_WORKER * batch_steps)
 
 
-def copy_stages(name: str, obs_bytes: int) -> list[tuple[str, int]]:
+def copy_stages(name: str, obs_bytes: int, copied: float) -> list[tuple[str, int]]:
     """Bytes written per frame by each stage of the path ``name`` takes (observations only: the
-    other fields of a Pong frame are 30 bytes)."""
-    stages = [("env -> batch ('next', obs) (strided write)", obs_bytes),
-              ("('next', obs)[t] -> obs[t + 1]", obs_bytes)]
-    if name == "MultiSync":
-        stages.append(("gather in main (delivered as a view of the slots)", 0))
-    elif name == "MultiAsync":
-        stages.append(("slot -> delivered batch (clone in main)", 2 * obs_bytes))
+    other fields of a Pong frame are 30 bytes); ``copied``: the share of batches copied out of
+    the slots in the main process (the others were views)."""
+    stages = [("env -> batch ('next', obs)[:, t], strided", obs_bytes),
+              ("('next', obs)[:, t] -> obs[:, t + 1]", obs_bytes)]
+    if name != "Collector":
+        stages.append((f"slot -> user in main: {copied:.0%} of batches copied, the rest views",
+                       round(copied * 2 * obs_bytes)))
     return stages
 
 
@@ -114,6 +118,10 @@ def _storages(td) -> dict[int, int]:
         storage = t.untyped_storage()
         out[storage.data_ptr()] = storage.nbytes()
     return out
+
+
+def _storage_ptr(td) -> int:
+    return td["collector", "traj_ids"].untyped_storage().data_ptr()
 
 
 def _touch(td) -> None:
@@ -143,7 +151,10 @@ def child(name: str, seconds: float, warmup: float, batch_steps: int) -> dict:
         while time.perf_counter() < end:
             batch = next(batches)
             _touch(batch)
-        samples, frames, peak_held = [], 0, 0
+        samples, frames, peak_held, copies, count = [], 0, 0, 0, 0
+        slots = {f.untyped_storage().data_ptr() for flats in (getattr(collector, "_slots", None) or [])
+                 for f in flats if isinstance(f, torch.Tensor)}
+        slots |= {f.untyped_storage().data_ptr() for f, _ in getattr(collector, "_sets", [])}
         start = time.perf_counter()
         while time.perf_counter() - start < seconds:
             new = next(batches)  # the user still holds ``batch`` while this one is collected
@@ -152,6 +163,8 @@ def child(name: str, seconds: float, warmup: float, batch_steps: int) -> dict:
             peak_held = max(peak_held, sum({**_storages(batch), **_storages(new)}.values()) + _in_flight_bytes(collector))
             batch = new
             del new
+            count += 1
+            copies += _storage_ptr(batch) not in slots
             _touch(batch)
             frames += batch.numel()
             st = _status()
@@ -174,6 +187,7 @@ def child(name: str, seconds: float, warmup: float, batch_steps: int) -> dict:
         "peak": peak, "peak_held": peak_held, "ratio": peak / peak_held,
         "batch_bytes": batch_bytes,
         "obs_bytes": obs_bytes,
+        "copied": copies / max(1, count),
     }
 
 
@@ -261,7 +275,7 @@ def main(argv=None) -> int:
     for name in names:
         if name == "bare at once" or results[name].get("obs_bytes") is None:
             continue
-        stages = copy_stages(name, results[name]["obs_bytes"])
+        stages = copy_stages(name, results[name]["obs_bytes"], results[name]["copied"])
         total = sum(b for _, b in stages)
         print(f"  {name}: {total:,} bytes/frame = " + " + ".join(f"{b:,} ({what})" for what, b in stages))
     return 0

@@ -54,8 +54,9 @@ class Collector(TorchrlMethods, LocalWeights):
         split_trajs: yield ``split_trajectories(batch)``.
         exploration_type: the ``ExplorationType`` every rollout runs under.
         set_truncated: mark the last step of each batch truncated and start new trajectories.
-        use_buffers: refill one preallocated batch (yielded as a copy unless
-            ``return_same_td=True``); False allocates a fresh batch each time.
+        use_buffers: with ``return_same_td=True`` (or a replay buffer), refill one preallocated
+            batch; otherwise each batch is filled in fresh memory and yielded without a copy.
+            False allocates a fresh batch each time.
         replay_buffer: any object with ``extend()``: batches go there and iteration yields None.
         track_policy_version: add ``("collector", "policy_version")`` to every frame.
         weight_sync_schemes: ``{"policy": scheme}``; ``NoWeightSyncScheme`` makes updates no-ops.
