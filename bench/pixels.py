@@ -144,6 +144,17 @@ def child(name: str, seconds: float, warmup: float, batch_steps: int) -> dict:
     env = GymEnv(gym_pong, num_envs=WORKERS * ENVS_PER_WORKER) if name == "Collector" else None
     base = _status()  # after the imports and the user's env (Collector), before the collector
     collector = _build(name, batch_steps, env)
+    profile: list[tuple[float, list[float]]] = []  # MultiSync: (collect wall, each worker's seconds) per batch
+    if name == "MultiSync":
+        collect_all = collector._collect_all
+
+        def timed_collect_all():
+            started = time.perf_counter()
+            infos = collect_all()
+            profile.append((time.perf_counter() - started, [info["seconds"] for info in infos]))
+            return infos
+
+        collector._collect_all = timed_collect_all
     try:
         batches = iter(collector)
         batch = next(batches)
@@ -151,6 +162,7 @@ def child(name: str, seconds: float, warmup: float, batch_steps: int) -> dict:
         while time.perf_counter() < end:
             batch = next(batches)
             _touch(batch)
+        profile.clear()
         samples, frames, peak_held, copies, count = [], 0, 0, 0, 0
         slots = {f.untyped_storage().data_ptr() for flats in (getattr(collector, "_slots", None) or [])
                  for f in flats if isinstance(f, torch.Tensor)}
@@ -188,6 +200,12 @@ def child(name: str, seconds: float, warmup: float, batch_steps: int) -> dict:
         "batch_bytes": batch_bytes,
         "obs_bytes": obs_bytes,
         "copied": copies / max(1, count),
+        # MultiSync: the share of the run spent inside the workers' collect calls (the rest is the
+        # main process between batches), and of that, the share each worker spent collecting
+        # (the rest: waiting for the slowest worker, and the messages)
+        "in_collect": sum(w for w, _ in profile) / elapsed if profile else None,
+        "busy": (sum(sum(s) / len(s) for _, s in profile) / sum(w for w, _ in profile)) if profile else None,
+        "slowest": (sum(max(s) for _, s in profile) / sum(w for w, _ in profile)) if profile else None,
     }
 
 
@@ -271,6 +289,11 @@ def main(argv=None) -> int:
         print(f"  {name:12s} {r['fps']:9,.0f} {of_bare:>7s} {_mb(r['peak'])} {_mb(r['peak_held'])} {r['ratio']:5.2f} | "
               f"{_mb(r['rss'])} {_mb(r['anon'])} {_mb(r['shm'])} {_mb(r['held'])} {r['steady_ratio']:5.2f}")
     print(f"  (one batch: {_mb(results[names[0]].get('batch_bytes', 0)).strip()})" if "batch_bytes" in results[names[0]] else "")
+    sync = results.get("MultiSync", {})
+    if sync.get("in_collect") is not None:
+        print(f"MultiSync profile: {sync['in_collect']:.1%} of the run inside the collect round (the rest is the main "
+              f"process between batches); in the round, the workers collect {sync['busy']:.1%} of the time on "
+              f"average and the slowest {sync['slowest']:.1%} (the rest: waiting for the slowest, messages)")
     print("bytes copied per frame, by stage (observation and next observation; 84x84x4 = 28,224 bytes):")
     for name in names:
         if name == "bare at once" or results[name].get("obs_bytes") is None:

@@ -16,7 +16,7 @@ import torch
 
 from rlcollect._context import worker_index
 from rlcollect.config import CollectorConfig
-from rlcollect.data import TRAJ_ID_BLOCK, BatchBuffer, deliver
+from rlcollect.data import TRAJ_ID_BLOCK, BatchBuffer, deliver, fresh_batch
 from rlcollect.envs.adapter import make_env
 from rlcollect.freerun import BackgroundLoop
 from rlcollect.policy import exploration_scope, has_weights, load_weights, make_runner
@@ -293,7 +293,7 @@ class Collector(TorchrlMethods, LocalWeights):
         in_place = cfg.use_buffers and (cfg.return_same_td or self.replay_buffer is not None)
         if in_place and self._buffer is None:
             self._buffer = BatchBuffer(self.layout)
-        buf = self._buffer if in_place else BatchBuffer(self.layout)
+        buf = self._buffer if in_place else fresh_batch(self.layout)
         self._collect_into(buf, random=self._random_now())
         batch = buf.td
         self._last_batch_s = time.perf_counter() - start

@@ -22,6 +22,7 @@ from helpers_collector import assert_td_equal, make_collector  # noqa: F401  (fi
 from tensordict import TensorDict
 from tensordict.nn import TensorDictModuleBase
 
+import rlcollect.data as data_module
 import rlcollect.multiprocess.shm as shm_module
 import rlcollect.rollout as rollout_module
 from rlcollect import CountingEnv, GymEnv, MultiSyncCollector
@@ -221,6 +222,7 @@ def _pixel_arrays(obj, min_bytes: int) -> list[np.ndarray]:
 def test_collector_holds_no_second_copy(make_collector, monkeypatch):
     """The rollout keeps two frames of pixels (the carry and the policy's input), the collector
     no batch buffer: the batch the user gets is the only copy of its pixels."""
+    monkeypatch.setattr(data_module, "MAP_BYTES", 1)  # these batches are small: map them anyway
     collector, batches = _collect(make_collector, monkeypatch, False, Recurrent(), batches=2)
     frame_rows = ROWS * int(np.prod(SHAPE))
     big = _pixel_arrays(collector._rollout, frame_rows)
@@ -228,6 +230,9 @@ def test_collector_holds_no_second_copy(make_collector, monkeypatch):
     assert collector._buffer is None
     a, b = batches
     assert a["pixels"].untyped_storage().data_ptr() != b["pixels"].untyped_storage().data_ptr()
+    # one memory map per batch, returned to the system when the batch is freed
+    assert {t.untyped_storage().data_ptr() for t in a.values(True, True)} == {a["pixels"].untyped_storage().data_ptr()}
+    assert not a["pixels"].untyped_storage().resizable()  # (a buffer's memory, not malloc'd by torch)
 
 
 def test_collector_return_same_td_refills_one_buffer(make_collector):

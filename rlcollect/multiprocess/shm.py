@@ -17,29 +17,15 @@ import errno
 import os
 import re
 
-import numpy as np
 import torch
 
-from rlcollect.data import BatchBuffer, BatchLayout
-from rlcollect.envs.base import torch_dtype
+from rlcollect.data import BatchBuffer, BatchLayout, _field_bytes, carve
 
-_ALIGN = 64
 #: Where torch's shared memory lives (``shm_open``); its free space is checked before allocating.
 SHM_DIR = "/dev/shm"
 _TORCH_SHM_FILE = re.compile(r"for file </?(torch_\d+_\d+_\d+)>")
 #: Fresh slots are filled with this byte so that a field nobody wrote shows up in tests.
 POISON = 0xA5
-
-
-def _field_bytes(layout: BatchLayout) -> list[tuple]:
-    out, offset = [], 0
-    n, t = layout.rows, layout.time
-    for key, spec in layout.fields.items():
-        shape = (n, t, *spec.shape)
-        nbytes = int(np.prod(shape)) * np.dtype(spec.dtype).itemsize
-        out.append((key, offset, nbytes, shape, torch_dtype(spec.dtype)))
-        offset += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
-    return out, max(offset, _ALIGN)
 
 
 def slot_bytes(layout: BatchLayout) -> int:
@@ -157,8 +143,4 @@ def slot_buffer(flat: torch.Tensor | SlotPart, layout: BatchLayout) -> BatchBuff
         rows, i = layout.rows, flat.index
         stacked = stacked_tensors(flat.flat, layout, flat.parts)
         return BatchBuffer(layout, tensors={key: t[i * rows:(i + 1) * rows] for key, t in stacked.items()})
-    fields, total = _field_bytes(layout)
-    if flat.numel() < total:
-        raise ValueError(f"shared slot holds {flat.numel()} bytes, the layout needs {total}")
-    tensors = {key: flat[off : off + nbytes].view(dtype).view(shape) for key, off, nbytes, shape, dtype in fields}
-    return BatchBuffer(layout, tensors=tensors)
+    return BatchBuffer(layout, tensors=carve(flat, layout))
