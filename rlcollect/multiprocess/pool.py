@@ -18,6 +18,7 @@ from typing import Any
 
 from rlcollect.multiprocess import protocol as P
 from rlcollect.multiprocess.protocol import WorkerError
+from rlcollect.multiprocess import start
 from rlcollect.multiprocess.reaper import Reaper
 from rlcollect.multiprocess.worker import worker_main
 
@@ -141,19 +142,15 @@ class WorkerPool:
             raise
 
     def _watch_fork_server(self) -> None:
-        """With "forkserver", the server imports the main module before it serves (seconds) and
+        """With "forkserver", the server imports its preload list before it serves (seconds) and
         would finish that, and fork a worker, after this process died: the guard ends it too."""
         if self.context.get_start_method() != "forkserver":
             return
-        from multiprocessing import forkserver
-
-        before = getattr(forkserver._forkserver, "_forkserver_pid", None)  # no public accessor
         with _ctrl_c_deferred():  # the server's forks inherit its mask
-            forkserver.ensure_running()
-        server_pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+            server_pid, launched = start.start_fork_server()
         if server_pid:
             self.reaper.watch(server_pid)
-            if server_pid != before:
+            if launched:
                 self._own_fork_server = server_pid
 
     def _stop_own_fork_server(self) -> None:
@@ -172,15 +169,30 @@ class WorkerPool:
         the old one), so that shutdown() always knows it, even if a Ctrl-C deferred during the
         start is raised the moment the mask is restored."""
         parent_conn, child_conn = self.context.Pipe(duplex=True)
+        forked_from_server = self.context.get_start_method() == "forkserver"
+        # A fork server keeps the environment it was launched with: the worker takes this
+        # process's, as a spawned one would.
+        environ = dict(os.environ) if forked_from_server else None
         process = self.context.Process(
             target=worker_main,
-            args=(index, payload, child_conn, os.getpid(), self.num_sub_threads),
+            args=(index, payload, child_conn, os.getpid(), self.num_sub_threads, environ),
             name=f"rlcollect-worker-{index}",
             daemon=False,  # a worker may itself run a multi-process collector
         )
         with _ctrl_c_deferred():
             try:
                 process.start()
+            except (OSError, EOFError) as err:
+                parent_conn.close()
+                if not forked_from_server:
+                    raise
+                # The server died before it forked this worker: while importing its preload
+                # list (the main module, if the program put it there), or killed.
+                raise WorkerError(
+                    f"worker {index} could not be started: multiprocessing's fork server exited before forking "
+                    f"it ({type(err).__name__}: {err}). It imports its preload list first; its own error, if "
+                    "any, is on stderr above. A script that builds a collector at import time must guard it "
+                    "with `if __name__ == '__main__':`", index, None) from err
             finally:
                 child_conn.close()
             self.reaper.watch(process.pid)
@@ -200,6 +212,7 @@ class WorkerPool:
         with contextlib.suppress(ValueError):
             old.process.close()
         deadline = time.monotonic() + self.start_timeout
+        self._watch_fork_server()  # relaunched if it died meanwhile
         self._spawn(index, payload)
         self._await_ready([self.handles[index]], deadline)
 
