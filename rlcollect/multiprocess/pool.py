@@ -28,8 +28,8 @@ logger = logging.getLogger("rlcollect")
 DEFAULT_START_TIMEOUT_S = 120.0
 _STARTUP_HINT = (
     " before it was ready. If the script that builds the collector runs it at import time, guard it with "
-    "`if __name__ == '__main__':` (the 'spawn' start method imports the main module in every worker); the "
-    "worker's own error, if any, is on stderr above"
+    "`if __name__ == '__main__':` (with 'forkserver', the default, and 'spawn' every worker imports the main "
+    "module); the worker's own error, if any, is on stderr above"
 )
 
 
@@ -109,7 +109,7 @@ class WorkerPool:
     """The worker processes of one multi-process collector.
 
     Args:
-        context: a multiprocessing context ("spawn", "fork" or "forkserver").
+        context: a multiprocessing context ("spawn", "fork" or "forkserver"; see start.py).
         payloads: one cloudpickled worker spec per worker.
         num_sub_threads: torch threads in each worker.
         worker_timeout: seconds a worker may spend on one batch (None: no limit).
