@@ -124,6 +124,7 @@ class WorkerPool:
         self.num_sub_threads = num_sub_threads
         self.handles: list[_Handle] = []
         self.closed = False
+        self._server_booting = False  # a fork server this pool launched has not forked a worker yet
         self.reaper = Reaper()  # before the first worker: it ends them if this process dies
         try:
             self._watch_fork_server()
@@ -152,6 +153,7 @@ class WorkerPool:
             self.reaper.watch(server_pid)
             if launched:
                 self._own_fork_server = server_pid
+                self._server_booting = True
 
     def _stop_own_fork_server(self) -> None:
         """After Ctrl-C during start-up: a fork server this pool launched may still be importing
@@ -179,28 +181,68 @@ class WorkerPool:
             name=f"rlcollect-worker-{index}",
             daemon=False,  # a worker may itself run a multi-process collector
         )
-        with _ctrl_c_deferred():
+        # The first worker of a fork server this pool just launched waits (seconds) for the
+        # server to import its preload list: that wait must not hold Ctrl-C back.
+        booting = forked_from_server and self._server_booting
+        with contextlib.nullcontext() if booting else _ctrl_c_deferred():
             try:
-                process.start()
+                if booting:
+                    self._start_while_server_boots(process)
+                else:
+                    process.start()
             except (OSError, EOFError) as err:
                 parent_conn.close()
                 if not forked_from_server:
                     raise
                 # The server died before it forked this worker: while importing its preload
-                # list (the main module, if the program put it there), or killed.
+                # list, or killed.
                 raise WorkerError(
                     f"worker {index} could not be started: multiprocessing's fork server exited before forking "
                     f"it ({type(err).__name__}: {err}). It imports its preload list first; its own error, if "
                     "any, is on stderr above. A script that builds a collector at import time must guard it "
                     "with `if __name__ == '__main__':`", index, None) from err
+            except KeyboardInterrupt:
+                if process.pid is None:  # the server was killed before it forked the worker
+                    parent_conn.close()
+                    raise
+                self._register(index, process, parent_conn)  # forked just before: shutdown() ends it
+                raise
             finally:
                 child_conn.close()
-            self.reaper.watch(process.pid)
-            handle = _Handle(index, process, parent_conn)
-            if index < len(self.handles):
-                self.handles[index] = handle
-            else:
-                self.handles.append(handle)
+            self._register(index, process, parent_conn)
+
+    def _register(self, index: int, process: Any, conn: Any) -> None:
+        self.reaper.watch(process.pid)
+        handle = _Handle(index, process, conn)
+        if index < len(self.handles):
+            self.handles[index] = handle
+        else:
+            self.handles.append(handle)
+
+    def _start_while_server_boots(self, process: Any) -> None:
+        """``process.start()`` in a helper thread while this thread waits, interruptibly: on
+        Ctrl-C the fork server (launched by this pool) is killed, so the start fails at once
+        without forking the worker (or has just forked it, and the caller registers it)."""
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                process.start()
+            except BaseException as err:  # noqa: BLE001  (re-raised in the calling thread)
+                failure.append(err)
+
+        starter = threading.Thread(target=run, name="rlcollect-worker-start", daemon=True)
+        starter.start()
+        try:
+            while starter.is_alive():
+                starter.join(0.05)
+        except KeyboardInterrupt:
+            self._stop_own_fork_server()
+            starter.join()
+            raise
+        self._server_booting = False
+        if failure:
+            raise failure[0]
 
     def restart(self, index: int, payload: bytes) -> None:
         """Replace worker ``index`` by a new process built from ``payload`` (the old one is
