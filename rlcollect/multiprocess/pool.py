@@ -132,7 +132,7 @@ class WorkerPool:
             # is part of the wait a user sees.
             deadline = time.monotonic() + start_timeout
             for index, payload in enumerate(payloads):
-                self._spawn(index, payload)
+                self._spawn(index, payload, deadline)
             self._await_ready(self.handles, deadline)
         except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt):
@@ -166,7 +166,7 @@ class WorkerPool:
             except OSError:
                 pass
 
-    def _spawn(self, index: int, payload: bytes) -> None:
+    def _spawn(self, index: int, payload: bytes, deadline: float) -> None:
         """Start worker ``index`` and put its handle in ``self.handles`` (appended, or replacing
         the old one), so that shutdown() always knows it, even if a Ctrl-C deferred during the
         start is raised the moment the mask is restored."""
@@ -187,7 +187,7 @@ class WorkerPool:
         with contextlib.nullcontext() if booting else _ctrl_c_deferred():
             try:
                 if booting:
-                    self._start_while_server_boots(process)
+                    self._start_while_server_boots(process, index, deadline)
                 else:
                     process.start()
             except (OSError, EOFError) as err:
@@ -201,6 +201,9 @@ class WorkerPool:
                     f"it ({type(err).__name__}: {err}). It imports its preload list first; its own error, if "
                     "any, is on stderr above. A script that builds a collector at import time must guard it "
                     "with `if __name__ == '__main__':`", index, None) from err
+            except WorkerError:
+                parent_conn.close()
+                raise
             except KeyboardInterrupt:
                 if process.pid is None:  # the server was killed before it forked the worker
                     parent_conn.close()
@@ -219,10 +222,11 @@ class WorkerPool:
         else:
             self.handles.append(handle)
 
-    def _start_while_server_boots(self, process: Any) -> None:
-        """``process.start()`` in a helper thread while this thread waits, interruptibly: on
-        Ctrl-C the fork server (launched by this pool) is killed, so the start fails at once
-        without forking the worker (or has just forked it, and the caller registers it)."""
+    def _start_while_server_boots(self, process: Any, index: int, deadline: float) -> None:
+        """``process.start()`` in a helper thread while this thread waits, interruptibly and
+        until ``deadline``: on Ctrl-C or past the deadline the fork server (launched by this pool)
+        is killed, so the start fails at once without forking the worker (or has just forked it,
+        and the caller registers it)."""
         failure: list[BaseException] = []
 
         def run() -> None:
@@ -236,12 +240,20 @@ class WorkerPool:
         try:
             while starter.is_alive():
                 starter.join(0.05)
+                if starter.is_alive() and time.monotonic() > deadline:
+                    self._stop_own_fork_server()
+                    starter.join()
+                    if process.pid is None:
+                        raise WorkerError(
+                            f"worker {index} hung during start-up: multiprocessing's fork server did not finish "
+                            f"importing its preload list within start_timeout={self.start_timeout:g} s (a module "
+                            "of the list blocks at import?); the fork server was killed", index, None)
         except KeyboardInterrupt:
             self._stop_own_fork_server()
             starter.join()
             raise
         self._server_booting = False
-        if failure:
+        if failure and process.pid is None:
             raise failure[0]
 
     def restart(self, index: int, payload: bytes) -> None:
@@ -255,7 +267,7 @@ class WorkerPool:
             old.process.close()
         deadline = time.monotonic() + self.start_timeout
         self._watch_fork_server()  # relaunched if it died meanwhile
-        self._spawn(index, payload)
+        self._spawn(index, payload, deadline)
         self._await_ready([self.handles[index]], deadline)
 
     def __len__(self) -> int:

@@ -193,3 +193,26 @@ def test_a_fork_server_that_dies_while_preloading_is_reported(tmp_path):
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("rlcollect.multiprocess.protocol.WorkerError: worker 0 could not be started: "
                            "multiprocessing's fork server exited before forking it"), last
+
+
+BLOCKING_SERVER = textwrap.dedent("""
+    import functools, multiprocessing
+    if __name__ == "__main__":
+        multiprocessing.set_forkserver_preload(["blocks"])
+        from rlcollect import CountingEnv, MultiSyncCollector
+
+        MultiSyncCollector(functools.partial(CountingEnv, max_steps=5), num_workers=2, frames_per_batch=4,
+                           start_timeout=3)
+""")
+
+
+def test_a_fork_server_that_blocks_while_preloading_is_bounded_by_start_timeout(tmp_path):
+    """Before, the first worker's start waited for the server without end (here: until the
+    subprocess timeout)."""
+    (tmp_path / "blocks.py").write_text("import time\ntime.sleep(600)\n")
+    proc = _run(tmp_path, BLOCKING_SERVER)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == ("rlcollect.multiprocess.protocol.WorkerError: worker 0 hung during start-up: multiprocessing's "
+                    "fork server did not finish importing its preload list within start_timeout=3 s (a module of the "
+                    "list blocks at import?); the fork server was killed"), last
