@@ -87,8 +87,8 @@ CONFIGS: list[Config | StartupConfig] = [
     timed_env_config(BusyEnv, step_time=1e-4, frames_per_batch=1000),
     # A 1 ms sleep takes a little longer than 1 ms, so even a perfect collector stays under 1.0.
     timed_env_config(SleepEnv, step_time=1e-3, frames_per_batch=200),
+    *startup_configs(),  # (listed before the multi-process ones, which stay last)
     *multi_configs(),
-    *startup_configs(),
 ]
 
 
