@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import os
 import sys
 import threading
 from typing import Any
@@ -134,9 +133,3 @@ def start_fork_server() -> tuple[int | None, bool]:
             "%s to multiprocessing.set_forkserver_preload() before the server starts", pid, list(PRELOAD))
     return pid, launched
 
-
-def worker_environment() -> dict[str, str] | None:
-    """The environment a "forkserver" worker must adopt: the main process's, now. A fork server
-    keeps the environment it was launched with, so a variable set afterwards (``MUJOCO_GL``,
-    ``CUDA_VISIBLE_DEVICES``) would otherwise not reach the workers, as it does with "spawn"."""
-    return dict(os.environ)
