@@ -16,7 +16,7 @@ import torch
 
 from rlcollect._context import worker_index
 from rlcollect.config import CollectorConfig
-from rlcollect.data import TRAJ_ID_BLOCK, BatchBuffer, deliver
+from rlcollect.data import TRAJ_ID_BLOCK, BatchBuffer, deliver, fresh_batch
 from rlcollect.envs.adapter import make_env
 from rlcollect.freerun import BackgroundLoop
 from rlcollect.policy import exploration_scope, has_weights, load_weights, make_runner
@@ -54,8 +54,9 @@ class Collector(TorchrlMethods, LocalWeights):
         split_trajs: yield ``split_trajectories(batch)``.
         exploration_type: the ``ExplorationType`` every rollout runs under.
         set_truncated: mark the last step of each batch truncated and start new trajectories.
-        use_buffers: refill one preallocated batch (yielded as a copy unless
-            ``return_same_td=True``); False allocates a fresh batch each time.
+        use_buffers: with ``return_same_td=True`` (or a replay buffer), refill one preallocated
+            batch; otherwise each batch is filled in fresh memory and yielded without a copy.
+            False allocates a fresh batch each time.
         replay_buffer: any object with ``extend()``: batches go there and iteration yields None.
         track_policy_version: add ``("collector", "policy_version")`` to every frame.
         weight_sync_schemes: ``{"policy": scheme}``; ``NoWeightSyncScheme`` makes updates no-ops.
@@ -215,7 +216,7 @@ class Collector(TorchrlMethods, LocalWeights):
             )
         with exploration_scope(cfg.exploration_type):
             self.layout = self._rollout.discover_layout()
-        self._buffer = BatchBuffer(self.layout) if cfg.use_buffers else None
+        self._buffer: BatchBuffer | None = None  # the in-place batch, allocated on first use
         # torchrl's: the frames of one batch, frames_per_batch rounded up to whole env rows
         self.requested_frames_per_batch = self.layout.frames
         self._frames = 0
@@ -287,11 +288,14 @@ class Collector(TorchrlMethods, LocalWeights):
         if self._started_at is None:
             self._started_at = time.perf_counter()
         start = time.perf_counter()
-        buf = self._buffer if self._buffer is not None else BatchBuffer(self.layout)
+        # The user gets fresh memory unless return_same_td (or a replay buffer, which copies what
+        # it keeps): the batch is then filled in a new buffer, not filled in place and cloned.
+        in_place = cfg.use_buffers and (cfg.return_same_td or self.replay_buffer is not None)
+        if in_place and self._buffer is None:
+            self._buffer = BatchBuffer(self.layout)
+        buf = self._buffer if in_place else fresh_batch(self.layout)
         self._collect_into(buf, random=self._random_now())
         batch = buf.td
-        if self._buffer is not None and not cfg.return_same_td and self.replay_buffer is None:
-            batch = batch.clone()  # (a replay buffer copies what it keeps)
         self._last_batch_s = time.perf_counter() - start
         return deliver(batch, storing_device=cfg.storing_device_or_default, split_trajs=cfg.split_trajs,
                        postproc=cfg.postproc, replay_buffer=self.replay_buffer, extend_buffer=cfg.extend_buffer)

@@ -323,16 +323,21 @@ class MultiCollectorBase(MultiCollector, WeightSync, FreeRunning, TorchrlMethods
         """Allocate every worker's shared batch slots and weight store and hand them over."""
         pool = self._pool
         self.layouts = [h.info["layout"] for h in pool.handles]
+        self._allocate_slots()
+        self._stops = [torch.zeros(1, dtype=torch.uint8).share_memory_() for _ in range(self.num_workers)]
+        self._stores = self._make_stores()
+        for i in range(self.num_workers):
+            self._attach_worker(i)
+
+    def _allocate_slots(self) -> None:
+        """``self._slots[i]``: what worker ``i`` is handed (one flat slot per batch it may fill
+        at once); ``self._buffers[i]``: their typed views in this process."""
         # Known only now (the workers report their layouts): check before allocating anything,
         # rather than fail half-way (or have a write hit SIGBUS) on a full /dev/shm.
         needed = sum(self._slots_per_worker * slot_bytes(layout) for layout in self.layouts)
         check_free_space(needed, f"the batch slots of {self.num_workers} workers ({self._slots_per_worker} each)")
         self._slots = [[allocate_slot(layout) for _ in range(self._slots_per_worker)] for layout in self.layouts]
         self._buffers = [[slot_buffer(flat, layout) for flat in slots] for slots, layout in zip(self._slots, self.layouts)]
-        self._stops = [torch.zeros(1, dtype=torch.uint8).share_memory_() for _ in range(self.num_workers)]
-        self._stores = self._make_stores()
-        for i in range(self.num_workers):
-            self._attach_worker(i)
 
     def _attach_worker(self, index: int) -> None:
         store = None if self._stores is None else self._stores[index]
