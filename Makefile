@@ -26,7 +26,7 @@ $(PY):
 
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet '$(TORCH)'
-	$(PY) -m pip install --quiet -e '.[test,atari,mujoco,envpool]'
+	$(PY) -m pip install --quiet -e '.[test,atari,mujoco,envpool,tensorboard]'
 	touch $(STAMP)
 
 test: test-main test-torchrl

@@ -47,11 +47,13 @@ class StepTimes:
         self._summary: tuple[float | None, float | None] = (None, None)
         self._fresh = True
 
-    def add(self, seconds: np.ndarray) -> None:
-        """Append one batch's step durations (the oldest fall out of the window)."""
+    def add(self, seconds) -> None:
+        """Append one batch's step durations (a sequence of floats; the oldest fall out of the
+        window)."""
         ring, n = self._ring, len(seconds)
         if not n:
             return
+        seconds = np.asarray(seconds, np.float64)
         size = len(ring)
         if n >= size:
             ring[:] = seconds[n - size:]
