@@ -81,7 +81,7 @@ class TensorBoardLogger:
         >>> collector = Collector("CartPole-v1", frames_per_batch=100, total_frames=300)
         >>> with TensorBoardLogger(tempfile.mkdtemp()) as tb:
         ...     for batch in collector:
-        ...         tb.log(collector)
+        ...         _ = tb.log(collector)
         >>> collector.shutdown()
     """
 
