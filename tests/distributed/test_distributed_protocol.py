@@ -49,7 +49,8 @@ def _resigned(data: bytes, **changes) -> bytes:
     return data[:len(P.MAGIC) + 32] + json.dumps(header).encode() + b"\n" + payload
 
 
-READY = dict(seq=0, slot=0, frames=1, version=0, seconds=0.1)
+READY = dict(seq=0, slot=0, frames=1, version=0, seconds=0.1, version_min=0, version_mean=0.0, step_mean_s=0.01,
+             step_p95_s=None)
 
 
 @pytest.mark.parametrize("data, match", [
