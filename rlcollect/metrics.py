@@ -50,11 +50,13 @@ class StepTimes:
     def add(self, seconds) -> None:
         """Append one batch's step durations (a sequence of floats; the oldest fall out of the
         window)."""
-        ring, n = self._ring, len(seconds)
+        ring, size = self._ring, len(self._ring)
+        if len(seconds) > size:
+            seconds = seconds[len(seconds) - size:]  # only these stay: convert no more
+        n = len(seconds)
         if not n:
             return
         seconds = np.asarray(seconds, np.float64)
-        size = len(ring)
         if n >= size:
             ring[:] = seconds[n - size:]
             self._next, self._count = 0, size
