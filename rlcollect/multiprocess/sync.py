@@ -158,7 +158,7 @@ class MultiSyncCollector(MultiCollectorBase):
                     self._frames -= dropped
                     self._last_batch_frames -= dropped
                     steps = [keep] * len(steps)
-                    # the lag of the frames delivered (the parts' versions are the same)
+                    # the lag over the frames delivered: the first `keep` steps of each worker
                     self._lag = policy_lag(self._version, [{**info["meta"], "frames": keep * lay.rows}
                                                            for info, lay in zip(infos, self.layouts)])
                 tds = [td[..., :s] for td, s in zip(tds, steps)]
