@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import multiprocessing as mp
 import os
 import time
 import warnings
@@ -28,6 +27,7 @@ from rlcollect.multiprocess.factory import MultiCollector
 from rlcollect.metrics import BatchClock, batch_meta
 from rlcollect.multiprocess.freerun import FreeRunning
 from rlcollect.multiprocess.weight_sync import WeightSync
+from rlcollect.multiprocess import start
 from rlcollect.multiprocess.pool import DEFAULT_START_TIMEOUT_S, WorkerPool
 from rlcollect.multiprocess.restart import RestartPolicy
 from rlcollect.multiprocess.shm import allocate_slot, check_free_space, slot_buffer, slot_bytes
@@ -38,7 +38,7 @@ from rlcollect.weights.schemes import validate_schemes
 
 logger = logging.getLogger("rlcollect")
 
-START_METHODS = ("spawn", "fork", "forkserver")
+START_METHODS = start.START_METHODS
 PER_WORKER_ARGS = ("device", "storing_device", "env_device", "policy_device")
 #: Options forwarded unchanged to each worker's inner collector.
 INNER_OPTIONS = (
@@ -115,7 +115,7 @@ class MultiCollectorBase(MultiCollector, WeightSync, FreeRunning, WorkerStats, T
         update_at_each_batch: bool = False,
         num_threads: int | None = None,
         num_sub_threads: int = 1,
-        mp_start_method: str = "spawn",
+        mp_start_method: str | None = None,
         worker_timeout: float | None = None,
         start_timeout: float = DEFAULT_START_TIMEOUT_S,
         on_worker_failure: str = "raise",
@@ -202,8 +202,7 @@ class MultiCollectorBase(MultiCollector, WeightSync, FreeRunning, WorkerStats, T
                 raise ValueError(f"preemptive_threshold must be a number in [0, 1], got {preemptive_threshold!r}")
         self.preemptive_threshold = preemptive_threshold
         self.cat_results = self._check_cat_results(cat_results)
-        if mp_start_method not in START_METHODS:
-            raise ValueError(f"mp_start_method must be one of {START_METHODS}, got {mp_start_method!r}")
+        self.mp_start_method = start.resolve_start_method(mp_start_method)
         RestartPolicy(on_worker_failure, max_worker_restarts, [])  # validates both arguments
         if worker_timeout is not None and (isinstance(worker_timeout, bool) or not isinstance(worker_timeout, (int, float))
                                            or worker_timeout <= 0):
@@ -286,6 +285,8 @@ class MultiCollectorBase(MultiCollector, WeightSync, FreeRunning, WorkerStats, T
         self._in_updater = False
         self.weight_updater = None
         # -- start ---------------------------------------------------------------------------------
+        start.check_fork_is_safe(self.mp_start_method, [d for ds in devices.values() for d in ds], policy)
+        start.check_not_bootstrapping()
         self._previous_threads = torch.get_num_threads()
         torch.set_num_threads(num_threads or max(1, (os.cpu_count() or 1) - n))
         self._frames = 0
@@ -303,7 +304,7 @@ class MultiCollectorBase(MultiCollector, WeightSync, FreeRunning, WorkerStats, T
         self._last_batch_frames = 0
         self._iterator: Iterator | None = None
         try:
-            self._pool = WorkerPool(mp.get_context(mp_start_method), payloads, num_sub_threads, self.worker_timeout,
+            self._pool = WorkerPool(start.get_context(self.mp_start_method), payloads, num_sub_threads, self.worker_timeout,
                                     self.start_timeout)
         except BaseException:
             torch.set_num_threads(self._previous_threads)  # no shutdown() will run to restore it

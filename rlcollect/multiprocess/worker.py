@@ -56,9 +56,16 @@ def _ignore_ctrl_c() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
-def worker_main(index: int, payload: bytes, conn: Any, parent_pid: int, num_threads: int) -> None:
-    """Entry point of a worker process (the target of ``multiprocessing.Process``)."""
+def worker_main(index: int, payload: bytes, conn: Any, parent_pid: int, num_threads: int,
+                environ: dict[str, str] | None = None) -> None:
+    """Entry point of a worker process (the target of ``multiprocessing.Process``).
+
+    ``environ`` (forked from a fork server): the main process's environment when the worker was
+    started, taken before the payload is unpickled and the env is built."""
     _ignore_ctrl_c()
+    if environ is not None:
+        os.environ.clear()
+        os.environ.update(environ)
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True, name="rlcollect-watchdog").start()
     torch.set_num_threads(num_threads)
     _context._worker_index = index
