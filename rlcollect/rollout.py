@@ -32,6 +32,8 @@ costs one copy per carried key per step, and nothing for policies that write not
 
 from __future__ import annotations
 
+from time import perf_counter
+
 import numpy as np
 import torch
 
@@ -130,6 +132,7 @@ class Rollout:
         self._truncated = np.zeros((time, rows), _BOOL)
         self._step_counts = np.zeros((2, time, rows), np.int64) if max_frames_per_traj is not None else None
         self._random_actions = np.zeros((time, rows, *env.action_layout.shape), env.action_layout.dtype)
+        self.step_seconds = [0.0] * time  # how long each env step of the last batch took (a list: cheaper to set)
         self._outputs: dict[NestedKey, np.ndarray] = {}  # the policy's outputs, by key (on first use)
         self.layout: BatchLayout | None = None
         self._env_keys = list(buffers)  # the observation keys the env writes
@@ -297,6 +300,7 @@ class Rollout:
         reward, terminated, truncated = self._reward, self._terminated, self._truncated
         step_count, max_steps, counts = self.step_count, self.max_frames_per_traj, self._step_counts
         last = n_time - 1 if self.set_truncated else -1
+        step_seconds, clock = self.step_seconds, perf_counter
         go_on = bytes(self.rows)  # a flag array's tobytes() when no row is set: 10x cheaper than any()
         start_ids, first_new = self.traj_ids.copy(), self.next_traj_id
         resets: list[tuple[int, np.ndarray, dict]] = []  # (step, rows that ended, their final observations)
@@ -333,7 +337,9 @@ class Rollout:
                 # 2. step: the outcome lands in the staging arrays at t (observations at t + 1)
                 # and, for direct keys, in the batch's ("next", key)[:, t]
                 nxt = dict(zip(obs_keys, next_obs))
+                began = clock()
                 step_rows(action, nxt if not policy_only else {k: nxt[k] for k in env_keys}, rew, term, trunc)
+                step_seconds[t] = clock() - began
                 if direct:
                     now = next_obs[n_obs:]  # where step t + 1's observation of each direct key goes
                     for i, value in enumerate(now):

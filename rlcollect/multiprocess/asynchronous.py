@@ -105,7 +105,7 @@ class MultiAsyncCollector(MultiCollectorBase):
             started = time.perf_counter()
             while not self._ready:
                 self._poll()
-            self._wait_s += time.perf_counter() - started
+            self._wait.add(time.perf_counter() - started)
             index, info = self._ready.popleft()
             if self._workers_write:  # the worker put its batch into the replay buffer
                 self._account(index, info, started)
@@ -133,9 +133,7 @@ class MultiAsyncCollector(MultiCollectorBase):
 
     def _account(self, index: int, info: dict, started: float) -> None:
         self._frames += info["frames"]
-        self._worker_frames[index] += info["frames"]
-        self._worker_versions[index] = info["version"]
-        self._last_lag = float(self._version - info["version"])
+        self._note_batch([(index, info)])
         self._last_batch_frames = info["frames"]
         self._last_batch_s = time.perf_counter() - started
 

@@ -24,12 +24,14 @@ from rlcollect.config import CollectorConfig, kwargs_arg, optional_positive_int,
 from rlcollect.data import deliver
 from rlcollect.multiprocess import protocol as P
 from rlcollect.multiprocess.factory import MultiCollector
+from rlcollect.metrics import BatchClock, batch_meta
 from rlcollect.multiprocess.freerun import FreeRunning
 from rlcollect.multiprocess.weight_sync import WeightSync
 from rlcollect.multiprocess import start
 from rlcollect.multiprocess.pool import DEFAULT_START_TIMEOUT_S, WorkerPool
 from rlcollect.multiprocess.restart import RestartPolicy
 from rlcollect.multiprocess.shm import allocate_slot, check_free_space, slot_buffer, slot_bytes
+from rlcollect.multiprocess.stats import WorkerStats
 from rlcollect.policy import as_exploration_type, has_weights
 from rlcollect.weights.models import make_weight_updater
 from rlcollect.weights.schemes import validate_schemes
@@ -87,7 +89,7 @@ def _shared_buffer(replay_buffer: Any) -> bool:
     return isinstance(replay_buffer, ReplayBuffer)
 
 
-class MultiCollectorBase(MultiCollector, WeightSync, FreeRunning, TorchrlMethods):
+class MultiCollectorBase(MultiCollector, WeightSync, FreeRunning, WorkerStats, TorchrlMethods):
     """Shared machinery of ``MultiSyncCollector`` and ``MultiAsyncCollector``."""
 
     _sync: bool = True
@@ -291,11 +293,13 @@ class MultiCollectorBase(MultiCollector, WeightSync, FreeRunning, TorchrlMethods
         self._iter = 0
         self._version = 0
         self._dropped = 0
-        self._wait_s = 0.0
+        self._wait = BatchClock()  # the main process blocked waiting for the workers' batches
         self._started_at = time.perf_counter()
         self._worker_frames = [0] * n
         self._worker_versions = [0] * n
-        self._last_lag = 0.0
+        self._worker_steps: list[tuple[float | None, float | None]] = [(None, None)] * n  # env-step mean, p95
+        self._lag = (0.0, 0)  # policy lag of the last batch delivered: mean, max
+        self._last_meta = batch_meta(0, 0, 0.0, (None, None))  # the last batch, for an outer collector
         self._last_batch_s = 0.0
         self._last_batch_frames = 0
         self._iterator: Iterator | None = None
@@ -529,32 +533,6 @@ class MultiCollectorBase(MultiCollector, WeightSync, FreeRunning, TorchrlMethods
         self._version = int(state.get("policy_version", self._version))
 
     # -- observability ------------------------------------------------------------------------------
-    def stats(self) -> dict[str, Any]:
-        """JSON-serialisable statistics (SPEC 11)."""
-        if self._running_free and not self._closed:
-            with self._guard():
-                self._check_running_free()
-        elapsed = time.perf_counter() - self._started_at
-        alive = self._pool.alive() if self._pool is not None and not self._closed else [False] * self.num_workers
-        return {
-            "frames": self._frames,
-            "batches": self._iter,
-            "elapsed_s": elapsed,
-            "fps": self._frames / elapsed if elapsed else 0.0,
-            "fps_recent": self._last_batch_frames / self._last_batch_s if self._last_batch_s else 0.0,
-            "policy_version": self._version,
-            "workers": [
-                {"index": i, "frames": self._worker_frames[i], "alive": alive[i], "restarts": self._restart.counts[i],
-                 "policy_version": self._worker_versions[i]}
-                for i in range(self.num_workers)
-            ],
-            "restarts": sum(self._restart.counts),
-            "dropped_frames": self._dropped,
-            "replay_buffer_write_count": getattr(self.replay_buffer, "write_count", None),
-            "mean_policy_lag": self._last_lag,
-            "wait_s": self._wait_s,
-        }
-
     def enable_profile(self, path: str = "rlcollect_trace.json", *, rollouts=(0,), workers=(0,), **profiler_kwargs) -> None:
         """Record torch.profiler traces of the chosen rollouts inside the chosen workers; worker
         ``i`` writes ``<path stem>.worker<i><ext>`` (see ``Collector.enable_profile``)."""

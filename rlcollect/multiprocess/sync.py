@@ -21,6 +21,7 @@ import torch
 from tensordict import TensorDict
 
 from rlcollect.data import MASK, BatchBuffer, BatchLayout
+from rlcollect.metrics import policy_lag
 from rlcollect.multiprocess import protocol as P
 from rlcollect.multiprocess.base import MultiCollectorBase
 from rlcollect.multiprocess import shm
@@ -147,7 +148,7 @@ class MultiSyncCollector(MultiCollectorBase):
                 self.update_policy_weights_()
             started = time.perf_counter()
             infos = self._collect_all()
-            self._wait_s += time.perf_counter() - started
+            self._wait.add(time.perf_counter() - started)
             if self._workers_write:  # the workers put their parts into the replay buffer
                 self._account(infos)
                 self._last_batch_s = time.perf_counter() - started
@@ -160,10 +161,7 @@ class MultiSyncCollector(MultiCollectorBase):
 
     def _account(self, infos: list[dict]) -> int:
         valid = sum(info["frames"] for info in infos)
-        for i, info in enumerate(infos):
-            self._worker_frames[i] += info["frames"]
-            self._worker_versions[i] = info["version"]
-        self._last_lag = sum(self._version - info["version"] for info in infos) / len(infos)
+        self._note_batch(list(enumerate(infos)))
         self._frames += valid
         self._last_batch_frames = valid
         return valid
@@ -238,6 +236,9 @@ class MultiSyncCollector(MultiCollectorBase):
                     self._frames -= dropped
                     self._last_batch_frames -= dropped
                     steps = [keep] * len(steps)
+                    # the lag over the frames delivered: the first `keep` steps of each worker
+                    self._lag = policy_lag(self._version, [{**info["meta"], "frames": keep * lay.rows}
+                                                           for info, lay in zip(infos, self.layouts)])
                 tds = [td[..., :s] for td, s in zip(tds, steps)]
                 tds = [td.exclude(MASK) for td in tds]
             batch = torch.cat(tds, self._cat_dim)
@@ -267,9 +268,7 @@ class MultiSyncCollector(MultiCollectorBase):
                 for key, tensor in buffers[self._set].tensors.items():
                     buf.tensors[key][i * rows:(i + 1) * rows].copy_(tensor)
             valid = sum(info["frames"] for info in infos)
-            for i, info in enumerate(infos):
-                self._worker_frames[i] += info["frames"]
-                self._worker_versions[i] = info["version"]
+            self._note_batch(list(enumerate(infos)))
         self._frames += valid
         self._iter += 1
         return valid

@@ -188,7 +188,9 @@ class _Worker:
         frames = self.collector._collect_into(self.slots[slot], random=random, stop=self.stop)
         if self.replay_buffer is not None:
             self._write(self.slots[slot], frames)
-        return {"slot": slot, "frames": frames, "version": version, "seconds": time.perf_counter() - started}
+        # meta (rlcollect/metrics.py): the frames' versions and the env-step latency, for stats()
+        return {"slot": slot, "frames": frames, "version": version, "seconds": time.perf_counter() - started,
+                "meta": self.collector._batch_meta()}
 
     def _write(self, buffer: Any, frames: int) -> None:
         """Put a collected batch into the replay buffer (postproc first; only valid frames)."""
@@ -212,7 +214,8 @@ class _Worker:
             batches += 1
             frames += info["frames"]
         self._deferred.append(self.conn.recv())
-        return {"batches": batches, "frames": frames, "version": self.collector._version}
+        return {"batches": batches, "frames": frames, "version": self.collector._version,
+                "meta": self.collector._batch_meta()}
 
     def pause(self) -> None:
         """Nothing to do: a paused worker is one that is not running free."""
