@@ -16,7 +16,7 @@ import torch
 from bench.measure import Duration, Rate
 
 if TYPE_CHECKING:
-    from rlcollect.cli import ArgmaxMLP
+    from rlcollect.nets import ArgmaxMLP
 
 CARTPOLE = "CartPole-v1"
 
@@ -133,7 +133,7 @@ class WorkloadConfig:
 
 def cartpole_mlp() -> ArgmaxMLP:
     """The benchmark's MLP policy (2 hidden layers of 64, tanh, argmax), the same every run."""
-    from rlcollect.cli import ArgmaxMLP  # here: bench/real.py's rows of other libraries import no rlcollect
+    from rlcollect.nets import ArgmaxMLP  # here: bench/real.py's rows of other libraries import no rlcollect
 
     torch.manual_seed(0)
     return ArgmaxMLP(obs_dim=4, num_actions=2, hidden=64, depth=2)

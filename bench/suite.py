@@ -28,6 +28,7 @@ from bench.config import CARTPOLE, Config, Row, StartupConfig, Target, WorkloadC
 from bench.measure import Duration, Rate, collector_rate, cpu_share, gym_loop, run_json
 from bench.multi import BUDGET, multi_configs
 from bench.real import real_configs
+from bench.startup import startup_configs
 from rlcollect import BusyEnv, Collector, GymEnv, SleepEnv
 
 __all__ = ["CARTPOLE", "CONFIGS", "Config", "StartupConfig", "Target", "cartpole_mlp", "main", "run"]
@@ -89,8 +90,9 @@ CONFIGS: list[Config | StartupConfig | WorkloadConfig] = [
     timed_env_config(BusyEnv, step_time=1e-4, frames_per_batch=1000),
     # A 1 ms sleep takes a little longer than 1 ms, so even a perfect collector stays under 1.0.
     timed_env_config(SleepEnv, step_time=1e-3, frames_per_batch=200),
+    *startup_configs(),  # (listed before the multi-process ones)
     *multi_configs(),
-    *real_configs(),
+    *real_configs(),  # the real workloads last: the longest to run (bench/real.py)
 ]
 
 

@@ -11,6 +11,8 @@ import importlib
 import logging
 from typing import TYPE_CHECKING, Any
 
+__version__ = "0.1.0"
+
 # The library logs through the "rlcollect" logger and never prints; configure logging to see it.
 logging.getLogger("rlcollect").addHandler(logging.NullHandler())
 
@@ -36,6 +38,7 @@ _EXPORTS = {
     "SerialEnv": "rlcollect.envs.serial",
     "SharedMemWeightSyncScheme": "rlcollect.weights.schemes",
     "SleepEnv": "rlcollect.envs.testing",
+    "TensorBoardLogger": "rlcollect.tensorboard",
     "VectorEnv": "rlcollect.envs.vector",
     "WeightSyncScheme": "rlcollect.weights.schemes",
     "WorkerError": "rlcollect.multiprocess.protocol",
@@ -75,6 +78,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rlcollect.multiprocess.factory import MultiCollector
     from rlcollect.multiprocess.protocol import WorkerError
     from rlcollect.multiprocess.sync import MultiSyncCollector
+    from rlcollect.tensorboard import TensorBoardLogger
     from rlcollect.policy import ExplorationType
     from rlcollect.weights.schemes import (
         DistributedWeightSyncScheme,
