@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from bench.measure import Duration, Rate
-from rlcollect.cli import ArgmaxMLP
+from rlcollect.nets import ArgmaxMLP
 
 CARTPOLE = "CartPole-v1"
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from rlcollect import DistributedCollector, MultiAsyncCollector, MultiSyncCollector
-from rlcollect.cli import ArgmaxMLP
+from rlcollect.nets import ArgmaxMLP
 
 CARTPOLE = "CartPole-v1"
 NODES = 2

@@ -11,6 +11,8 @@ import importlib
 import logging
 from typing import TYPE_CHECKING, Any
 
+__version__ = "0.1.0"
+
 # The library logs through the "rlcollect" logger and never prints; configure logging to see it.
 logging.getLogger("rlcollect").addHandler(logging.NullHandler())
 

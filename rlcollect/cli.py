@@ -1,13 +1,18 @@
 """The ``rlcollect`` command.
 
     rlcollect collect --env CartPole-v1 --frames 100000 --frames-per-batch 1000
-    rlcollect bench [--seconds 3] [--only CartPole] [--json results.json]
     rlcollect node --master-addr HOST --master-port PORT --rank R --world-size W --secret-file PATH
+    rlcollect --version
 
 ``collect`` runs a collection with a progress bar (frames, frames/s) on stderr and prints a
-summary on stdout. ``bench`` runs the benchmark suite of ``bench/`` (a source checkout) and
-prints its table. ``node`` runs a node of a ``DistributedCollector(launcher="external")``
+summary on stdout. ``node`` runs a node of a ``DistributedCollector(launcher="external")``
 (rlcollect/distributed/node.py). Bad arguments give a one-line error and exit code 2.
+
+The benchmark suite is not part of the installed package: it lives in ``bench/`` of a source
+checkout and runs with ``python -m bench`` (or ``make bench``) there; ``rlcollect bench`` says so.
+
+The parser is built and run before anything heavy is imported (torch, tensordict, gymnasium:
+seconds), so ``--help``, ``--version`` and bad options answer at once.
 """
 
 from __future__ import annotations
@@ -21,30 +26,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import torch
-from torch import nn
+from rlcollect import __version__
 
 PROG = "rlcollect"
-
-
-class ArgmaxMLP(nn.Module):
-    """A small MLP policy: observation -> hidden tanh layers -> argmax over action logits.
-
-    The CLI's ``--policy mlp`` and the benchmark suite both use it.
-    """
-
-    def __init__(self, obs_dim: int, num_actions: int, hidden: int = 64, depth: int = 2):
-        super().__init__()
-        layers: list[nn.Module] = []
-        width = obs_dim
-        for _ in range(depth):
-            layers += [nn.Linear(width, hidden), nn.Tanh()]
-            width = hidden
-        layers.append(nn.Linear(width, num_actions))
-        self.net = nn.Sequential(*layers)
-
-    def forward(self, observation: torch.Tensor) -> torch.Tensor:
-        return self.net(observation).argmax(-1)
+BENCH_MOVED = (
+    "bench: the benchmark suite is not part of the installed package; it lives in the bench/ folder of "
+    "rlcollect's source checkout: run `python -m bench` (or `make bench`) from the repository root there"
+)
 
 
 # -- argument parsing --------------------------------------------------------------------------
@@ -67,6 +55,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Collect reinforcement-learning experience.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     collect = commands.add_parser(
@@ -98,10 +87,6 @@ def build_parser() -> argparse.ArgumentParser:
     collect.add_argument("--seed", type=int, default=None, help="seed the envs and the policy")
     collect.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
 
-    # Listed for --help only: main() hands everything after `bench` to the suite's own parser
-    # (argparse.REMAINDER cannot pass options through a subcommand).
-    commands.add_parser("bench", help="run the benchmark suite (bench/) and print its table; see bench --help")
-
     node = commands.add_parser(
         "node",
         help="run a distributed node for a DistributedCollector(launcher='external')",
@@ -111,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
         "trust. torchrun's MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE stand in for missing options. The node "
         "exits when rank 0 dies, or has not beaten for --rank0-timeout seconds.",
     )
-    from rlcollect.distributed.node import add_arguments
+    from rlcollect.distributed.node_args import add_arguments
 
     add_arguments(node)
     return parser
@@ -128,6 +113,8 @@ class EpisodeTracker:
     returns: list[float] = field(default_factory=list)
 
     def update(self, batch) -> None:
+        import torch
+
         ids = batch.get(("collector", "traj_ids")).reshape(-1)
         reward = batch.get(("next", "reward")).reshape(ids.shape[0], -1).sum(-1).double()
         done = batch.get(("next", "done")).reshape(ids.shape[0], -1).any(-1)
@@ -174,6 +161,10 @@ def _make_policy(name: str, env_id: str, seed: int | None):
             f"argument --policy: mlp needs a flat Box observation and a Discrete action space; "
             f"{env_id} has {obs_space} and {action_space}"
         )
+    import torch
+
+    from rlcollect.nets import ArgmaxMLP
+
     if seed is not None:
         torch.manual_seed(seed)
     return ArgmaxMLP(obs_space.shape[0], int(action_space.n))
@@ -268,31 +259,16 @@ def run_collect(args) -> int:
 
 # -- node --------------------------------------------------------------------------------------
 def run_node_command(args) -> int:
-    from rlcollect.distributed.node import configure_logging, node_arguments, run_node
+    from rlcollect.distributed.node_args import node_arguments
 
     try:
-        kwargs = node_arguments(args)
+        kwargs = node_arguments(args)  # before the node's imports: a bad option answers at once
     except ValueError as exc:
         raise CliError(f"node: {exc}") from None
+    from rlcollect.distributed.node import configure_logging, run_node
+
     configure_logging(kwargs["rank"])
     return run_node(**kwargs)
-
-
-# -- bench -------------------------------------------------------------------------------------
-def run_bench(bench_args: Sequence[str]) -> int:
-    try:
-        import bench
-    except ImportError:
-        # bench/ is not installed with the package: it lives in the source checkout.
-        sys.path.insert(0, os.getcwd())
-        try:
-            import bench
-        except ImportError:
-            raise CliError(
-                "bench: the benchmark suite lives in the bench/ folder of a source checkout; "
-                "run this from the repository root"
-            ) from None
-    return bench.main(list(bench_args)) or 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -302,8 +278,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:
-        if argv[:1] == ["bench"]:
-            return run_bench(argv[1:])
+        if argv[:1] == ["bench"]:  # not a command of the installed package: say where it went
+            raise CliError(BENCH_MOVED)
         args = parser.parse_args(argv)
         if args.command == "node":
             return run_node_command(args)

@@ -193,3 +193,18 @@ def test_only_the_timed_multi_configs_have_a_bare_figure_and_sleep_is_held_to_it
     assert sorted(n.split("(")[0] for n in with_bare) == ["BusyEnv", "SleepEnv"]
     sleep = next(c for name, c in configs.items() if name.startswith("SleepEnv"))
     assert sleep.target == Target("of_bare", at_least=0.9)
+
+
+@pytest.mark.timeout(180)
+def test_python_m_bench_runs_the_suite(tmp_path):
+    # The suite's entry (`make bench`); once reached through `rlcollect bench` too (tests/test_cli.py).
+    import subprocess
+
+    path = tmp_path / "results.json"
+    argv = ["--seconds", "0.2", "--rounds", "1", "--only", "CartPole-v1 random, 1 env", "--json", str(path)]
+    proc = subprocess.run([sys.executable, "-m", "bench", *argv], cwd=ROOT, capture_output=True, text=True, timeout=170)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "| CartPole-v1 random, 1 env(s)" in proc.stdout
+    (result,) = json.loads(path.read_text())["results"]
+    assert result["ideal_fps"] > 0 and result["collector_fps"] > 0
+    assert result["ratio"] == pytest.approx(result["collector_fps"] / result["ideal_fps"])

@@ -1,8 +1,10 @@
-"""The ``rlcollect`` command: collect's summary, its one-line errors, and bench's pass-through."""
+"""The ``rlcollect`` command: collect's summary, its one-line errors, --version, bench's pointer to the
+source checkout, and a parser that runs before anything heavy is imported."""
 
 from __future__ import annotations
 
-import json
+import os
+import subprocess
 import sys
 
 import pytest
@@ -95,12 +97,50 @@ def test_episode_tracker_carries_returns_across_batches():
     assert tracker.running == {2: 10.0}
 
 
-def test_bench_passes_its_arguments_through(capsys, tmp_path):
-    path = tmp_path / "results.json"
-    argv = ["bench", "--seconds", "0.2", "--rounds", "1", "--only", "CartPole-v1 random, 1 env", "--json", str(path)]
-    assert cli.main(argv) == 0
-    out = capsys.readouterr().out
-    assert "| CartPole-v1 random, 1 env(s)" in out
-    (result,) = json.loads(path.read_text())["results"]
-    assert result["ideal_fps"] > 0 and result["collector_fps"] > 0
-    assert result["ratio"] == pytest.approx(result["collector_fps"] / result["ideal_fps"])
+def test_version(capsys):
+    import rlcollect
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out == f"rlcollect {rlcollect.__version__}\n"
+
+
+@pytest.mark.parametrize("argv", [["bench"], ["bench", "--seconds", "1", "--json", "x.json"], ["bench", "--help"]])
+def test_bench_points_at_the_source_checkout(capsys, argv):
+    # The suite lives in the checkout's bench/, which the installed package neither has nor imports.
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (
+        "rlcollect: error: bench: the benchmark suite is not part of the installed package; it lives in the bench/ "
+        "folder of rlcollect's source checkout: run `python -m bench` (or `make bench`) from the repository root "
+        "there\n"
+    )
+
+
+HEAVY = ("torch", "numpy", "tensordict", "gymnasium", "cloudpickle", "tqdm", "submitit", "matplotlib")
+
+
+@pytest.mark.parametrize(
+    "argv, code",
+    [
+        (["--help"], 0),
+        (["--version"], 0),
+        (["collect", "--help"], 0),
+        (["node", "--help"], 0),
+        (["bench"], 2),
+        (["collect", "--frames", "0"], 2),
+        (["node", "--rank", "1"], 2),  # missing --master-addr ...: found before the node's imports
+    ],
+)
+def test_parsing_imports_nothing_heavy(argv, code):
+    # The installed command's entry point, with -X importtime listing every module imported.
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
+    entry = "import sys; from rlcollect.cli import main; sys.exit(main())"
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-c", entry, *argv], capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert proc.returncode == code, proc.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "rlcollect.cli" in imported
+    assert sorted(m for m in imported if m.split(".")[0] in HEAVY) == []

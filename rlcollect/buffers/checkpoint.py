@@ -27,6 +27,7 @@ class Checkpointing:
         Example:
             >>> import torch
             >>> from tensordict import TensorDict
+            >>> from rlcollect import ReplayBuffer
             >>> rb = ReplayBuffer(4)
             >>> _ = rb.extend(TensorDict({"x": torch.arange(3)}, [3]))
             >>> other = ReplayBuffer(4)
@@ -68,6 +69,7 @@ class Checkpointing:
         Example:
             >>> import shutil, tempfile, torch
             >>> from tensordict import TensorDict
+            >>> from rlcollect import ReplayBuffer
             >>> d = tempfile.mkdtemp()
             >>> rb = ReplayBuffer(4, storage="memmap", path=d)
             >>> _ = rb.extend(TensorDict({"x": torch.arange(3)}, [3]))

@@ -1,6 +1,6 @@
 """``DistributedCollector``'s arguments, validated once on rank 0 before anything starts, and
 the per-node specs (cloudpickled) that travel to the nodes.  Errors name the argument, the
-value received and what is accepted (SPEC 10)."""
+value received and what is accepted."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from rlcollect.torchrl_args import random_frames
 from rlcollect.config import CollectorConfig, kwargs_arg, optional_positive_int, positive_int, total_frames_arg
 from rlcollect.data import TRAJ_ID_BLOCK
 from rlcollect.distributed.auth import SECRET_ENV, SecretError, read_secret_file, secret_from_env
-from rlcollect.distributed.launchers import LAUNCHERS
+from rlcollect.distributed.launchers import LAUNCHERS, require_submitit
 from rlcollect.distributed.transport import default_host_address, resolve
 from rlcollect.multiprocess.base import resolve_collector_class
 from rlcollect.policy import as_exploration_type, has_weights
@@ -49,7 +49,8 @@ def _seconds(name: str, value: Any) -> float:
 
 def _master_addr(value: Any, launcher: str) -> str:
     if value is None:
-        # Loopback for local nodes; the address other hosts see otherwise (SPEC 13).
+        # Loopback for local nodes; the address other hosts see otherwise (docs/distributed.md,
+        # "Launchers").
         return "127.0.0.1" if launcher == "mp" else default_host_address()
     if not isinstance(value, str) or not value:
         raise TypeError(f"master_addr must be a host name or address string, got {value!r}")
@@ -130,6 +131,8 @@ class DistributedConfig:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}{hint}")
         if launcher not in LAUNCHERS:
             raise ValueError(f"launcher must be one of {LAUNCHERS}, got {launcher!r}")
+        if launcher == "submitit":
+            require_submitit()  # here, before anything starts, not when the jobs are submitted
         self.launcher, self.backend = launcher, backend
         if slurm_kwargs is not None and not isinstance(slurm_kwargs, dict):
             raise TypeError(f"slurm_kwargs must be a dict or None, got {type(slurm_kwargs).__name__}")

@@ -31,8 +31,6 @@ from rlcollect.distributed.auth import DropLog, Keys
 logger = logging.getLogger("rlcollect")
 
 PERIOD_S = 0.5
-#: Default of ``rank0_timeout``: a rank 0 that has not beaten this long is given up on.
-RANK0_TIMEOUT_S = 60.0
 #: Rank 0's beat is for every node.
 EVERYONE = -1
 _WATCHDOG_S = 0.1

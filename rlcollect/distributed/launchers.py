@@ -55,8 +55,6 @@ os._exit(code)
 LOG_LEVEL_ENV = "RLCOLLECT_LOG_LEVEL"
 #: Defaults of submitit's executor parameters; ``slurm_kwargs`` entries win.
 SLURM_DEFAULTS = {"timeout_min": 24 * 60, "nodes": 1, "tasks_per_node": 1}
-#: ``slurm_kwargs`` entries that choose the executor rather than set its parameters.
-EXECUTOR_KEYS = ("executor", "folder")
 
 
 def node_command(master_addr: str, master_port: int, rank: int, world_size: int, timeout: float,
@@ -86,8 +84,6 @@ class Launcher:
     name = "external"
     #: False: the nodes are someone else's processes; shutdown waits for their goodbye only.
     owns_processes = False
-    #: True: ``kill`` and ``relaunch`` work (``on_node_failure="restart"``).
-    can_relaunch = False
 
     def __init__(self, secret: bytes = b"", secret_file: Any = None, rank0_timeout: float = 60.0):
         self.secret, self.secret_file, self.rank0_timeout = secret, secret_file, rank0_timeout
@@ -125,7 +121,6 @@ class MpLauncher(Launcher):
 
     name = "mp"
     owns_processes = True
-    can_relaunch = True
 
     def __init__(self, secret: bytes = b"", secret_file: Any = None, rank0_timeout: float = 60.0) -> None:
         super().__init__(secret, None, rank0_timeout)
@@ -212,15 +207,23 @@ def _stop_processes(processes: list[subprocess.Popen], timeout: float) -> None:
 
 
 # -- submitit ------------------------------------------------------------------------------------
+def require_submitit() -> Any:
+    """The ``submitit`` module; ImportError naming the extra that installs it when it is missing
+    (submitit is not a dependency of rlcollect's default install)."""
+    try:
+        import submitit
+    except ImportError as err:
+        raise ImportError("launcher='submitit' and submit_nodes need the submitit package, which rlcollect does "
+                          "not install by default: pip install 'rlcollect[slurm]'") from err
+    return submitit
+
+
 def make_executor(slurm_kwargs: dict | None, default_folder: str = "rlcollect-submitit") -> Any:
     """A submitit executor: ``slurm_kwargs["executor"]`` is ``"auto"`` (default: SLURM when
     there is one), ``"slurm"`` or ``"local"`` (local processes, for tests and single machines);
     ``slurm_kwargs["folder"]`` is where submitit keeps its logs; every other entry is an
     executor parameter (``timeout_min``, ``slurm_partition``, ``cpus_per_task``, ...)."""
-    try:
-        import submitit
-    except ImportError as err:
-        raise ImportError("the 'submitit' launchers need the submitit package: pip install submitit") from err
+    submitit = require_submitit()
     kwargs = dict(slurm_kwargs or {})
     kind = kwargs.pop("executor", "auto")
     folder = kwargs.pop("folder", default_folder)
@@ -267,7 +270,6 @@ class SubmititLauncher(Launcher):
 
     name = "submitit"
     owns_processes = True
-    can_relaunch = True
 
     def __init__(self, slurm_kwargs: dict | None, secret: bytes = b"", secret_file: Any = None,
                  rank0_timeout: float = 60.0):

@@ -41,15 +41,14 @@ from rlcollect.distributed import protocol as P
 from rlcollect.distributed import transport
 from rlcollect.distributed.channel import Inbox
 from rlcollect.distributed.auth import SECRET_ENV, DropLog, Keys, SecretError, check_secret, read_secret_file
-from rlcollect.distributed.heartbeat import RANK0_TIMEOUT_S, NodeWatch
+from rlcollect.distributed.heartbeat import NodeWatch
 from rlcollect.distributed.launchers import LOG_LEVEL_ENV
+from rlcollect.distributed.node_args import RANK0_TIMEOUT_S, add_arguments, node_arguments
 
 logger = logging.getLogger("rlcollect")
 
 EXIT_OK, EXIT_FAILED, EXIT_ORPHANED, EXIT_REJECTED = 0, 1, 3, 4
 _CONFIG_POLL_S = 0.02
-#: torchrun's names, read when the options are not given.
-ENV_VARS = {"master_addr": "MASTER_ADDR", "master_port": "MASTER_PORT", "rank": "RANK", "world_size": "WORLD_SIZE"}
 
 
 class Node:
@@ -354,54 +353,6 @@ def run_node(master_addr: str, master_port: int, rank: int, world_size: int, tim
 def _first_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     return text[0] if text else type(err).__name__
-
-
-def _env_default(name: str, convert=str):
-    value = os.environ.get(ENV_VARS[name])
-    return None if value is None else convert(value)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``rlcollect node`` (torchrun's environment variables fill the gaps)."""
-    parser.add_argument("--master-addr", default=None, help="rank 0's address (default: $MASTER_ADDR)")
-    parser.add_argument("--master-port", type=int, default=None, help="rank 0's tcp_port (default: $MASTER_PORT)")
-    parser.add_argument("--rank", type=int, default=None, help="this node's rank, 1..world size-1 (default: $RANK)")
-    parser.add_argument("--world-size", type=int, default=None,
-                        help="rank 0 plus the nodes: num_nodes + 1 (default: $WORLD_SIZE)")
-    parser.add_argument("--timeout", type=float, default=300.0,
-                        help="seconds to wait for rank 0 and its configuration (default: %(default)s)")
-    parser.add_argument("--secret-file", default=None,
-                        help=f"a file (mode 600) holding the run's secret, the one rank 0 was given with "
-                             f"secret_file=PATH (default: ${SECRET_ENV})")
-    parser.add_argument("--rank0-timeout", type=float, default=RANK0_TIMEOUT_S,
-                        help="exit when rank 0 has not beaten for this many seconds (frozen or unreachable; "
-                             "default: %(default)s)")
-
-
-def node_arguments(args: argparse.Namespace) -> dict[str, Any]:
-    """``run_node``'s arguments from parsed options and the environment; ValueError names
-    what is missing."""
-    out = {
-        "master_addr": args.master_addr or _env_default("master_addr"),
-        "master_port": args.master_port if args.master_port is not None else _env_default("master_port", int),
-        "rank": args.rank if args.rank is not None else _env_default("rank", int),
-        "world_size": args.world_size if args.world_size is not None else _env_default("world_size", int),
-        "timeout": args.timeout,
-        "secret_file": args.secret_file,
-        "rank0_timeout": args.rank0_timeout,
-    }
-    missing = [f"--{k.replace('_', '-')} (or ${ENV_VARS[k]})" for k in ENV_VARS if out[k] is None]
-    if missing:
-        raise ValueError(f"missing {', '.join(missing)}")
-    if out["rank"] == 0:
-        raise ValueError("rank 0 is the DistributedCollector itself; nodes are ranks 1..world size-1")
-    if not out["rank0_timeout"] > 0:
-        raise ValueError(f"--rank0-timeout must be a positive number of seconds, got {out['rank0_timeout']!r}")
-    if out["secret_file"] is None and SECRET_ENV not in os.environ:
-        raise ValueError(f"missing --secret-file PATH (or ${SECRET_ENV}): the run's secret, see docs/distributed.md")
-    if out["secret_file"] is not None:
-        read_secret_file(out["secret_file"])  # SecretError (a ValueError) names what is wrong
-    return out
 
 
 def configure_logging(rank: Any) -> None:

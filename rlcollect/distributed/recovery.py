@@ -1,4 +1,5 @@
-"""What a ``DistributedCollector`` does when a node fails (``on_node_failure``, SPEC 9).
+"""What a ``DistributedCollector`` does when a node fails (``on_node_failure``; see
+docs/fault-tolerance.md, "Distributed nodes").
 
 - ``"raise"`` (default): the failure is raised and every node is shut down.
 - ``"continue"`` (async only): the failed node is stopped and dropped; the others go on.  The

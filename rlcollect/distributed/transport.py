@@ -87,9 +87,10 @@ def open_store(host: str, port: int | None, timeout: float) -> tuple[TCPStore, i
     """Host the TCPStore on ``host`` (only that interface) and return it with its port.
 
     We bind the listening socket ourselves and hand it to the store: that is how the store
-    listens on one interface only (SPEC 13), and with ``port=None`` the OS picks a free port on
-    the socket we keep, so no other process can take it between choosing and listening.  A
-    user-given port that is busy is retried for ``PORT_RETRY_S`` seconds, then reported."""
+    listens on one interface only (docs/distributed.md, "Launchers"), and with
+    ``port=None`` the OS picks a free port on the socket we keep, so no other process can take it
+    between choosing and listening.  A user-given port that is busy is retried for
+    ``PORT_RETRY_S`` seconds, then reported."""
     address = resolve(host)
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     deadline = time.monotonic() + PORT_RETRY_S

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -262,5 +261,3 @@ def _is_gym(obj: Any) -> bool:
 
     return isinstance(obj, gym.Env)
 
-
-EnvFactory = Callable[..., Any]

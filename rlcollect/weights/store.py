@@ -1,9 +1,11 @@
 """Versioned weight stores: how new weights reach a worker's policy.
 
 ``SharedWeights`` is one shared-memory copy of a policy's state (parameters and buffers) plus
-a shared version counter and a lock.  The main process writes under the lock and bumps the
-version; a worker, between two batches, sees a new version and copies the weights into its own
-module under the same lock, so it never acts on half-written weights.
+a shared version and a shared sequence counter.  The main process writes the weights and the
+version between two increments of the sequence counter; a worker, between two batches, sees a
+new version and copies the weights into its own module, again if the counter moved meanwhile,
+so it never acts on half-written weights.  No lock: one could not be handed to a worker that
+is already running.
 """
 
 from __future__ import annotations
