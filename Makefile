@@ -26,7 +26,7 @@ $(PY):
 
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet '$(TORCH)'
-	$(PY) -m pip install --quiet -e '.[test,slurm,examples,atari,mujoco,envpool]'
+	$(PY) -m pip install --quiet -e '.[test,slurm,examples,atari,mujoco,envpool,tensorboard]'
 	touch $(STAMP)
 
 test: test-main test-torchrl
@@ -35,6 +35,7 @@ test: test-main test-torchrl
 # joins as its examples are fixed. job_bootstrap.py is a script run by path, not a module.
 DOCTEST_PATHS := rlcollect/buffers rlcollect/weights rlcollect/envs rlcollect/distributed \
 	rlcollect/policy.py rlcollect/config.py rlcollect/torchrl_args.py rlcollect/cli.py rlcollect/nets.py \
+	rlcollect/metrics.py rlcollect/tensorboard.py \
 	--ignore=rlcollect/envs/vector.py --ignore=rlcollect/distributed/collector.py \
 	--ignore=rlcollect/distributed/job_bootstrap.py
 

@@ -26,6 +26,7 @@ import torch
 from bench.config import CARTPOLE, Config, StartupConfig, Target, cartpole_mlp, torchrl_key
 from bench.measure import Duration, Rate, collector_rate, cpu_share, gym_loop, run_json
 from bench.multi import BUDGET, multi_configs
+from bench.startup import startup_configs
 from rlcollect import BusyEnv, Collector, GymEnv, SleepEnv
 
 __all__ = ["CARTPOLE", "CONFIGS", "Config", "StartupConfig", "Target", "cartpole_mlp", "main", "run"]
@@ -86,6 +87,7 @@ CONFIGS: list[Config | StartupConfig] = [
     timed_env_config(BusyEnv, step_time=1e-4, frames_per_batch=1000),
     # A 1 ms sleep takes a little longer than 1 ms, so even a perfect collector stays under 1.0.
     timed_env_config(SleepEnv, step_time=1e-3, frames_per_batch=200),
+    *startup_configs(),  # (listed before the multi-process ones, which stay last)
     *multi_configs(),
 ]
 

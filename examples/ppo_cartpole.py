@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from torch.distributions import Categorical
 
-from rlcollect import GymEnv, MultiSyncCollector
+from rlcollect import GymEnv, MultiSyncCollector, TensorBoardLogger
 
 
 @dataclass
@@ -73,6 +73,9 @@ class Args:
     """the return CartPole-v1 counts as solved; reported and drawn on the plot"""
     out: str = "ppo_cartpole.png"
     """where to write the learning curve (PNG); the same data goes to a .csv beside it"""
+    tensorboard: str = ""
+    """a folder for TensorBoard event files: the collector's stats() and this script's return and losses
+    after every batch (empty: none; needs pip install 'rlcollect[tensorboard]')"""
 
 
 def mlp(in_dim: int, out_dim: int, hidden: int, out_std: float) -> nn.Sequential:
@@ -195,6 +198,7 @@ def train(args: Args) -> list[dict]:
     )
     collector.set_seed(args.seed)
     running_returns = torch.zeros(args.workers * args.envs_per_worker)  # one per env stream
+    board = TensorBoardLogger(args.tensorboard) if args.tensorboard else None
     history = []
     frames = 0
     with collector:
@@ -229,10 +233,17 @@ def train(args: Args) -> list[dict]:
             row = {"frames": frames, "mean_return": float(np.mean(returns)) if returns else float("nan"),
                    "episodes": len(returns), **losses, "fps": frames / elapsed, "elapsed_s": elapsed}
             history.append(row)
+            if board is not None:
+                board.log(collector, step=frames)  # env-step latency, policy lag, time waiting, ...
+                for key, value in row.items():
+                    if key != "frames" and not math.isnan(value):
+                        board.writer.add_scalar(f"train/{key}", value, frames)
             print(f"frames {frames:>7,d}  return {row['mean_return']:6.1f} ({len(returns):3d} episodes)  "
                   f"policy {losses['policy_loss']:+.4f}  value {losses['value_loss']:8.3f}  "
                   f"entropy {losses['entropy']:.3f}  kl {losses['approx_kl']:.4f}  "
                   f"{row['fps']:,.0f} fps  {elapsed:5.1f} s", flush=True)
+    if board is not None:
+        board.close()
     return history
 
 

@@ -38,6 +38,7 @@ _EXPORTS = {
     "SerialEnv": "rlcollect.envs.serial",
     "SharedMemWeightSyncScheme": "rlcollect.weights.schemes",
     "SleepEnv": "rlcollect.envs.testing",
+    "TensorBoardLogger": "rlcollect.tensorboard",
     "VectorEnv": "rlcollect.envs.vector",
     "WeightSyncScheme": "rlcollect.weights.schemes",
     "WorkerError": "rlcollect.multiprocess.protocol",
@@ -77,6 +78,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rlcollect.multiprocess.factory import MultiCollector
     from rlcollect.multiprocess.protocol import WorkerError
     from rlcollect.multiprocess.sync import MultiSyncCollector
+    from rlcollect.tensorboard import TensorBoardLogger
     from rlcollect.policy import ExplorationType
     from rlcollect.weights.schemes import (
         DistributedWeightSyncScheme,

@@ -86,6 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     collect.add_argument("--seed", type=int, default=None, help="seed the envs and the policy")
     collect.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
+    collect.add_argument(
+        "--tensorboard",
+        metavar="DIR",
+        default=None,
+        help="after every batch, write the collector's stats() to TensorBoard event files in DIR "
+        "(needs pip install 'rlcollect[tensorboard]')",
+    )
 
     node = commands.add_parser(
         "node",
@@ -200,6 +207,18 @@ def _describe(args) -> str:
     )
 
 
+def _tensorboard(log_dir: str | None):
+    """The ``--tensorboard DIR`` writer (None without the option)."""
+    if log_dir is None:
+        return None
+    from rlcollect.tensorboard import TensorBoardLogger
+
+    try:
+        return TensorBoardLogger(log_dir)
+    except (ImportError, OSError) as exc:
+        raise CliError(f"argument --tensorboard: {exc}") from None
+
+
 def run_collect(args) -> int:
     from tqdm import tqdm
 
@@ -208,10 +227,16 @@ def run_collect(args) -> int:
     import tensordict  # noqa: F401
 
     started = time.perf_counter()
-    policy = _make_policy(args.policy, args.env, args.seed)
-    if policy is None:
-        _probe_env(args.env)
-    collector = _make_collector(args, policy)
+    board = _tensorboard(args.tensorboard)  # first: a missing package fails before any worker starts
+    try:
+        policy = _make_policy(args.policy, args.env, args.seed)
+        if policy is None:
+            _probe_env(args.env)
+        collector = _make_collector(args, policy)
+    except BaseException:
+        if board is not None:
+            board.close()
+        raise
     startup = time.perf_counter() - started
     tracker = EpisodeTracker()
     frames = batches = 0
@@ -235,10 +260,14 @@ def run_collect(args) -> int:
             batches += 1
             tracker.update(batch)
             progress.update(batch.numel())
+            if board is not None:
+                board.log(collector)
         seconds = time.perf_counter() - start
     finally:
         progress.close()
         collector.shutdown()
+        if board is not None:
+            board.close()
 
     mean = tracker.mean_return
     rows = [
@@ -251,6 +280,8 @@ def run_collect(args) -> int:
         ("episodes finished", f"{len(tracker.returns)}"),
         ("mean episode return", f"{mean:.2f}" if mean is not None else "- (no episode finished)"),
     ]
+    if args.tensorboard is not None:
+        rows.append(("tensorboard", args.tensorboard))
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")

@@ -16,9 +16,10 @@ import torch
 
 from rlcollect._context import worker_index
 from rlcollect.config import CollectorConfig
-from rlcollect.data import TRAJ_ID_BLOCK, BatchBuffer, deliver
+from rlcollect.data import TRAJ_ID_BLOCK, BatchBuffer, deliver, fresh_batch
 from rlcollect.envs.adapter import make_env
 from rlcollect.freerun import BackgroundLoop
+from rlcollect.metrics import BatchClock, StepTimes, batch_meta, policy_lag, stats_keys, worker_keys
 from rlcollect.policy import exploration_scope, has_weights, load_weights, make_runner
 from rlcollect.rollout import Rollout
 from rlcollect import torchrl_args
@@ -54,8 +55,9 @@ class Collector(TorchrlMethods, LocalWeights):
         split_trajs: yield ``split_trajectories(batch)``.
         exploration_type: the ``ExplorationType`` every rollout runs under.
         set_truncated: mark the last step of each batch truncated and start new trajectories.
-        use_buffers: refill one preallocated batch (yielded as a copy unless
-            ``return_same_td=True``); False allocates a fresh batch each time.
+        use_buffers: with ``return_same_td=True`` (or a replay buffer), refill one preallocated
+            batch; otherwise each batch is filled in fresh memory and yielded without a copy.
+            False allocates a fresh batch each time.
         replay_buffer: any object with ``extend()``: batches go there and iteration yields None.
         track_policy_version: add ``("collector", "policy_version")`` to every frame.
         weight_sync_schemes: ``{"policy": scheme}``; ``NoWeightSyncScheme`` makes updates no-ops.
@@ -215,7 +217,7 @@ class Collector(TorchrlMethods, LocalWeights):
             )
         with exploration_scope(cfg.exploration_type):
             self.layout = self._rollout.discover_layout()
-        self._buffer = BatchBuffer(self.layout) if cfg.use_buffers else None
+        self._buffer: BatchBuffer | None = None  # the in-place batch, allocated on first use
         # torchrl's: the frames of one batch, frames_per_batch rounded up to whole env rows
         self.requested_frames_per_batch = self.layout.frames
         self._frames = 0
@@ -227,6 +229,10 @@ class Collector(TorchrlMethods, LocalWeights):
         self._started_at: float | None = None
         self._last_batch_s = 0.0
         self._loop: BackgroundLoop | None = None
+        self._step_times = StepTimes()
+        self._last_collected = (0, 0)  # (valid frames, policy version) of the last batch filled
+        self._lag = (0.0, 0)
+        self._wait = BatchClock()  # stays at zero: this process steps the env itself
 
     # -- iteration ---------------------------------------------------------------------------
     def __iter__(self) -> Iterator[TensorDict | None]:
@@ -287,11 +293,15 @@ class Collector(TorchrlMethods, LocalWeights):
         if self._started_at is None:
             self._started_at = time.perf_counter()
         start = time.perf_counter()
-        buf = self._buffer if self._buffer is not None else BatchBuffer(self.layout)
+        # The user gets fresh memory unless return_same_td (or a replay buffer, which copies what
+        # it keeps): the batch is then filled in a new buffer, not filled in place and cloned.
+        in_place = cfg.use_buffers and (cfg.return_same_td or self.replay_buffer is not None)
+        if in_place and self._buffer is None:
+            self._buffer = BatchBuffer(self.layout)
+        buf = self._buffer if in_place else fresh_batch(self.layout)
         self._collect_into(buf, random=self._random_now())
+        self._lag = policy_lag(self._version, [self._batch_meta(timing=False)])
         batch = buf.td
-        if self._buffer is not None and not cfg.return_same_td and self.replay_buffer is None:
-            batch = batch.clone()  # (a replay buffer copies what it keeps)
         self._last_batch_s = time.perf_counter() - start
         return deliver(batch, storing_device=cfg.storing_device_or_default, split_trajs=cfg.split_trajs,
                        postproc=cfg.postproc, replay_buffer=self.replay_buffer, extend_buffer=cfg.extend_buffer)
@@ -305,7 +315,9 @@ class Collector(TorchrlMethods, LocalWeights):
             self._rollout.needs_reset = True
         with self._maybe_profile(), self._rng_scope(), exploration_scope(cfg.exploration_type), torch.no_grad():
             steps = self._rollout.fill(buf, random=random, version=self._version, stop=stop)
+        self._step_times.add(self._rollout.step_seconds[:steps])
         frames = steps * self.layout.rows
+        self._last_collected = (frames, self._version)
         self._frames += frames
         self._iter += 1
         return frames
@@ -539,28 +551,31 @@ class Collector(TorchrlMethods, LocalWeights):
 
     # -- observability -----------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        """A JSON-serialisable summary: frames, batches, frames per second, policy version.
+        """A JSON-serialisable summary: frames, rates, policy version and lag, env-step latency
+        (docs/observability.md defines every key; the multi-process and distributed collectors
+        have the same ones).
 
         Example:
-            >>> c = Collector("CartPole-v1", frames_per_batch=10)
-            >>> c.stats()["frames"]
-            0
+            >>> c = Collector("CartPole-v1", frames_per_batch=10, total_frames=10)
+            >>> _ = list(c)
+            >>> s = c.stats()
+            >>> s["frames"], s["policy_lag_max"], s["workers"][0]["env_step_mean_s"] > 0
+            (10, 0, True)
+            >>> c.shutdown()
         """
         elapsed = 0.0 if self._started_at is None else time.perf_counter() - self._started_at
         recent = self.layout.frames / self._last_batch_s if self._last_batch_s else 0.0
-        return {
-            "frames": self._frames,
-            "batches": self._iter,
-            "elapsed_s": elapsed,
-            "fps": self._frames / elapsed if elapsed else 0.0,
-            "fps_recent": recent,
-            "policy_version": self._version,
-            "workers": [{"index": self.config.worker_idx or 0, "frames": self._frames, "alive": not self._closed,
-                         "restarts": 0, "policy_version": self._version}],
-            "restarts": 0,
-            "mean_policy_lag": 0.0,
-            "wait_s": 0.0,
-        }
+        worker = worker_keys(self.config.worker_idx or 0, frames=self._frames, alive=not self._closed, restarts=0,
+                             version=self._version, step=self._step_times.summary())
+        return stats_keys(frames=self._frames, batches=self._iter, elapsed=elapsed, recent_fps=recent,
+                          version=self._version, workers=[worker], restarts=0, dropped_frames=0,
+                          replay_buffer_write_count=getattr(self.replay_buffer, "write_count", None),
+                          lag=self._lag, wait=self._wait)
+
+    def _batch_meta(self, timing: bool = True) -> dict:
+        """The last batch filled, for the collector this one fills batches for (a worker's)."""
+        frames, version = self._last_collected
+        return batch_meta(frames, version, version, self._step_times.summary() if timing else (None, None))
 
     def __repr__(self) -> str:
         return (f"Collector(env={self.env!r}, frames_per_batch={self.frames_per_batch}, "

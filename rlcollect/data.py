@@ -8,6 +8,7 @@ A batch is stored row-major as ``(n, T, *feature)`` where ``n`` is the number of
 from __future__ import annotations
 
 import math
+import mmap
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,10 @@ import numpy as np
 import torch
 
 from rlcollect.envs.base import ArraySpec, NestedKey, torch_dtype
+
+_ALIGN = 64
+#: A fresh batch of at least this many bytes gets its own memory map (see :func:`fresh_batch`).
+MAP_BYTES = 1 << 20
 
 if TYPE_CHECKING:
     from tensordict import TensorDict
@@ -87,6 +92,47 @@ class BatchBuffer:
         return self._td
 
 
+def _field_bytes(layout: BatchLayout) -> tuple[list[tuple], int]:
+    """Where each field of ``layout`` lies in one flat block: ``[(key, offset, nbytes, shape,
+    torch dtype)]`` (64-byte aligned), and the block's size."""
+    out, offset = [], 0
+    n, t = layout.rows, layout.time
+    for key, spec in layout.fields.items():
+        shape = (n, t, *spec.shape)
+        nbytes = int(np.prod(shape)) * np.dtype(spec.dtype).itemsize
+        out.append((key, offset, nbytes, shape, torch_dtype(spec.dtype)))
+        offset += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+    return out, max(offset, _ALIGN)
+
+
+def carve(flat: torch.Tensor, layout: BatchLayout) -> dict[NestedKey, torch.Tensor]:
+    """The typed ``(n, T, *feature)`` views of ``layout``'s fields in the flat byte tensor ``flat``."""
+    fields, total = _field_bytes(layout)
+    if flat.numel() < total:
+        raise ValueError(f"the flat block holds {flat.numel()} bytes, the layout needs {total}")
+    return {key: flat[off : off + nbytes].view(dtype).view(shape) for key, off, nbytes, shape, dtype in fields}
+
+
+def fresh_batch(layout: BatchLayout) -> BatchBuffer:
+    """A zeroed batch in new memory, for a collector that hands each batch over without a copy.
+
+    A batch of :data:`MAP_BYTES` or more is one anonymous memory map carved into its fields, so
+    the memory goes back to the system as soon as the last tensor viewing it is freed (``malloc``
+    keeps freed blocks of up to 32 MiB for reuse: a process that drops batch after batch would
+    keep a batch or two more resident than it holds), and its pages come zeroed from the kernel.
+
+    Example:
+        >>> layout = BatchLayout({"x": ArraySpec((2,), np.dtype(np.float32))}, torch.Size([3]), 4)
+        >>> fresh_batch(layout).td["x"].sum().item()
+        0.0
+    """
+    _, total = _field_bytes(layout)
+    if total < MAP_BYTES:
+        return BatchBuffer(layout)
+    flat = torch.frombuffer(mmap.mmap(-1, total), dtype=torch.uint8)  # the tensors keep the map alive
+    return BatchBuffer(layout, tensors=carve(flat, layout))
+
+
 def _flat_rows(td: TensorDict) -> TensorDict:
     """Row-major flattening of every batch dim: ``(*B, T) -> (prod(B) * T,)``."""
     return td.reshape(-1)
@@ -102,7 +148,8 @@ def split_trajectories(td: TensorDict) -> TensorDict:
 
     Example:
         >>> import torch
-        >>>         >>> td = TensorDict({"x": torch.arange(4.), ("collector", "traj_ids"): torch.tensor([7, 7, 3, 7])}, [4])
+        >>> from tensordict import TensorDict
+        >>> td = TensorDict({"x": torch.arange(4.), ("collector", "traj_ids"): torch.tensor([7, 7, 3, 7])}, [4])
         >>> out = split_trajectories(td)
         >>> out["x"].tolist(), out["collector", "mask"].tolist()
         ([[0.0, 1.0, 3.0], [2.0, 0.0, 0.0]], [[True, True, True], [True, False, False]])

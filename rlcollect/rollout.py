@@ -4,16 +4,24 @@ Everything per step is numpy indexing into buffers allocated once; torch is only
 call the policy (through tensors that share memory with those buffers).  No TensorDict is
 built per step.
 
-Each step writes into *time-major* staging arrays ``(T, n, *feature)``, one per batch field,
-owned by the rollout: the env writes its outcome straight into them (step ``t``'s slice is a
-contiguous ``(n, *feature)`` array, as the env protocol promises), and the batch, stored
-``(n, T, *feature)``, is written from them with one copy per field once the batch is done.
-Every numpy call costs 0.5-1 µs (several times that right after a sleeping env wakes up), a
-large share of a cheap env's step, so the loop makes as few as it can: the observations live in
-one ``(T + 1, n, *feature)`` array whose slice ``t + 1`` is both step ``t``'s next observation
-and step ``t + 1``'s observation (the final observations of rows that ended are kept aside
-before their reset overwrites them), and the trajectory ids, the policy version and the done
-flags are written once per batch. The price is a second, private copy of the batch's memory.
+Small fields are staged: each step writes into *time-major* staging arrays ``(T, n, *feature)``,
+one per batch field, owned by the rollout: the env writes its outcome straight into them (step
+``t``'s slice is a contiguous ``(n, *feature)`` array), and the batch, stored ``(n, T, *feature)``,
+is written from them with one copy per field once the batch is done. Every numpy call costs
+0.5-1 µs (several times that right after a sleeping env wakes up), a large share of a cheap env's
+step, so the loop makes as few as it can: the observations live in one ``(T + 1, n, *feature)``
+array whose slice ``t + 1`` is both step ``t``'s next observation and step ``t + 1``'s
+observation (the final observations of rows that ended are kept aside before their reset
+overwrites them), and the trajectory ids, the policy version and the done flags are written once
+per batch. The price is a second, private copy of those fields.
+
+Large observations (at least :data:`DIRECT_ROW_BYTES` per env row: pixels) are not staged, so
+the rollout holds no second copy of them: the env writes step ``t``'s next observation straight
+into the batch's ``("next", key)[:, t]`` (a strided ``(n, *feature)`` view: each row is
+contiguous, rows are ``T`` frames apart), which is copied into ``key[:, t + 1]`` before the rows
+that ended are reset there, so ``("next", key)`` keeps the true final observation. The
+observation after the batch's last step goes to a carry array of one ``(n, *feature)`` frame.
+Per frame that is the env's write and one copy (the staged path makes two copies after it).
 
 What a policy writes under ``"next"`` (a recurrent module's ``("next", "recurrent_state_h")``)
 is *carried*, as torchrl's collectors do: it becomes the root input of the next step, row by
@@ -24,6 +32,8 @@ costs one copy per carried key per step, and nothing for policies that write not
 
 from __future__ import annotations
 
+from time import perf_counter
+
 import numpy as np
 import torch
 
@@ -31,6 +41,9 @@ from rlcollect.data import MASK, POLICY_VERSION, TRAJ_IDS, BatchBuffer, BatchLay
 from rlcollect.envs.base import DONE_KEYS, ArraySpec, EnvBase, NestedKey, numpy_dtype
 
 _BOOL = np.dtype(np.bool_)
+#: Observations with at least this many bytes per env row are written straight into the batch
+#: instead of being staged (a strided write per step costs nothing next to copying a frame).
+DIRECT_ROW_BYTES = 4096
 
 
 def _next(key: NestedKey) -> tuple[str, ...]:
@@ -100,9 +113,12 @@ class Rollout:
         self.set_truncated = set_truncated
         self.track_version = track_version
         self.rows = rows = env.num_rows
-        # Slice 0 holds the current observations between batches (the carry).
-        self._obs = {k: np.zeros((time + 1, *a.shape), a.dtype) for k, a in env._new_obs_buffers().items()}
-        self._carry = {k: a[0] for k, a in self._obs.items()}
+        # Staged keys: slice 0 holds the current observations between batches (the carry).
+        # Direct keys (large ones) have only their carry here; their frames live in the batch.
+        buffers = env._new_obs_buffers()
+        self._direct = [k for k, a in buffers.items() if a[0].nbytes >= DIRECT_ROW_BYTES]
+        self._obs = {k: np.zeros((time + 1, *a.shape), a.dtype) for k, a in buffers.items() if k not in self._direct}
+        self._carry = {k: (np.zeros_like(a) if k in self._direct else self._obs[k][0]) for k, a in buffers.items()}
         # The policy reads buffers of its own, filled from the staging before each call, so that
         # its inputs stay the same tensors from step to step (a view of the staging would move).
         self._policy_in = _ObsBuffers(env)
@@ -116,9 +132,10 @@ class Rollout:
         self._truncated = np.zeros((time, rows), _BOOL)
         self._step_counts = np.zeros((2, time, rows), np.int64) if max_frames_per_traj is not None else None
         self._random_actions = np.zeros((time, rows, *env.action_layout.shape), env.action_layout.dtype)
+        self.step_seconds = [0.0] * time  # how long each env step of the last batch took (a list: cheaper to set)
         self._outputs: dict[NestedKey, np.ndarray] = {}  # the policy's outputs, by key (on first use)
         self.layout: BatchLayout | None = None
-        self._env_keys = list(self._obs)  # the observation keys the env writes
+        self._env_keys = list(buffers)  # the observation keys the env writes
         # The policy's ("next", key) outputs carried into the root key at the next step, as
         # (key, output key); keys the env does not write are the ones in ``_policy_only``.
         self._carried: list[tuple[NestedKey, NestedKey]] = []
@@ -207,6 +224,11 @@ class Rollout:
                     f"but the env's {key!r} has shape {env_spec.shape} and dtype {env_spec.dtype}; "
                     "they must match for the value to be carried into the next step"
                 )
+            if key in self._direct:  # a carried key is overwritten after the env's step: stage it
+                self._direct.remove(key)
+                self._obs[key] = np.zeros((self.time + 1, self.rows, *spec.shape), spec.dtype)
+                self._obs[key][0] = self._carry[key]
+                self._carry[key] = self._obs[key][0]
             if env_spec is None:
                 if key in fields and fields[key] != spec:
                     raise TypeError(f"the policy writes both {key!r} and {out_key!r} with different shapes or dtypes")
@@ -278,13 +300,22 @@ class Rollout:
         reward, terminated, truncated = self._reward, self._terminated, self._truncated
         step_count, max_steps, counts = self.step_count, self.max_frames_per_traj, self._step_counts
         last = n_time - 1 if self.set_truncated else -1
+        step_seconds, clock = self.step_seconds, perf_counter
         go_on = bytes(self.rows)  # a flag array's tobytes() when no row is set: 10x cheaper than any()
         start_ids, first_new = self.traj_ids.copy(), self.next_traj_id
         resets: list[tuple[int, np.ndarray, dict]] = []  # (step, rows that ended, their final observations)
         self._ids_used = True
-        obs_keys = [key for key, _ in obs_items]
-        # Step t's slices of the staging arrays, handed out by iteration (cheaper than indexing).
-        lanes = zip(actions, reward, terminated, truncated, *(array[1:] for _, array in obs_items))
+        # Direct keys: the batch's (n, T, ...) observation and next observation, and the carry.
+        direct = [(key, buf.arrays[key], buf.arrays[_next(key)], self._carry[key]) for key in self._direct]
+        for _, obs_b, _, carry in direct:
+            obs_b[:, 0] = carry
+        obs_keys = [key for key, _ in obs_items] + [key for key, *_ in direct]
+        # Step t's slices of the staging arrays, handed out by iteration (cheaper than indexing);
+        # for a direct key, the batch's ("next", key)[:, t], then where step t + 1's observation goes.
+        lanes = zip(actions, reward, terminated, truncated, *(array[1:] for _, array in obs_items),
+                    *(next_b.swapaxes(0, 1) for _, _, next_b, _ in direct),
+                    *((*obs_b.swapaxes(0, 1)[1:], carry) for _, obs_b, _, carry in direct))
+        n_obs = len(obs_keys)
         t = 0
         try:
             for action, rew, term, trunc, *next_obs in lanes:
@@ -296,14 +327,23 @@ class Rollout:
                 else:
                     for key, array in obs_items:
                         policy_in[key][...] = array[t]
+                    for key, obs_b, _, _ in direct:
+                        policy_in[key][...] = obs_b[:, t]
                     out = runner(policy_tensors)
                     for key, array in outputs:
                         array[t] = out[key].detach().cpu().numpy().reshape(array.shape[1:])
                     if action.dtype != action_dtype:
                         action = action.astype(action_dtype)
                 # 2. step: the outcome lands in the staging arrays at t (observations at t + 1)
+                # and, for direct keys, in the batch's ("next", key)[:, t]
                 nxt = dict(zip(obs_keys, next_obs))
+                began = clock()
                 step_rows(action, nxt if not policy_only else {k: nxt[k] for k in env_keys}, rew, term, trunc)
+                step_seconds[t] = clock() - began
+                if direct:
+                    now = next_obs[n_obs:]  # where step t + 1's observation of each direct key goes
+                    for i, value in enumerate(now):
+                        np.copyto(value, next_obs[len(obs_items) + i])
                 if carried and not random:
                     for array, out_key in carried:
                         array[t + 1] = out[out_key].detach().cpu().numpy().reshape(array.shape[1:])
@@ -320,7 +360,12 @@ class Rollout:
                 # 3. rows that ended are reset: their next observation becomes the reset one
                 if term.tobytes() != go_on or trunc.tobytes() != go_on:
                     rows = np.flatnonzero(term | trunc)
-                    resets.append((t - 1, rows, {key: array[rows] for key, array in nxt.items()}))
+                    if direct:  # their final observations stay in ("next", key): reset the copy
+                        staged = {key: nxt[key] for key, _ in obs_items}
+                        resets.append((t - 1, rows, {key: array[rows] for key, array in staged.items()}))
+                        nxt = {**staged, **{key: now[i] for i, (key, *_) in enumerate(direct)}}
+                    else:
+                        resets.append((t - 1, rows, {key: array[rows] for key, array in nxt.items()}))
                     if policy_only:
                         reset_rows(rows, {k: nxt[k] for k in env_keys})
                         for key in policy_only:
@@ -334,6 +379,9 @@ class Rollout:
             if t:  # the observations at t are the current ones (also after an error)
                 for _, array in obs_items:
                     array[0] = array[t]
+                if t < n_time:  # (after the last step the carry got them already)
+                    for _, obs_b, _, carry in direct:
+                        carry[...] = obs_b[:, t]
         return t
 
     def _write(self, buf: BatchBuffer, steps: int, outputs: list | None, resets: list, start_ids: np.ndarray,

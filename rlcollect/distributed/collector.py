@@ -34,6 +34,8 @@ from rlcollect.distributed.launchers import make_launcher
 from rlcollect.distributed.node_weights import NodeWeights
 from rlcollect.distributed.recovery import NodeRecovery
 from rlcollect.distributed.supervisor import Supervisor, node_error
+from rlcollect.distributed.stats import NodeStats
+from rlcollect.metrics import BatchClock, batch_meta, policy_lag
 from rlcollect.multiprocess.protocol import WorkerError
 from rlcollect.weights.models import make_weight_updater
 
@@ -44,7 +46,7 @@ NODE_ID = ("collector", "node_id")
 _RENDEZVOUS_POLL_S = 0.02
 
 
-class DistributedCollector(NodeWeights, NodeRecovery, DistributedAccessors):
+class DistributedCollector(NodeWeights, NodeRecovery, DistributedAccessors, NodeStats):
     """Collect on ``num_nodes`` nodes (processes or hosts) joined over torch.distributed.
 
     Each entry of ``create_env_fn`` is one node (rank ``i + 1``; nodes are numbered from 0 in
@@ -190,7 +192,10 @@ class DistributedCollector(NodeWeights, NodeRecovery, DistributedAccessors):
         self._last_packed: dict[int, tuple[int, torch.Tensor]] = {}
         # node_timeout: when each node's oldest unannounced batch started (None: none owed).
         self._batch_started: list[float | None] = [None] * n
-        self._last_lag = self._wait_s = self._last_batch_s = 0.0
+        self._last_batch_s = 0.0
+        self._lag = (0.0, 0)  # policy lag of the last batch delivered: mean, max
+        self._wait = BatchClock()  # rank 0 blocked waiting for the nodes' batches
+        self._node_steps: list[tuple[float | None, float | None]] = [(None, None)] * n  # env-step mean, p95
         self._last_batch_frames = 0
         self._started_at = time.perf_counter()
         self._iterator: Iterator | None = None
@@ -309,6 +314,7 @@ class DistributedCollector(NodeWeights, NodeRecovery, DistributedAccessors):
         self._frames += msg["frames"]
         self._node_frames[i] += msg["frames"]
         self._node_versions[i] = msg["version"]
+        self._node_steps[i] = (msg["step_mean_s"], msg["step_p95_s"])
         self._since_update[i] += 1
         sends = self._sup.weight_sends[i]
         while sends and sends[0][0] <= msg["version"]:  # the node has them: those sends are done
@@ -385,8 +391,8 @@ class DistributedCollector(NodeWeights, NodeRecovery, DistributedAccessors):
 
         waited = time.perf_counter()
         self._channel.wait_for(all_ready, "waiting for the nodes' batches")
-        self._wait_s += time.perf_counter() - waited
-        self._last_lag = sum(self._version - msg["version"] for _, msg in parts.values()) / n
+        self._wait.add(time.perf_counter() - waited)
+        self._lag = policy_lag(self._version, [_meta(msg) for _, msg in parts.values()])
         batch = torch.stack([parts[i][0] for i in range(n)], 0)
         parts.clear()
         self._round_open = False
@@ -407,7 +413,7 @@ class DistributedCollector(NodeWeights, NodeRecovery, DistributedAccessors):
 
         waited = time.perf_counter()
         self._channel.wait_for(one_ready, "waiting for a node's batch")
-        self._wait_s += time.perf_counter() - waited
+        self._wait.add(time.perf_counter() - waited)
         if taken:
             msg = taken[0]
             i, batch = msg.rank - 1, self._receive(msg).clone()
@@ -415,7 +421,7 @@ class DistributedCollector(NodeWeights, NodeRecovery, DistributedAccessors):
             i, batch, msg = self._backlog.popleft()
         batch.set(NODE_ID, torch.full(batch.shape, i, dtype=torch.int64))
         batch.names = [None] * (batch.batch_dims - 1) + ["time"]
-        self._last_lag = float(self._version - msg["version"])
+        self._lag = policy_lag(self._version, [_meta(msg)])
         self._push_due([i], yielded=self._iter + 1)
         self._grant(i, self.config.slots - self._outstanding[i])  # restart that node at once
         return batch
@@ -501,37 +507,6 @@ class DistributedCollector(NodeWeights, NodeRecovery, DistributedAccessors):
         self._version = int(state.get("policy_version", self._version))
         self._target = self.total_frames  # iteration continues to total_frames (or total_frames more)
 
-    # -- observability ----------------------------------------------------------------------------------
-    def stats(self) -> dict[str, Any]:
-        """JSON-serialisable statistics (SPEC 11), with each node's host and pid."""
-        elapsed = time.perf_counter() - self._started_at
-        sup = self._sup
-        dead = set() if sup is None or sup.launcher is None else set(sup.launcher.dead())
-        dropped = set() if sup is None else sup.dropped
-        nodes = [{"index": i, "frames": self._node_frames[i],
-                  "alive": not self._closed and i + 1 not in dead and i + 1 not in dropped,
-                  "state": self._node_state(i), "restarts": self._restarts[i], "lost_batches": self._lost_batches[i],
-                  "policy_version": self._node_versions[i], "host": self._nodes[i].get("host"),
-                  "pid": self._nodes[i].get("pid")} for i in range(self.num_nodes)]
-        return {
-            "frames": self._frames, "batches": self._iter, "elapsed_s": elapsed,
-            "fps": self._frames / elapsed if elapsed else 0.0,
-            "fps_recent": self._last_batch_frames / self._last_batch_s if self._last_batch_s else 0.0,
-            "policy_version": self._version, "workers": nodes, "restarts": sum(self._restarts),
-            "dropped_nodes": sorted(r - 1 for r in dropped), "lost_batches": sum(self._lost_batches),
-            "mean_policy_lag": self._last_lag, "wait_s": self._wait_s, "launcher": self.config.launcher,
-            "master": f"{self.master_addr}:{self.master_port}",
-        }
-
-    def _node_state(self, i: int) -> str:
-        """"collecting", "rejoining" (relaunched, not back yet), "dropped" or "closed"."""
-        sup = self._sup
-        if sup is None:
-            return "closed"
-        if i + 1 in sup.dropped:
-            return "dropped"
-        return "collecting" if self._serving(i) else "rejoining"
-
     # -- shutdown ---------------------------------------------------------------------------------------
     def shutdown(self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True) -> None:
         """Close every node (then terminate, then kill, for the nodes this collector started),
@@ -572,6 +547,11 @@ INTERRUPTED_SHUTDOWN_S = 1.0
 
 #: torchrl's older name, which its migration notes still use.
 DistributedDataCollector = DistributedCollector
+
+
+def _meta(msg: P.Message) -> dict:
+    """A node's batch notice as rlcollect.metrics' batch metadata."""
+    return batch_meta(msg["frames"], msg["version_min"], msg["version_mean"], (msg["step_mean_s"], msg["step_p95_s"]))
 
 
 def _shutdown_timeout(err: BaseException | None) -> float:

@@ -184,8 +184,10 @@ class Node:
             self.credits.clear()
             return
         self.sends[slot] = self.pg.send([self.slots[slot].flat], P.MASTER_RANK, transport.BATCH_TAG)
+        meta = self.collector._batch_meta()
         self.store.queue_push(P.INBOX, self.message(
-            "ready", seq=self.seq, slot=slot, frames=frames, version=version, seconds=time.perf_counter() - started))
+            "ready", seq=self.seq, slot=slot, frames=frames, version=version, seconds=time.perf_counter() - started,
+            **{key: meta[key] for key in ("version_min", "version_mean", "step_mean_s", "step_p95_s")}))
         self.seq += 1
 
     def shutdown(self) -> None:

@@ -46,7 +46,7 @@ import torch
 
 from rlcollect.distributed import auth
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4  # 4: batch notices carry their frames' versions and the env-step latency
 MAGIC = b"RLC:"
 
 # -- store keys ------------------------------------------------------------------------------------
@@ -109,7 +109,10 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "failed": {"error": dict},
     "command": {"id": int, "name": str, "args": dict},  # payload: see COMMANDS
     "reply": {"id": int, "ok": bool, "value": object, "error": (dict, _NONE)},  # payload: loads_data
-    "ready": {"seq": int, "slot": int, "frames": int, "version": int, "seconds": _NUMBER},
+    # version: the node's weights version when it started the batch; version_min/_mean: its
+    # frames' (rlcollect/metrics.py); step_*_s: the node's env-step latency (None: not yet known)
+    "ready": {"seq": int, "slot": int, "frames": int, "version": int, "seconds": _NUMBER, "version_min": int,
+              "version_mean": _NUMBER, "step_mean_s": (*_NUMBER, _NONE), "step_p95_s": (*_NUMBER, _NONE)},
     "bye": {},
 }
 #: Commands a node serves, with the arguments each takes (node.py has the handlers).

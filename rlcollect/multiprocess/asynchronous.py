@@ -14,16 +14,21 @@ import numpy as np
 from rlcollect.data import WORKER_ID, BatchLayout
 from rlcollect.envs.base import ArraySpec
 from rlcollect.multiprocess import protocol as P
+from rlcollect.multiprocess import shm
 from rlcollect.multiprocess.base import MultiCollectorBase
+from rlcollect.multiprocess.shm import references, slot_buffer
 
 
 class MultiAsyncCollector(MultiCollectorBase):
     """Run a collector in each of ``num_workers`` processes and yield each worker's batch as
     soon as it is ready.
 
-    Each worker has two shared-memory slots: while the main process copies one batch out, the
-    worker is already filling the other, so it never waits for the trainer.  Every yielded
-    batch is one worker's ``frames_per_batch`` frames with ``("collector", "worker_id")``.
+    Each worker has three shared-memory slots: the batch you get is a view of the slot the
+    worker wrote (nothing is copied), lent to you until you let go of it, while the worker fills
+    the other two, so it never waits for the trainer. A worker's slot is never overwritten while
+    you hold its batch: when you already hold one batch of that worker, the next one is copied
+    out of its slot instead. Every yielded batch is one worker's ``frames_per_batch`` frames
+    with ``("collector", "worker_id")``.
     ``set_seed``, ``reset`` and ``load_state_dict`` discard the batches in flight.
 
     Example:
@@ -35,7 +40,7 @@ class MultiAsyncCollector(MultiCollectorBase):
     """
 
     _sync = False
-    _slots_per_worker = 2
+    _slots_per_worker = 3
 
     def _check_cat_results(self, value: Any) -> str:
         if value is None or value == "stack":
@@ -52,12 +57,26 @@ class MultiAsyncCollector(MultiCollectorBase):
         self._progress: list[float] = [time.monotonic()] * self.num_workers
         self._armed = False
         self._rotation = 0
+        # Batches delivered as views: {slot: the slot's references in the collector}, per worker.
+        self._views = shm.can_count_references() and not self._workers_write
+        self._own_refs = [[references(flat) for flat in slots] for slots in self._slots]
+        self._lent: list[set[int]] = [set() for _ in range(self.num_workers)]
 
     def _arm(self) -> None:
         for i in range(self.num_workers):
             for slot in range(self._slots_per_worker):
-                self._collect(i, slot)
+                if slot not in self._lent[i]:
+                    self._collect(i, slot)
         self._armed = True
+
+    def _reclaim(self) -> None:
+        """Give the workers back the slots whose batches nothing refers to any more."""
+        for i, lent in enumerate(self._lent):
+            for slot in list(lent):
+                if references(self._slots[i][slot]) <= self._own_refs[i][slot]:
+                    lent.discard(slot)
+                    if self._armed:
+                        self._collect(i, slot)
 
     def _collect(self, index: int, slot: int, needed_only: bool = True) -> None:
         if needed_only and not self._needed():
@@ -82,32 +101,39 @@ class MultiAsyncCollector(MultiCollectorBase):
         with self._guard():
             if not self._armed:
                 self._arm()
+            self._reclaim()
             started = time.perf_counter()
             while not self._ready:
                 self._poll()
-            self._wait_s += time.perf_counter() - started
+            self._wait.add(time.perf_counter() - started)
             index, info = self._ready.popleft()
             if self._workers_write:  # the worker put its batch into the replay buffer
                 self._account(index, info, started)
                 self._collect(index, info["slot"])
                 self._iter += 1
                 return None
-            buffer = self._buffers[index][info["slot"]]
-            batch = buffer.td.clone()
+            slot = info["slot"]
+            # A view of the slot when none of this worker's is lent already (it keeps two filling).
+            lend = self._views and not self._lent[index]
+            # (fresh views each time: the collector's own views of a slot must not change in number)
+            batch = slot_buffer(self._slots[index][slot], self.layouts[index]).td
+            if not lend:
+                batch = batch.clone()
             batch.set(WORKER_ID, torch.full(batch.shape, index, dtype=torch.int64))
             batch.names = [None] * (batch.batch_dims - 1) + ["time"]
             self._account(index, info, started)
             if self.update_at_each_batch and self._weight_source is not None:
                 self._push_to(index)
-            self._collect(index, info["slot"])
+            if lend:
+                self._lent[index].add(slot)
+            else:
+                self._collect(index, slot)
         self._iter += 1
         return self._deliver(batch, worker=index)
 
     def _account(self, index: int, info: dict, started: float) -> None:
         self._frames += info["frames"]
-        self._worker_frames[index] += info["frames"]
-        self._worker_versions[index] = info["version"]
-        self._last_lag = float(self._version - info["version"])
+        self._note_batch([(index, info)])
         self._last_batch_frames = info["frames"]
         self._last_batch_s = time.perf_counter() - started
 

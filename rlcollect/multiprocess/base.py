@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import multiprocessing as mp
 import os
 import time
 import warnings
@@ -25,18 +24,21 @@ from rlcollect.config import CollectorConfig, kwargs_arg, optional_positive_int,
 from rlcollect.data import deliver
 from rlcollect.multiprocess import protocol as P
 from rlcollect.multiprocess.factory import MultiCollector
+from rlcollect.metrics import BatchClock, batch_meta
 from rlcollect.multiprocess.freerun import FreeRunning
 from rlcollect.multiprocess.weight_sync import WeightSync
+from rlcollect.multiprocess import start
 from rlcollect.multiprocess.pool import DEFAULT_START_TIMEOUT_S, WorkerPool
 from rlcollect.multiprocess.restart import RestartPolicy
 from rlcollect.multiprocess.shm import allocate_slot, check_free_space, slot_buffer, slot_bytes
+from rlcollect.multiprocess.stats import WorkerStats
 from rlcollect.policy import as_exploration_type, has_weights
 from rlcollect.weights.models import make_weight_updater
 from rlcollect.weights.schemes import validate_schemes
 
 logger = logging.getLogger("rlcollect")
 
-START_METHODS = ("spawn", "fork", "forkserver")
+START_METHODS = start.START_METHODS
 PER_WORKER_ARGS = ("device", "storing_device", "env_device", "policy_device")
 #: Options forwarded unchanged to each worker's inner collector.
 INNER_OPTIONS = (
@@ -87,7 +89,7 @@ def _shared_buffer(replay_buffer: Any) -> bool:
     return isinstance(replay_buffer, ReplayBuffer)
 
 
-class MultiCollectorBase(MultiCollector, WeightSync, FreeRunning, TorchrlMethods):
+class MultiCollectorBase(MultiCollector, WeightSync, FreeRunning, WorkerStats, TorchrlMethods):
     """Shared machinery of ``MultiSyncCollector`` and ``MultiAsyncCollector``."""
 
     _sync: bool = True
@@ -113,7 +115,7 @@ class MultiCollectorBase(MultiCollector, WeightSync, FreeRunning, TorchrlMethods
         update_at_each_batch: bool = False,
         num_threads: int | None = None,
         num_sub_threads: int = 1,
-        mp_start_method: str = "spawn",
+        mp_start_method: str | None = None,
         worker_timeout: float | None = None,
         start_timeout: float = DEFAULT_START_TIMEOUT_S,
         on_worker_failure: str = "raise",
@@ -200,8 +202,7 @@ class MultiCollectorBase(MultiCollector, WeightSync, FreeRunning, TorchrlMethods
                 raise ValueError(f"preemptive_threshold must be a number in [0, 1], got {preemptive_threshold!r}")
         self.preemptive_threshold = preemptive_threshold
         self.cat_results = self._check_cat_results(cat_results)
-        if mp_start_method not in START_METHODS:
-            raise ValueError(f"mp_start_method must be one of {START_METHODS}, got {mp_start_method!r}")
+        self.mp_start_method = start.resolve_start_method(mp_start_method)
         RestartPolicy(on_worker_failure, max_worker_restarts, [])  # validates both arguments
         if worker_timeout is not None and (isinstance(worker_timeout, bool) or not isinstance(worker_timeout, (int, float))
                                            or worker_timeout <= 0):
@@ -284,22 +285,26 @@ class MultiCollectorBase(MultiCollector, WeightSync, FreeRunning, TorchrlMethods
         self._in_updater = False
         self.weight_updater = None
         # -- start ---------------------------------------------------------------------------------
+        start.check_fork_is_safe(self.mp_start_method, [d for ds in devices.values() for d in ds], policy)
+        start.check_not_bootstrapping()
         self._previous_threads = torch.get_num_threads()
         torch.set_num_threads(num_threads or max(1, (os.cpu_count() or 1) - n))
         self._frames = 0
         self._iter = 0
         self._version = 0
         self._dropped = 0
-        self._wait_s = 0.0
+        self._wait = BatchClock()  # the main process blocked waiting for the workers' batches
         self._started_at = time.perf_counter()
         self._worker_frames = [0] * n
         self._worker_versions = [0] * n
-        self._last_lag = 0.0
+        self._worker_steps: list[tuple[float | None, float | None]] = [(None, None)] * n  # env-step mean, p95
+        self._lag = (0.0, 0)  # policy lag of the last batch delivered: mean, max
+        self._last_meta = batch_meta(0, 0, 0.0, (None, None))  # the last batch, for an outer collector
         self._last_batch_s = 0.0
         self._last_batch_frames = 0
         self._iterator: Iterator | None = None
         try:
-            self._pool = WorkerPool(mp.get_context(mp_start_method), payloads, num_sub_threads, self.worker_timeout,
+            self._pool = WorkerPool(start.get_context(self.mp_start_method), payloads, num_sub_threads, self.worker_timeout,
                                     self.start_timeout)
         except BaseException:
             torch.set_num_threads(self._previous_threads)  # no shutdown() will run to restore it
@@ -322,16 +327,21 @@ class MultiCollectorBase(MultiCollector, WeightSync, FreeRunning, TorchrlMethods
         """Allocate every worker's shared batch slots and weight store and hand them over."""
         pool = self._pool
         self.layouts = [h.info["layout"] for h in pool.handles]
+        self._allocate_slots()
+        self._stops = [torch.zeros(1, dtype=torch.uint8).share_memory_() for _ in range(self.num_workers)]
+        self._stores = self._make_stores()
+        for i in range(self.num_workers):
+            self._attach_worker(i)
+
+    def _allocate_slots(self) -> None:
+        """``self._slots[i]``: what worker ``i`` is handed (one flat slot per batch it may fill
+        at once); ``self._buffers[i]``: their typed views in this process."""
         # Known only now (the workers report their layouts): check before allocating anything,
         # rather than fail half-way (or have a write hit SIGBUS) on a full /dev/shm.
         needed = sum(self._slots_per_worker * slot_bytes(layout) for layout in self.layouts)
         check_free_space(needed, f"the batch slots of {self.num_workers} workers ({self._slots_per_worker} each)")
         self._slots = [[allocate_slot(layout) for _ in range(self._slots_per_worker)] for layout in self.layouts]
         self._buffers = [[slot_buffer(flat, layout) for flat in slots] for slots, layout in zip(self._slots, self.layouts)]
-        self._stops = [torch.zeros(1, dtype=torch.uint8).share_memory_() for _ in range(self.num_workers)]
-        self._stores = self._make_stores()
-        for i in range(self.num_workers):
-            self._attach_worker(i)
 
     def _attach_worker(self, index: int) -> None:
         store = None if self._stores is None else self._stores[index]
@@ -523,32 +533,6 @@ class MultiCollectorBase(MultiCollector, WeightSync, FreeRunning, TorchrlMethods
         self._version = int(state.get("policy_version", self._version))
 
     # -- observability ------------------------------------------------------------------------------
-    def stats(self) -> dict[str, Any]:
-        """JSON-serialisable statistics (SPEC 11)."""
-        if self._running_free and not self._closed:
-            with self._guard():
-                self._check_running_free()
-        elapsed = time.perf_counter() - self._started_at
-        alive = self._pool.alive() if self._pool is not None and not self._closed else [False] * self.num_workers
-        return {
-            "frames": self._frames,
-            "batches": self._iter,
-            "elapsed_s": elapsed,
-            "fps": self._frames / elapsed if elapsed else 0.0,
-            "fps_recent": self._last_batch_frames / self._last_batch_s if self._last_batch_s else 0.0,
-            "policy_version": self._version,
-            "workers": [
-                {"index": i, "frames": self._worker_frames[i], "alive": alive[i], "restarts": self._restart.counts[i],
-                 "policy_version": self._worker_versions[i]}
-                for i in range(self.num_workers)
-            ],
-            "restarts": sum(self._restart.counts),
-            "dropped_frames": self._dropped,
-            "replay_buffer_write_count": getattr(self.replay_buffer, "write_count", None),
-            "mean_policy_lag": self._last_lag,
-            "wait_s": self._wait_s,
-        }
-
     def enable_profile(self, path: str = "rlcollect_trace.json", *, rollouts=(0,), workers=(0,), **profiler_kwargs) -> None:
         """Record torch.profiler traces of the chosen rollouts inside the chosen workers; worker
         ``i`` writes ``<path stem>.worker<i><ext>`` (see ``Collector.enable_profile``)."""

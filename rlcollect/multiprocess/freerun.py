@@ -105,6 +105,7 @@ class FreeRunning:
         self._frames += info["frames"]
         self._worker_frames[index] += info["frames"]
         self._worker_versions[index] = info["version"]
+        self._worker_steps[index] = (info["meta"]["step_mean_s"], info["meta"]["step_p95_s"])
 
     def _check_running_free(self) -> None:
         """Surface a worker that failed while running free (restarting it when allowed)."""

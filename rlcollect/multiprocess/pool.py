@@ -18,6 +18,7 @@ from typing import Any
 
 from rlcollect.multiprocess import protocol as P
 from rlcollect.multiprocess.protocol import WorkerError
+from rlcollect.multiprocess import start
 from rlcollect.multiprocess.reaper import Reaper
 from rlcollect.multiprocess.worker import worker_main
 
@@ -27,8 +28,8 @@ logger = logging.getLogger("rlcollect")
 DEFAULT_START_TIMEOUT_S = 120.0
 _STARTUP_HINT = (
     " before it was ready. If the script that builds the collector runs it at import time, guard it with "
-    "`if __name__ == '__main__':` (the 'spawn' start method imports the main module in every worker); the "
-    "worker's own error, if any, is on stderr above"
+    "`if __name__ == '__main__':` (with 'forkserver', the default, and 'spawn' every worker imports the main "
+    "module); the worker's own error, if any, is on stderr above"
 )
 
 
@@ -108,7 +109,7 @@ class WorkerPool:
     """The worker processes of one multi-process collector.
 
     Args:
-        context: a multiprocessing context ("spawn", "fork" or "forkserver").
+        context: a multiprocessing context ("spawn", "fork" or "forkserver"; see start.py).
         payloads: one cloudpickled worker spec per worker.
         num_sub_threads: torch threads in each worker.
         worker_timeout: seconds a worker may spend on one batch (None: no limit).
@@ -123,6 +124,7 @@ class WorkerPool:
         self.num_sub_threads = num_sub_threads
         self.handles: list[_Handle] = []
         self.closed = False
+        self._server_booting = False  # a fork server this pool launched has not forked a worker yet
         self.reaper = Reaper()  # before the first worker: it ends them if this process dies
         try:
             self._watch_fork_server()
@@ -130,7 +132,7 @@ class WorkerPool:
             # is part of the wait a user sees.
             deadline = time.monotonic() + start_timeout
             for index, payload in enumerate(payloads):
-                self._spawn(index, payload)
+                self._spawn(index, payload, deadline)
             self._await_ready(self.handles, deadline)
         except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt):
@@ -141,20 +143,17 @@ class WorkerPool:
             raise
 
     def _watch_fork_server(self) -> None:
-        """With "forkserver", the server imports the main module before it serves (seconds) and
+        """With "forkserver", the server imports its preload list before it serves (seconds) and
         would finish that, and fork a worker, after this process died: the guard ends it too."""
         if self.context.get_start_method() != "forkserver":
             return
-        from multiprocessing import forkserver
-
-        before = getattr(forkserver._forkserver, "_forkserver_pid", None)  # no public accessor
         with _ctrl_c_deferred():  # the server's forks inherit its mask
-            forkserver.ensure_running()
-        server_pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+            server_pid, launched = start.start_fork_server()
         if server_pid:
             self.reaper.watch(server_pid)
-            if server_pid != before:
+            if launched:
                 self._own_fork_server = server_pid
+                self._server_booting = True
 
     def _stop_own_fork_server(self) -> None:
         """After Ctrl-C during start-up: a fork server this pool launched may still be importing
@@ -167,28 +166,95 @@ class WorkerPool:
             except OSError:
                 pass
 
-    def _spawn(self, index: int, payload: bytes) -> None:
+    def _spawn(self, index: int, payload: bytes, deadline: float) -> None:
         """Start worker ``index`` and put its handle in ``self.handles`` (appended, or replacing
         the old one), so that shutdown() always knows it, even if a Ctrl-C deferred during the
         start is raised the moment the mask is restored."""
         parent_conn, child_conn = self.context.Pipe(duplex=True)
+        forked_from_server = self.context.get_start_method() == "forkserver"
+        # A fork server keeps the environment it was launched with: the worker takes this
+        # process's, as a spawned one would.
+        environ = dict(os.environ) if forked_from_server else None
         process = self.context.Process(
             target=worker_main,
-            args=(index, payload, child_conn, os.getpid(), self.num_sub_threads),
+            args=(index, payload, child_conn, os.getpid(), self.num_sub_threads, environ),
             name=f"rlcollect-worker-{index}",
             daemon=False,  # a worker may itself run a multi-process collector
         )
-        with _ctrl_c_deferred():
+        # The first worker of a fork server this pool just launched waits (seconds) for the
+        # server to import its preload list: that wait must not hold Ctrl-C back.
+        booting = forked_from_server and self._server_booting
+        with contextlib.nullcontext() if booting else _ctrl_c_deferred():
             try:
-                process.start()
+                if booting:
+                    self._start_while_server_boots(process, index, deadline)
+                else:
+                    process.start()
+            except (OSError, EOFError) as err:
+                parent_conn.close()
+                if not forked_from_server:
+                    raise
+                # The server died before it forked this worker: while importing its preload
+                # list, or killed.
+                raise WorkerError(
+                    f"worker {index} could not be started: multiprocessing's fork server exited before forking "
+                    f"it ({type(err).__name__}: {err}). It imports its preload list first; its own error, if "
+                    "any, is on stderr above. A script that builds a collector at import time must guard it "
+                    "with `if __name__ == '__main__':`", index, None) from err
+            except WorkerError:
+                parent_conn.close()
+                raise
+            except KeyboardInterrupt:
+                if process.pid is None:  # the server was killed before it forked the worker
+                    parent_conn.close()
+                    raise
+                self._register(index, process, parent_conn)  # forked just before: shutdown() ends it
+                raise
             finally:
                 child_conn.close()
-            self.reaper.watch(process.pid)
-            handle = _Handle(index, process, parent_conn)
-            if index < len(self.handles):
-                self.handles[index] = handle
-            else:
-                self.handles.append(handle)
+            self._register(index, process, parent_conn)
+
+    def _register(self, index: int, process: Any, conn: Any) -> None:
+        self.reaper.watch(process.pid)
+        handle = _Handle(index, process, conn)
+        if index < len(self.handles):
+            self.handles[index] = handle
+        else:
+            self.handles.append(handle)
+
+    def _start_while_server_boots(self, process: Any, index: int, deadline: float) -> None:
+        """``process.start()`` in a helper thread while this thread waits, interruptibly and
+        until ``deadline``: on Ctrl-C or past the deadline the fork server (launched by this pool)
+        is killed, so the start fails at once without forking the worker (or has just forked it,
+        and the caller registers it)."""
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                process.start()
+            except BaseException as err:  # noqa: BLE001  (re-raised in the calling thread)
+                failure.append(err)
+
+        starter = threading.Thread(target=run, name="rlcollect-worker-start", daemon=True)
+        starter.start()
+        try:
+            while starter.is_alive():
+                starter.join(0.05)
+                if starter.is_alive() and time.monotonic() > deadline:
+                    self._stop_own_fork_server()
+                    starter.join()
+                    if process.pid is None:
+                        raise WorkerError(
+                            f"worker {index} hung during start-up: multiprocessing's fork server did not finish "
+                            f"importing its preload list within start_timeout={self.start_timeout:g} s (a module "
+                            "of the list blocks at import?); the fork server was killed", index, None)
+        except KeyboardInterrupt:
+            self._stop_own_fork_server()
+            starter.join()
+            raise
+        self._server_booting = False
+        if failure and process.pid is None:
+            raise failure[0]
 
     def restart(self, index: int, payload: bytes) -> None:
         """Replace worker ``index`` by a new process built from ``payload`` (the old one is
@@ -200,7 +266,8 @@ class WorkerPool:
         with contextlib.suppress(ValueError):
             old.process.close()
         deadline = time.monotonic() + self.start_timeout
-        self._spawn(index, payload)
+        self._watch_fork_server()  # relaunched if it died meanwhile
+        self._spawn(index, payload, deadline)
         self._await_ready([self.handles[index]], deadline)
 
     def __len__(self) -> int:

@@ -4,6 +4,11 @@ Each slot is one flat shared-memory byte tensor (one file descriptor, not one pe
 carved into the typed ``(n, T, *feature)`` arrays of a :class:`BatchLayout`.  The main process
 allocates the slots once from the layout a worker reports; the worker writes a batch into a
 slot and only sends a short "ready" reply.
+
+A *stacked* slot holds the batches of ``parts`` workers with the same layout field by field:
+field ``k`` is one ``(parts, n, T, *feature)`` block, and worker ``i`` writes the ``i``-th
+``(n, T, *feature)`` of each (it is handed a :class:`SlotPart`). The stacked batch is then a
+view of the slot (:func:`stacked_tensors`): nothing is copied to gather it.
 """
 
 from __future__ import annotations
@@ -12,29 +17,15 @@ import errno
 import os
 import re
 
-import numpy as np
 import torch
 
-from rlcollect.data import BatchBuffer, BatchLayout
-from rlcollect.envs.base import torch_dtype
+from rlcollect.data import BatchBuffer, BatchLayout, _field_bytes, carve
 
-_ALIGN = 64
 #: Where torch's shared memory lives (``shm_open``); its free space is checked before allocating.
 SHM_DIR = "/dev/shm"
 _TORCH_SHM_FILE = re.compile(r"for file </?(torch_\d+_\d+_\d+)>")
 #: Fresh slots are filled with this byte so that a field nobody wrote shows up in tests.
 POISON = 0xA5
-
-
-def _field_bytes(layout: BatchLayout) -> list[tuple]:
-    out, offset = [], 0
-    n, t = layout.rows, layout.time
-    for key, spec in layout.fields.items():
-        shape = (n, t, *spec.shape)
-        nbytes = int(np.prod(shape)) * np.dtype(spec.dtype).itemsize
-        out.append((key, offset, nbytes, shape, torch_dtype(spec.dtype)))
-        offset += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
-    return out, max(offset, _ALIGN)
 
 
 def slot_bytes(layout: BatchLayout) -> int:
@@ -56,6 +47,28 @@ def _full(needed: int, free: int | None, what: str) -> OSError:
         f"not enough shared memory for {what}: {_human(needed)} are needed in {SHM_DIR} but {have}. Free space "
         f"there (leftovers of killed programs?), make it bigger (docker run --shm-size=...), or lower "
         f"frames_per_batch or num_workers"))
+
+
+_use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+
+def can_count_references() -> bool:
+    """Whether :func:`references` works with this torch (a batch is delivered as a view of a
+    slot only then: otherwise nothing tells when the user let go of it)."""
+    return _use_count is not None
+
+
+def references(flat: torch.Tensor) -> int:
+    """How many tensors (and arrays made from them) in this process refer to ``flat``'s memory.
+
+    Example:
+        >>> flat = torch.zeros(8, dtype=torch.uint8)
+        >>> before = references(flat)
+        >>> view = flat[2:4]
+        >>> references(flat) - before
+        1
+    """
+    return _use_count(flat.untyped_storage()._cdata)
 
 
 def check_free_space(needed: int, what: str) -> None:
@@ -98,10 +111,36 @@ def allocate_slot(layout: BatchLayout) -> torch.Tensor:
     return flat
 
 
-def slot_buffer(flat: torch.Tensor, layout: BatchLayout) -> BatchBuffer:
-    """The typed view of a flat slot as a :class:`BatchBuffer`."""
-    fields, total = _field_bytes(layout)
-    if flat.numel() < total:
-        raise ValueError(f"shared slot holds {flat.numel()} bytes, the layout needs {total}")
-    tensors = {key: flat[off : off + nbytes].view(dtype).view(shape) for key, off, nbytes, shape, dtype in fields}
-    return BatchBuffer(layout, tensors=tensors)
+class SlotPart:
+    """Worker ``index``'s share of a stacked slot of ``parts`` workers (what that worker is
+    handed instead of a flat slot; :func:`slot_buffer` carves it)."""
+
+    def __init__(self, flat: torch.Tensor, index: int, parts: int):
+        self.flat, self.index, self.parts = flat, index, parts
+
+    def __reduce__(self):
+        return SlotPart, (self.flat, self.index, self.parts)
+
+
+def allocate_stacked(layout: BatchLayout, parts: int) -> torch.Tensor:
+    """One flat shared-memory slot for the batches of ``parts`` workers of ``layout``, stacked."""
+    return allocate_slot(_stacked_layout(layout, parts))
+
+
+def _stacked_layout(layout: BatchLayout, parts: int) -> BatchLayout:
+    # Stacking along the rows: field k of the stacked layout is parts consecutive (n, T, ...) blocks.
+    return BatchLayout(layout.fields, torch.Size([parts * layout.rows]), layout.time)
+
+
+def stacked_tensors(flat: torch.Tensor, layout: BatchLayout, parts: int) -> dict:
+    """The ``(parts * n, T, *feature)`` views of a stacked slot, by key (fresh tensors each call)."""
+    return slot_buffer(flat, _stacked_layout(layout, parts)).tensors
+
+
+def slot_buffer(flat: torch.Tensor | SlotPart, layout: BatchLayout) -> BatchBuffer:
+    """The typed view of a flat slot (or of a worker's part of a stacked one) as a :class:`BatchBuffer`."""
+    if isinstance(flat, SlotPart):
+        rows, i = layout.rows, flat.index
+        stacked = stacked_tensors(flat.flat, layout, flat.parts)
+        return BatchBuffer(layout, tensors={key: t[i * rows:(i + 1) * rows] for key, t in stacked.items()})
+    return BatchBuffer(layout, tensors=carve(flat, layout))

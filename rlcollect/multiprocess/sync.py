@@ -1,8 +1,18 @@
 """``MultiSyncCollector``: every batch holds one contribution from every worker, all collected
-with the same weights."""
+with the same weights.
+
+When the workers' batches have the same layout and are stacked (or concatenated along their
+first dim), the workers write into one *stacked* shared slot and the delivered batch is a view
+of it: nothing is copied in the main process. The user's batch is never overwritten: two
+stacked slots take turns, and a slot is reused only once nothing outside the collector refers to
+its memory any more. When the user still holds both, the workers write into a third, reserve
+slot and the batch is copied out of it, as every batch was before (a slot is one file
+descriptor: batches kept by the hundred must not each hold one).
+"""
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 from typing import Any
@@ -10,9 +20,16 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from rlcollect.data import MASK, BatchLayout
+from rlcollect.data import MASK, BatchBuffer, BatchLayout
+from rlcollect.metrics import policy_lag
 from rlcollect.multiprocess import protocol as P
 from rlcollect.multiprocess.base import MultiCollectorBase
+from rlcollect.multiprocess import shm
+from rlcollect.multiprocess.shm import (SlotPart, allocate_stacked, check_free_space, references, slot_buffer,
+                                        slot_bytes, stacked_tensors)
+
+#: Stacked slots kept: the batch the user holds while the next one is collected, and that one.
+STACKED_SLOTS = 2
 
 
 class MultiSyncCollector(MultiCollectorBase):
@@ -50,8 +67,57 @@ class MultiSyncCollector(MultiCollectorBase):
             return value  # an int dim is checked against the workers' batch dims once they report them
         raise ValueError(f"cat_results must be 'stack' or an int dim of the workers' batches (0, -1, ...), got {value!r}")
 
-    def _attach(self) -> None:
-        super()._attach()
+    def _allocate_slots(self) -> None:
+        self._check_layouts()  # before anything is allocated
+        first = self.layouts[0]
+        # A view needs one layout for all and a gather that is a stack (or a cat along dim 0);
+        # workers that write into a replay buffer deliver nothing.
+        self._stacked = (shm.can_count_references() and not self._workers_write
+                         and all(lay == first for lay in self.layouts[1:])
+                         and (self.cat_results == "stack" or (self._cat_dim == 0 and self.preemptive_threshold is None
+                                                               and len(first.batch_size) > 0)))
+        self._set = 0  # the slot (of each worker) the next batch is collected into
+        if not self._stacked:
+            super()._allocate_slots()
+            return
+        n = self.num_workers
+        check_free_space(STACKED_SLOTS * n * slot_bytes(first), f"the stacked batch slots of {n} workers")
+        self._slots = [[] for _ in range(n)]
+        self._buffers = [[] for _ in range(n)]
+        self._sets: list[tuple[torch.Tensor, int]] = []  # (flat slot, its references in the collector)
+        for _ in range(STACKED_SLOTS):
+            self._new_set()
+
+    def _new_set(self) -> None:
+        """Allocate one more stacked slot (index ``len(self._sets)``) for every worker."""
+        layout, n = self.layouts[0], self.num_workers
+        flat = allocate_stacked(layout, n)
+        for i in range(n):
+            part = SlotPart(flat, i, n)
+            self._slots[i].append(part)
+            self._buffers[i].append(slot_buffer(part, layout))
+        self._sets.append((flat, references(flat)))
+
+    def _pick_set(self) -> None:
+        """Choose the stacked slot the next batch goes into: one no delivered batch refers to."""
+        order = [(self._set + k) % STACKED_SLOTS for k in range(1, STACKED_SLOTS + 1)]  # the other one first
+        for attempt in range(2):
+            for s in order:
+                flat, own = self._sets[s]
+                if references(flat) <= own:
+                    self._set = s
+                    return
+            if attempt == 0:
+                gc.collect()  # a batch in a reference cycle is only freed by the collector
+        # The user holds every slot: collect into the reserve (handed to the workers once) and copy.
+        if len(self._sets) == STACKED_SLOTS:
+            check_free_space(self.num_workers * slot_bytes(self.layouts[0]), "the reserve batch slot")
+            self._new_set()
+            for i in range(self.num_workers):
+                self._attach_worker(i)
+        self._set = STACKED_SLOTS
+
+    def _check_layouts(self) -> None:
         shapes = {(tuple(lay.batch_size), lay.time) for lay in self.layouts}
         keys = {tuple(sorted(map(str, lay.fields))) for lay in self.layouts}
         if len(keys) > 1:
@@ -82,7 +148,7 @@ class MultiSyncCollector(MultiCollectorBase):
                 self.update_policy_weights_()
             started = time.perf_counter()
             infos = self._collect_all()
-            self._wait_s += time.perf_counter() - started
+            self._wait.add(time.perf_counter() - started)
             if self._workers_write:  # the workers put their parts into the replay buffer
                 self._account(infos)
                 self._last_batch_s = time.perf_counter() - started
@@ -95,10 +161,7 @@ class MultiSyncCollector(MultiCollectorBase):
 
     def _account(self, infos: list[dict]) -> int:
         valid = sum(info["frames"] for info in infos)
-        for i, info in enumerate(infos):
-            self._worker_frames[i] += info["frames"]
-            self._worker_versions[i] = info["version"]
-        self._last_lag = sum(self._version - info["version"] for info in infos) / len(infos)
+        self._note_batch(list(enumerate(infos)))
         self._frames += valid
         self._last_batch_frames = valid
         return valid
@@ -108,12 +171,14 @@ class MultiSyncCollector(MultiCollectorBase):
         share is collected again, so a batch never mixes frames from before and after."""
         pool, n = self._pool, self.num_workers
         random = self._random_now()
+        if self._stacked:
+            self._pick_set()
         for stop in self._stops:
             stop[0] = 0
         deadlines: dict[int, float] = {}
 
         def start(i: int) -> None:
-            pool.send(i, P.COLLECT, 0, random)
+            pool.send(i, P.COLLECT, self._set, random)
             if self.worker_timeout is not None:
                 deadlines[i] = time.monotonic() + self.worker_timeout
 
@@ -146,8 +211,19 @@ class MultiSyncCollector(MultiCollectorBase):
         return infos
 
     def _gather(self, infos: list[dict]) -> TensorDict:
-        tds = [buffers[0].td for buffers in self._buffers]
         valid = self._account(infos)
+        if self._stacked:  # the batch is a view of the stacked slot the workers wrote
+            layout, n = self.layouts[0], self.num_workers
+            flat = self._sets[self._set][0]
+            size = (n, *layout.batch_size) if self.cat_results == "stack" else \
+                (n * layout.batch_size[0], *layout.batch_size[1:])
+            batch = BatchBuffer(BatchLayout(layout.fields, torch.Size(size), layout.time),
+                                tensors=stacked_tensors(flat, layout, n)).td
+            if self._set == STACKED_SLOTS:  # the reserve: the batch is copied out
+                batch = batch.clone()
+            batch.names = [None] * (batch.batch_dims - 1) + ["time"]
+            return batch
+        tds = [buffers[self._set].td for buffers in self._buffers]
         if self.cat_results == "stack":
             batch = torch.stack(tds, 0)
         else:
@@ -160,11 +236,18 @@ class MultiSyncCollector(MultiCollectorBase):
                     self._frames -= dropped
                     self._last_batch_frames -= dropped
                     steps = [keep] * len(steps)
+                    # the lag over the frames delivered: the first `keep` steps of each worker
+                    self._lag = policy_lag(self._version, [{**info["meta"], "frames": keep * lay.rows}
+                                                           for info, lay in zip(infos, self.layouts)])
                 tds = [td[..., :s] for td, s in zip(tds, steps)]
                 tds = [td.exclude(MASK) for td in tds]
             batch = torch.cat(tds, self._cat_dim)
         batch.names = [None] * (batch.batch_dims - 1) + ["time"]
         return batch
+
+    def _shutdown(self, timeout: float) -> None:
+        super()._shutdown(timeout)
+        self._sets = []  # (a delivered batch the user still holds keeps its own slot alive)
 
     # -- nesting: a MultiSyncCollector running inside another collector's worker ------------------
     @property
@@ -182,12 +265,10 @@ class MultiSyncCollector(MultiCollectorBase):
             infos = self._collect_all()
             rows = self.layouts[0].rows
             for i, buffers in enumerate(self._buffers):
-                for key, tensor in buffers[0].tensors.items():
+                for key, tensor in buffers[self._set].tensors.items():
                     buf.tensors[key][i * rows:(i + 1) * rows].copy_(tensor)
             valid = sum(info["frames"] for info in infos)
-            for i, info in enumerate(infos):
-                self._worker_frames[i] += info["frames"]
-                self._worker_versions[i] = info["version"]
+            self._note_batch(list(enumerate(infos)))
         self._frames += valid
         self._iter += 1
         return valid

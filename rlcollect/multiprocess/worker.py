@@ -71,10 +71,17 @@ def _unlink_then_die(signum: int, frame: Any) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def worker_main(index: int, payload: bytes, conn: Any, parent_pid: int, num_threads: int) -> None:
-    """Entry point of a worker process (the target of ``multiprocessing.Process``)."""
+def worker_main(index: int, payload: bytes, conn: Any, parent_pid: int, num_threads: int,
+                environ: dict[str, str] | None = None) -> None:
+    """Entry point of a worker process (the target of ``multiprocessing.Process``).
+
+    ``environ`` (forked from a fork server): the main process's environment when the worker was
+    started, taken before the payload is unpickled and the env is built."""
     _ignore_ctrl_c()
     signal.signal(signal.SIGTERM, _unlink_then_die)
+    if environ is not None:
+        os.environ.clear()
+        os.environ.update(environ)
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True, name="rlcollect-watchdog").start()
     torch.set_num_threads(num_threads)
     _context._worker_index = index
@@ -197,7 +204,9 @@ class _Worker:
         frames = self.collector._collect_into(self.slots[slot], random=random, stop=self.stop)
         if self.replay_buffer is not None:
             self._write(self.slots[slot], frames)
-        return {"slot": slot, "frames": frames, "version": version, "seconds": time.perf_counter() - started}
+        # meta (rlcollect/metrics.py): the frames' versions and the env-step latency, for stats()
+        return {"slot": slot, "frames": frames, "version": version, "seconds": time.perf_counter() - started,
+                "meta": self.collector._batch_meta()}
 
     def _write(self, buffer: Any, frames: int) -> None:
         """Put a collected batch into the replay buffer (postproc first; only valid frames)."""
@@ -221,7 +230,8 @@ class _Worker:
             batches += 1
             frames += info["frames"]
         self._deferred.append(self.conn.recv())
-        return {"batches": batches, "frames": frames, "version": self.collector._version}
+        return {"batches": batches, "frames": frames, "version": self.collector._version,
+                "meta": self.collector._batch_meta()}
 
     def pause(self) -> None:
         """Nothing to do: a paused worker is one that is not running free."""

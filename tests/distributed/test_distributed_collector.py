@@ -106,7 +106,8 @@ def test_malformed_forged_and_foreign_notices_are_dropped(sync_collector, caplog
     c = sync_collector
     store, keys = c._sup.store, c._sup.keys
     token = c._sup.tokens[1]
-    ready = dict(seq=0, slot=0, frames=1, version=0, seconds=0.0)
+    ready = dict(seq=0, slot=0, frames=1, version=0, seconds=0.0, version_min=0, version_mean=0.0, step_mean_s=None,
+                 step_p95_s=None)
     store.queue_push(P.INBOX, b"garbage")
     store.queue_push(P.INBOX, P.encode("ready", 1, b"x" * 32, token, 10**6, to=0, **ready))  # without the secret
     store.queue_push(P.INBOX, P.encode("ready", 2, keys.to_rank0, "not-the-token", 10**6, to=0, **ready))

@@ -28,7 +28,8 @@ def enc(kind, rank, token="tok", payload=b"", n=9, to=0, key=KEY, **fields):
 
 
 def test_round_trip_of_every_kind():
-    data = enc("ready", 2, seq=3, slot=1, frames=10, version=4, seconds=0.5)
+    data = enc("ready", 2, seq=3, slot=1, frames=10, version=4, seconds=0.5, version_min=4, version_mean=4.0,
+               step_mean_s=None, step_p95_s=0.25)
     msg = P.decode(data, KEY, kinds=("ready",), to=0, ranks=range(1, 3), token="tok")
     assert (msg.kind, msg.rank, msg["seq"], msg["frames"], msg.n) == ("ready", 2, 3, 10, 9)
     cmd = enc("command", 0, payload=b"payload", to=1, id=1, name="collect", args={"credits": 2, "random": False})
@@ -48,7 +49,8 @@ def _resigned(data: bytes, **changes) -> bytes:
     return data[:len(P.MAGIC) + 32] + json.dumps(header).encode() + b"\n" + payload
 
 
-READY = dict(seq=0, slot=0, frames=1, version=0, seconds=0.1)
+READY = dict(seq=0, slot=0, frames=1, version=0, seconds=0.1, version_min=0, version_mean=0.0, step_mean_s=0.01,
+             step_p95_s=None)
 
 
 @pytest.mark.parametrize("data, match", [

@@ -7,11 +7,11 @@ and functions by reference (``mp_helpers.ValuePolicy``), and multiprocessing han
 process's ``sys.path`` (to which pytest prepended this directory) to every "spawn" and
 "forkserver" process, so the worker imports this module like the tests do.
 
-Start methods: "spawn" (the default) starts a fresh interpreter that imports torch, which costs
-seconds per worker on a small machine.  Most tests therefore pass ``mp_start_method=START``
-("forkserver"): workers fork from a server process that has imported torch, tensordict and
-rlcollect once (``set_forkserver_preload`` below), which is the same code path except for how
-the process starts.  The tests that are about the default start method use "spawn" explicitly.
+Start methods: the default is "forkserver" (rlcollect/multiprocess/start.py).  Most tests pass
+``mp_start_method=START`` ("forkserver" too): workers fork from a server process that has imported
+torch, tensordict and rlcollect once (``set_forkserver_preload`` below, to which rlcollect adds its
+own list), whereas "spawn" starts a fresh interpreter that imports torch, which costs seconds per
+worker on a small machine.  tests/multiprocess/test_startup.py is about the default itself.
 """
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ import torch
 from mp_helpers import (
     BLOCK,
     MASK,
-    DEFAULT,
     POLICY_VERSION,
     TRAJ_IDS,
     ListBuffer,
@@ -312,12 +311,3 @@ def test_preemption_with_integer_cat_results_drops_invalid_frames(make_multi):
     assert (batch[TRAJ_IDS][:8] < BLOCK).all() and (batch[TRAJ_IDS][8:] >= BLOCK).all()
     assert batch["observation"][:, 0].tolist() == list(range(8)) + list(range(batch.shape[0] - 8))
     assert collector.stats()["frames"] == batch.shape[0]
-
-
-@pytest.mark.timeout(120)  # "spawn" workers import torch: slow on a loaded machine
-def test_default_start_method_is_spawn_and_works(make_multi):
-    collector = make_multi(MultiSyncCollector, counting5, num_workers=2, frames_per_batch=4, mp_start_method=DEFAULT)
-    assert collector._pool.context.get_start_method() == "spawn"
-    batch = next(collector)
-    assert batch["observation"][..., 0].tolist() == [[0, 1], [0, 1]]
-    assert batch[TRAJ_IDS].tolist() == [[0, 0], [BLOCK, BLOCK]]

@@ -1,6 +1,6 @@
 """Run by test_mp_parent_death.py: builds a MultiSyncCollector and collects until killed.
 
-argv: start method, phase ("imports", "construct" or "collect"), marker folder. With
+argv: start method ("default": the argument left out), phase ("imports", "construct" or "collect"), marker folder. With
 "construct" each worker's env constructor touches ``<folder>/ctor.<pid>`` and then blocks; with
 "collect" the script prints "collecting" once the collector is built."""
 
@@ -25,7 +25,8 @@ if __name__ == "__main__":
     else:
         env = functools.partial(SleepEnv, step_time=0.01, obs_dim=1)
     print("building", flush=True)
-    collector = MultiSyncCollector(env, num_workers=2, frames_per_batch=200, mp_start_method=method)
+    options = {} if method == "default" else {"mp_start_method": method}
+    collector = MultiSyncCollector(env, num_workers=2, frames_per_batch=200, **options)
     print("collecting", flush=True)
     for _ in collector:
         pass

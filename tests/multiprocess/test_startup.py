@@ -1,0 +1,218 @@
+"""Issue 16.7: the default start method ("forkserver" with torch and rlcollect preloaded) and what
+it must keep working: env factories defined in a test module, lambdas and closures, the main
+process's environment, scripts without the ``__main__`` guard, "fork" after CUDA, and a fork
+server that somebody else started. Start-up speed is measured by ``python -m bench --only
+start-up`` (bench/startup.py), not asserted here."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import subprocess
+import sys
+import textwrap
+from multiprocessing import forkserver
+
+import pytest
+import torch
+from mp_helpers import BLOCK, DEFAULT, TRAJ_IDS, counting5, descendant_pids, make_multi  # noqa: F401
+
+from rlcollect import CountingEnv, MultiAsyncCollector, MultiSyncCollector
+from rlcollect.multiprocess import start
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def counting_env_from_this_module():
+    """An env factory pickled by reference: the worker imports this test module to find it."""
+    return CountingEnv(max_steps=5)
+
+
+def counting_env_from_environ():
+    return CountingEnv(max_steps=int(os.environ["RLCOLLECT_TEST_MAX_STEPS"]))
+
+
+def _ppid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return int(f.read().rsplit(b")", 1)[-1].split()[1])
+
+
+def _first_obs(batch) -> list:
+    return batch["observation"][..., 0].tolist()
+
+
+# -- the default ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("cls", [MultiSyncCollector, MultiAsyncCollector], ids=lambda c: c.__name__)
+def test_default_is_a_preloaded_fork_server(make_multi, cls):
+    collector = make_multi(cls, counting5, num_workers=2, frames_per_batch=4, mp_start_method=DEFAULT)
+    assert collector.mp_start_method == start.DEFAULT_START_METHOD == "forkserver"
+    assert collector._pool.context.get_start_method() == "forkserver"
+    server = forkserver._forkserver._forkserver_pid
+    # The workers are forks of the one fork server, whose preload list has rlcollect's modules ...
+    assert [_ppid(pid) for pid in collector._pool.pids()] == [server, server]
+    assert set(start.PRELOAD) <= set(forkserver._forkserver._preload_modules)
+    # ... and which has imported torch (its shared library is mapped) before forking them.
+    with open(f"/proc/{server}/maps") as f:
+        assert "libtorch_cpu" in f.read()
+    batch = next(collector)
+    if cls is MultiSyncCollector:
+        assert _first_obs(batch) == [[0, 1], [0, 1]]
+        assert batch[TRAJ_IDS].tolist() == [[0, 0], [BLOCK, BLOCK]]
+    else:
+        assert _first_obs(batch) == [0, 1, 2, 3]
+
+
+def test_none_means_the_default_and_bad_values_are_refused():
+    assert start.resolve_start_method(None) == "forkserver"
+    for method in ("spawn", "fork", "forkserver"):
+        assert start.resolve_start_method(method) == method
+    with pytest.raises(ValueError, match=r"mp_start_method must be None \(the default, 'forkserver'\) or one of "
+                                         r"\('spawn', 'fork', 'forkserver'\), got 'Spawn'"):
+        MultiSyncCollector(counting5, num_workers=1, frames_per_batch=4, mp_start_method="Spawn")
+
+
+def test_env_factory_defined_in_a_test_module(make_multi):
+    collector = make_multi(MultiSyncCollector, counting_env_from_this_module, num_workers=2, frames_per_batch=12,
+                           mp_start_method=DEFAULT)
+    batch = next(collector)
+    assert _first_obs(batch) == [[0, 1, 2, 3, 4, 0], [0, 1, 2, 3, 4, 0]]
+
+
+def test_lambda_and_closure_env_factories(make_multi):
+    steps = 3  # captured by the closure: cloudpickle sends it by value
+    collector = make_multi(MultiSyncCollector, [lambda: CountingEnv(max_steps=5), lambda: CountingEnv(max_steps=steps)],
+                           frames_per_batch=12, mp_start_method=DEFAULT)
+    assert _first_obs(next(collector)) == [[0, 1, 2, 3, 4, 0], [0, 1, 2, 0, 1, 2]]
+
+
+def test_workers_see_the_environment_of_now_not_of_the_server_launch(make_multi, monkeypatch):
+    # The fork server runs already (launched by this collector or an earlier one) ...
+    make_multi(MultiSyncCollector, counting5, num_workers=1, frames_per_batch=2, mp_start_method=DEFAULT)
+    assert forkserver._forkserver._forkserver_pid is not None
+    # ... and keeps the environment it was launched with; a worker takes the main process's.
+    monkeypatch.setenv("RLCOLLECT_TEST_MAX_STEPS", "2")
+    collector = make_multi(MultiSyncCollector, counting_env_from_environ, num_workers=2, frames_per_batch=8,
+                           mp_start_method=DEFAULT)
+    assert _first_obs(next(collector)) == [[0, 1, 0, 1], [0, 1, 0, 1]]
+
+
+# -- preload list -------------------------------------------------------------------------------------
+def test_preload_list_keeps_the_programs_own_and_replaces_pythons_default(monkeypatch):
+    server = forkserver._forkserver
+    context = multiprocessing.get_context("forkserver")
+    monkeypatch.setattr(server, "_preload_modules", ["__main__"])  # Python's untouched default
+    start.get_context("forkserver")
+    assert server._preload_modules == list(start.PRELOAD)
+    monkeypatch.setattr(server, "_preload_modules", ["json", "__main__"])  # the program's own choice
+    start.get_context("forkserver")
+    assert server._preload_modules == ["json", "__main__", *start.PRELOAD]
+    assert context.get_start_method() == "forkserver"
+
+
+def test_a_fork_server_started_by_someone_else_is_used_and_noted_once(monkeypatch, caplog):
+    server = forkserver._forkserver
+    forkserver.ensure_running()
+    monkeypatch.setattr(start, "_launched", set())  # as if the program had launched it
+    monkeypatch.setattr(start, "_noted", False)
+    with caplog.at_level(logging.WARNING, logger="rlcollect"):
+        assert start.start_fork_server() == (server._forkserver_pid, False)
+        start.start_fork_server()
+    notes = [r.getMessage() for r in caplog.records if "fork server" in r.getMessage()]
+    assert len(notes) == 1 and "was started before rlcollect could preload torch" in notes[0]
+
+
+# -- "fork" after CUDA ---------------------------------------------------------------------------------
+def test_fork_is_refused_once_cuda_is_initialised_and_workers_use_it(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with pytest.raises(ValueError, match=r"mp_start_method='fork' cannot be used here: CUDA is already initialised "
+                                         r"in this process and the workers would use it \(cuda\)"):
+        MultiSyncCollector(counting5, num_workers=1, frames_per_batch=4, mp_start_method="fork", device="cuda")
+    start.check_fork_is_safe("fork", [None, "cpu"], None)  # CPU-only workers may fork
+    start.check_fork_is_safe("forkserver", ["cuda"], None)  # a fork server never had CUDA
+
+
+# -- scripts without the __main__ guard, a fork server that dies ----------------------------------------
+UNGUARDED = textwrap.dedent("""
+    import functools
+    from rlcollect import CountingEnv, MultiSyncCollector
+
+    collector = MultiSyncCollector(functools.partial(CountingEnv, max_steps=5), num_workers=2, frames_per_batch=4)
+    print("built", flush=True)
+    collector.shutdown()
+""")
+
+
+def _run(tmp_path, source: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "script.py"
+    script.write_text(source)
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=100,
+                          cwd=tmp_path, start_new_session=True)
+
+
+def test_a_script_without_the_main_guard_fails_clearly(tmp_path):
+    """Each worker imports the main module, as with "spawn", which builds a collector again:
+    refused there before anything starts, reported here."""
+    proc = _run(tmp_path, UNGUARDED)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "built" not in proc.stdout
+    assert "builds a collector at import time. Guard the code that builds the collector with " \
+           "`if __name__ == '__main__':`" in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("rlcollect.multiprocess.protocol.WorkerError: worker "), last
+    assert "exited with code 1 before it was ready" in last
+
+
+def test_the_check_runs_before_any_process_starts(monkeypatch):
+    """In a process that is still importing the main module (what multiprocessing marks with
+    ``_inheriting``) nothing is started: with a fork server that imports the main module (Python
+    3.13's fixed ``"__main__"`` preload) the server would otherwise launch a fork server of its own,
+    which would import the script again, and so on."""
+    before = descendant_pids()
+    monkeypatch.setattr(multiprocessing.current_process(), "_inheriting", True, raising=False)
+    with pytest.raises(RuntimeError, match="builds a collector at import time"):
+        MultiSyncCollector(counting5, num_workers=1, frames_per_batch=4)
+    assert descendant_pids() <= before  # not even the guard process
+
+
+DYING_SERVER = textwrap.dedent("""
+    import functools, multiprocessing
+    if __name__ == "__main__":
+        multiprocessing.set_forkserver_preload(["explodes"])  # the program's own list: kept
+        from rlcollect import CountingEnv, MultiSyncCollector
+
+        MultiSyncCollector(functools.partial(CountingEnv, max_steps=5), num_workers=2, frames_per_batch=4)
+""")
+
+
+def test_a_fork_server_that_dies_while_preloading_is_reported(tmp_path):
+    (tmp_path / "explodes.py").write_text("raise RuntimeError('explodes at import, on purpose')\n")
+    proc = _run(tmp_path, DYING_SERVER)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "RuntimeError: explodes at import, on purpose" in proc.stderr  # the server's own traceback
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("rlcollect.multiprocess.protocol.WorkerError: worker 0 could not be started: "
+                           "multiprocessing's fork server exited before forking it"), last
+
+
+BLOCKING_SERVER = textwrap.dedent("""
+    import functools, multiprocessing
+    if __name__ == "__main__":
+        multiprocessing.set_forkserver_preload(["blocks"])
+        from rlcollect import CountingEnv, MultiSyncCollector
+
+        MultiSyncCollector(functools.partial(CountingEnv, max_steps=5), num_workers=2, frames_per_batch=4,
+                           start_timeout=3)
+""")
+
+
+def test_a_fork_server_that_blocks_while_preloading_is_bounded_by_start_timeout(tmp_path):
+    """Before, the first worker's start waited for the server without end (here: until the
+    subprocess timeout)."""
+    (tmp_path / "blocks.py").write_text("import time\ntime.sleep(600)\n")
+    proc = _run(tmp_path, BLOCKING_SERVER)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == ("rlcollect.multiprocess.protocol.WorkerError: worker 0 hung during start-up: multiprocessing's "
+                    "fork server did not finish importing its preload list within start_timeout=3 s (a module of the "
+                    "list blocks at import?); the fork server was killed"), last
