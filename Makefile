@@ -26,7 +26,7 @@ $(PY):
 
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet '$(TORCH)'
-	$(PY) -m pip install --quiet -e '.[test,slurm,examples,atari,mujoco,envpool,tensorboard]'
+	$(PY) -m pip install --quiet -e '.[test,slurm,examples,atari,mujoco,envpool,tensorboard,bench]'
 	touch $(STAMP)
 
 test: test-main test-torchrl

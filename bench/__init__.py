@@ -7,9 +7,18 @@ prints both with their ratio and the collector's overhead per frame. Multi-proce
 configurations also run one bare loop per worker at once (what the machine gives now), and the
 start-up of a multi-process collector is timed in fresh interpreters. With
 ``--torchrl-python PATH`` torchrl's collectors are measured on the same configurations, in the
-same rounds, by ``bench/torchrl_side.py`` running under that interpreter.
+same rounds, by ``bench/torchrl_side.py`` running under that interpreter. The real workloads
+(``--only Pong``, ``--only HalfCheetah``: ``bench/real.py``) compare rlcollect's collectors with
+bare loops at once, gymnasium's ``AsyncVectorEnv``, SB3's ``SubprocVecEnv``, EnvPool and
+torchrl, with the main process's memory and /dev/shm.
 """
 
-from bench.suite import main
-
 __all__ = ["main"]
+
+
+def main(argv=None) -> int:
+    """``python -m bench``'s entry point (imported when called: ``bench/torchrl_side.py``
+    imports ``bench.workloads`` under torchrl's interpreter, where rlcollect is not needed)."""
+    from bench.suite import main as run
+
+    return run(argv)

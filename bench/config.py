@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from bench.measure import Duration, Rate
-from rlcollect.nets import ArgmaxMLP
+
+if TYPE_CHECKING:
+    from rlcollect.nets import ArgmaxMLP
 
 CARTPOLE = "CartPole-v1"
 
@@ -23,6 +26,8 @@ TARGET_COLUMNS = {
     "ratio": "ideal",  # collector / ideal
     "vs_torchrl": "torchrl",  # ours / torchrl's
     "of_bare": "workers × bare loop",  # collector / (workers × one bare loop measured alone)
+    "vs_envpool": "envpool",  # a real-workload row's steps/s / envpool's on the same work
+    "rss_of_batch": "the batch it holds",  # main-process RSS growth / bytes of the batch it holds
 }
 
 
@@ -86,8 +91,50 @@ class StartupConfig:
     target: Target | None = None
 
 
+@dataclass(frozen=True)
+class Row:
+    """One row of a ``WorkloadConfig``: ``key`` is what ``python -m bench.real`` (``side="ours"``)
+    or ``bench/torchrl_side.py`` (``side="torchrl"``) measures, each time in a fresh interpreter;
+    ``ideal`` names the row it is compared with (None: it is an ideal); ``delivers_batches``:
+    a collector, whose main-process memory is compared with the batch it holds."""
+
+    label: str
+    key: str
+    side: str = "ours"
+    ideal: str | None = None
+    delivers_batches: bool = False
+    targets: tuple[Target, ...] = ()
+
+    def __post_init__(self):
+        if self.side not in ("ours", "torchrl"):
+            raise ValueError(f"Row.side must be 'ours' or 'torchrl', got {self.side!r}")
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    """A real workload (``bench/workloads.py``) with one policy, measured through several
+    ``rows`` (the ideals, rlcollect's collectors, other libraries) in alternating rounds:
+    steps/s (``frames_per_step`` frames each), the main process's memory and /dev/shm."""
+
+    name: str
+    title: str
+    frames_per_step: int
+    rows: tuple[Row, ...]
+    budget: float = 1.0
+
+    def __post_init__(self):
+        labels = [row.label for row in self.rows]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"WorkloadConfig {self.name!r}: row labels repeat: {labels}")
+        for row in self.rows:
+            if row.ideal is not None and row.ideal not in labels:
+                raise ValueError(f"row {row.label!r} compares with {row.ideal!r}, which is not a row of {self.name!r}")
+
+
 def cartpole_mlp() -> ArgmaxMLP:
     """The benchmark's MLP policy (2 hidden layers of 64, tanh, argmax), the same every run."""
+    from rlcollect.nets import ArgmaxMLP  # here: bench/real.py's rows of other libraries import no rlcollect
+
     torch.manual_seed(0)
     return ArgmaxMLP(obs_dim=4, num_actions=2, hidden=64, depth=2)
 

@@ -7,7 +7,7 @@ import json
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import gymnasium as gym
 import numpy as np
@@ -19,10 +19,12 @@ CLOCK_EVERY = 128
 
 @dataclass(frozen=True)
 class Rate:
-    """Frames over seconds, with a word on how it was obtained."""
+    """Frames over seconds, with a word on how it was obtained (and what a probe read at the
+    end of the window, if one was given)."""
 
     frames_per_s: float
     how: str
+    probed: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -133,9 +135,13 @@ def at_once(loop: Callable[[float], Rate], processes: int, seconds: float) -> Ra
     return Rate(total, f"{processes} bare loops at once")
 
 
-def collector_rate(make_collector: Callable[[], object], seconds: float, warmup: float = 0.0) -> Rate:
+def collector_rate(make_collector: Callable[[], object], seconds: float, warmup: float = 0.0,
+                   probe: Callable[[object, object, dict | None], dict] | None = None) -> Rate:
     """Iterate an endless collector for ``seconds`` after one warmup batch (and more warmup
-    batches until ``warmup`` seconds have passed); frames per second."""
+    batches until ``warmup`` seconds have passed); frames per second. ``probe(last_batch,
+    collector, stats)``, if given, runs at the end of the window, before the collector shuts
+    down (``stats``: the collector's ``stats()`` when the clock started, if it has them), and its
+    dict is kept in ``Rate.probed`` (e.g. the main process's memory then)."""
     collector = make_collector()
     try:
         batches = iter(collector)
@@ -143,22 +149,25 @@ def collector_rate(make_collector: Callable[[], object], seconds: float, warmup:
         next(batches)  # warmup: first reset, buffer allocation, first policy call
         while time.perf_counter() < warmup_end:
             next(batches)
+        stats = collector.stats() if probe is not None and hasattr(collector, "stats") else None
         frames = 0
         start = time.perf_counter()
         while True:
-            frames += next(batches).numel()
+            batch = next(batches)
+            frames += batch.numel()
             elapsed = time.perf_counter() - start
             if elapsed >= seconds:
-                return Rate(frames / elapsed, f"{type(collector).__name__}")
+                probed = probe(batch, collector, stats) if probe is not None else {}
+                return Rate(frames / elapsed, f"{type(collector).__name__}", probed)
     finally:
         collector.shutdown()
 
 
-def run_json(argv: list[str], timeout: float) -> dict:
-    """Run ``argv`` (another interpreter) and return the JSON object on the last line of its
-    stdout; a failure raises ``RuntimeError`` with the end of its stderr."""
+def run_json(argv: list[str], timeout: float, cwd: str | None = None) -> dict:
+    """Run ``argv`` (another interpreter, in ``cwd``) and return the JSON object on the last
+    line of its stdout; a failure raises ``RuntimeError`` with the end of its stderr."""
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=cwd)
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"{argv[1]} did not finish within {timeout:g} s") from None
     lines = done.stdout.strip().splitlines()

@@ -4,7 +4,8 @@ Each configuration names how to measure its ideal rate and how to build the coll
 test, and optionally the key of the same work on torchrl's collectors (measured by
 ``bench/torchrl_side.py`` under the interpreter given with ``--torchrl-python``); adding a
 configuration is adding an entry to ``CONFIGS``. The multi-process ones are built in
-``bench/multi.py``.
+``bench/multi.py``, the real workloads (Pong, HalfCheetah: a row per collector or library, each
+measured in a fresh interpreter) in ``bench/real.py``.
 """
 
 from __future__ import annotations
@@ -23,15 +24,17 @@ from pathlib import Path
 
 import torch
 
-from bench.config import CARTPOLE, Config, StartupConfig, Target, cartpole_mlp, torchrl_key
+from bench.config import CARTPOLE, Config, Row, StartupConfig, Target, WorkloadConfig, cartpole_mlp, torchrl_key
 from bench.measure import Duration, Rate, collector_rate, cpu_share, gym_loop, run_json
 from bench.multi import BUDGET, multi_configs
+from bench.real import real_configs
 from bench.startup import startup_configs
 from rlcollect import BusyEnv, Collector, GymEnv, SleepEnv
 
 __all__ = ["CARTPOLE", "CONFIGS", "Config", "StartupConfig", "Target", "cartpole_mlp", "main", "run"]
 
 TORCHRL_SIDE = Path(__file__).with_name("torchrl_side.py")
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _cartpole(num_envs: int):
@@ -79,7 +82,7 @@ def timed_env_config(env_class: type, step_time: float, frames_per_batch: int) -
     return Config(f"{env_class.__name__}(step_time={step_time:g}) random, 1 env", ideal, collector, torchrl=key)
 
 
-CONFIGS: list[Config | StartupConfig] = [
+CONFIGS: list[Config | StartupConfig | WorkloadConfig] = [
     cartpole_config(num_envs=1, mlp=False),
     cartpole_config(num_envs=8, mlp=False),
     cartpole_config(num_envs=1, mlp=True),
@@ -87,8 +90,9 @@ CONFIGS: list[Config | StartupConfig] = [
     timed_env_config(BusyEnv, step_time=1e-4, frames_per_batch=1000),
     # A 1 ms sleep takes a little longer than 1 ms, so even a perfect collector stays under 1.0.
     timed_env_config(SleepEnv, step_time=1e-3, frames_per_batch=200),
-    *startup_configs(),  # (listed before the multi-process ones, which stay last)
+    *startup_configs(),  # (listed before the multi-process ones)
     *multi_configs(),
+    *real_configs(),  # the real workloads last: the longest to run (bench/real.py)
 ]
 
 
@@ -178,15 +182,18 @@ def torchrl_measure(python: str, key: str, seconds: float) -> dict:
     return run_json([python, str(TORCHRL_SIDE), key, f"{seconds:g}"], timeout=600 + seconds)
 
 
-def run(configs: Sequence[Config | StartupConfig], seconds: float, rounds: int, log: Callable[[str], None],
-        torchrl_python: str | None = None) -> list[Result | StartupResult]:
+def run(configs: Sequence[Config | StartupConfig | WorkloadConfig], seconds: float, rounds: int,
+        log: Callable[[str], None], torchrl_python: str | None = None) -> list[Result | StartupResult | WorkloadResult]:
     """Measure each config in ``rounds`` alternating rounds of ideal, collector (and torchrl)
     runs, keeping the best of each: the machine may be shared, and interleaving exposes all
     measurements to the same load while the best round is the least disturbed."""
-    results: list[Result | StartupResult] = []
+    results: list[Result | StartupResult | WorkloadResult] = []
     for config in configs:
         if isinstance(config, StartupConfig):
             results.append(_run_startup(config, rounds, log, torchrl_python))
+            continue
+        if isinstance(config, WorkloadConfig):
+            results.append(_run_workload(config, seconds * config.budget / rounds, rounds, log, torchrl_python))
             continue
         per_round = seconds * config.budget / rounds
         ideal: Rate | None = None
@@ -244,6 +251,169 @@ def _run_startup(config: StartupConfig, rounds: int, log: Callable[[str], None],
         None if their_best is None else their_best.seconds, "" if their_best is None else their_best.how,
         [d.seconds for d in theirs] or None, config.target,
     )
+
+
+# -- real workloads: one row per collector or library, each measured in a fresh interpreter -------
+def real_measure(key: str, seconds: float) -> dict:
+    """Run ``python -m bench.real KEY SECONDS`` in a fresh interpreter and return its JSON line."""
+    return run_json([sys.executable, "-m", "bench.real", key, f"{seconds:g}"], timeout=600 + seconds, cwd=str(ROOT))
+
+
+@dataclass
+class RowResult:
+    """The best round of one row: ``steps_per_s`` (None: not measured, ``note`` says why) and
+    what that round read of the main process's memory (``bench/workloads.py``'s ``rss`` and
+    ``shm_bytes``; ``batch_bytes`` and ``frames_per_delivery``: one delivery, a batch or a step)."""
+
+    row: Row
+    steps_per_s: float | None = None
+    how: str = ""
+    memory: dict | None = None
+    note: str = ""
+
+    def mem(self, name: str) -> float | None:
+        return None if not self.memory or name not in self.memory else self.memory[name]
+
+
+@dataclass
+class WorkloadResult:
+    config: WorkloadConfig
+    rows: list[RowResult]
+
+    def _row(self, label: str | None) -> RowResult | None:
+        return next((r for r in self.rows if r.row.label == label), None)
+
+    def ratio(self, r: RowResult) -> float | None:
+        """Steps/s over the ideal row's (None for an ideal, or when either is missing)."""
+        ideal = self._row(r.row.ideal)
+        if ideal is None or not ideal.steps_per_s or r.steps_per_s is None:
+            return None
+        return r.steps_per_s / ideal.steps_per_s
+
+    def overhead_us(self, r: RowResult) -> float | None:
+        """Time added to each step over the ideal row, in microseconds."""
+        ideal = self._row(r.row.ideal)
+        if ideal is None or not ideal.steps_per_s or not r.steps_per_s:
+            return None
+        return (1.0 / r.steps_per_s - 1.0 / ideal.steps_per_s) * 1e6
+
+    def vs_envpool(self, r: RowResult) -> float | None:
+        envpool = next((e for e in self.rows if "runner=envpool" in e.row.key), None)
+        if envpool is None or not envpool.steps_per_s or r.steps_per_s is None or r is envpool or r.row.ideal is None:
+            return None
+        return r.steps_per_s / envpool.steps_per_s
+
+    @staticmethod
+    def rss_growth(r: RowResult) -> float | None:
+        """Main-process RSS at the end of the window over what it was just before the run was
+        built (imports and the policy done)."""
+        if r.mem("rss_VmRSS") is None or r.mem("rss_before") is None:
+            return None
+        return r.mem("rss_VmRSS") - r.mem("rss_before")
+
+    def rss_of_batch(self, r: RowResult) -> float | None:
+        """RSS growth over the bytes of the batch the loop holds (collectors only)."""
+        growth, held = self.rss_growth(r), r.mem("batch_bytes")
+        return None if not r.row.delivers_batches or growth is None or not held else growth / held
+
+    @staticmethod
+    def shm_per_frame(r: RowResult) -> float | None:
+        """/dev/shm bytes the main process maps, per frame of one delivery (a batch, or a step
+        of a vector env)."""
+        shm, frames = r.mem("shm_bytes"), r.mem("frames_per_delivery")
+        return None if shm is None or not frames else shm / frames
+
+    def figure(self, r: RowResult, column: str) -> float | None:
+        return {"ratio": self.ratio, "vs_envpool": self.vs_envpool, "rss_of_batch": self.rss_of_batch}[column](r)
+
+    def targets(self, r: RowResult) -> list[tuple[Target, bool | None]]:
+        return [(t, t.met(self.figure(r, t.column))) for t in r.row.targets]
+
+    def as_dict(self) -> dict:
+        rows = []
+        for r in self.rows:
+            rows.append({
+                "row": r.row.label, "key": r.row.key, "side": r.row.side, "ideal": r.row.ideal,
+                "steps_per_s": r.steps_per_s,
+                "frames_per_s": None if r.steps_per_s is None else r.steps_per_s * self.config.frames_per_step,
+                "how": r.how, "note": r.note, "memory": r.memory, "ratio": self.ratio(r),
+                "overhead_us_per_step": self.overhead_us(r), "vs_envpool": self.vs_envpool(r),
+                "rss_growth_bytes": self.rss_growth(r), "rss_of_batch": self.rss_of_batch(r),
+                "shm_bytes_per_frame": self.shm_per_frame(r),
+                "targets": [{"target": t.describe(), "met": met} for t, met in self.targets(r)],
+            })
+        return {"config": self.config.name, "title": self.config.title, "frames_per_step": self.config.frames_per_step,
+                "rows": rows}
+
+
+def _run_workload(config: WorkloadConfig, per_round: float, rounds: int, log: Callable[[str], None],
+                  torchrl_python: str | None) -> WorkloadResult:
+    """Each round measures every row once, in a fresh interpreter; the round with the most
+    steps/s counts for each row (with the memory it read). A row whose library is missing, or
+    whose process fails, is not measured again."""
+    results = [RowResult(row) for row in config.rows]
+    for result in results:
+        if result.row.side == "torchrl" and torchrl_python is None:
+            result.note = "no --torchrl-python"
+    for i in range(rounds):
+        log(f"{config.name}: round {i + 1}/{rounds}")
+        for result in results:
+            if result.note:
+                continue
+            row = result.row
+            try:
+                if row.side == "torchrl":
+                    out = torchrl_measure(torchrl_python, row.key, per_round)
+                    out["steps_per_s"] = out.pop("fps", None)
+                else:
+                    out = real_measure(row.key, per_round)
+            except RuntimeError as err:
+                log(f"{config.name}: {row.label} failed, no figure: {err}")
+                result.note = f"failed: {str(err).splitlines()[0]}"
+                continue
+            if "skip" in out:
+                log(f"{config.name}: {row.label} skipped: {out['skip']}")
+                result.note = out["skip"]
+                continue
+            if result.steps_per_s is None or out["steps_per_s"] > result.steps_per_s:
+                result.steps_per_s, result.how = out.pop("steps_per_s"), out.pop("how", "")
+                out.pop("wall_s", None)
+                result.memory = out
+    return WorkloadResult(config, results)
+
+
+def _mb(value: float | None) -> str:
+    return "" if value is None else f"{value / 2**20:,.1f}"
+
+
+def format_workload_table(result: WorkloadResult) -> str:
+    """A markdown table of one real workload: a row per collector or library. "of ideal": steps/s
+    over its ideal row's (``Collector``: the bare loop in one process; the rest: the bare loops
+    at once); "overhead": µs each step costs over the ideal; "/envpool": steps/s over envpool's;
+    "main RSS": the main process's resident memory at the end of the window, "+RSS" its growth
+    since just before the run was built, "+RSS/batch" that over the bytes of the batch it holds;
+    "shm": the /dev/shm the main process maps, and that per frame of one delivery (a batch, or
+    one step of a vector env). Targets: met, MISSED, or n/a when a figure is missing."""
+    fps = result.config.frames_per_step
+    header = ("row", "steps/s", f"frames/s (×{fps})", "of ideal", "overhead µs/step", "/envpool", "main RSS MiB",
+              "+RSS MiB", "batch MiB", "+RSS/batch", "shm MiB", "shm B/frame", "targets")
+    rows = []
+    for r in result.rows:
+        if r.steps_per_s is None:
+            rows.append((r.row.label, "", "", "", "", "", "", "", "", "", "", "", f"not measured: {r.note}"))
+            continue
+
+        def num(value: float | None, spec: str) -> str:
+            return "" if value is None else format(value, spec)
+
+        rows.append((
+            r.row.label, f"{r.steps_per_s:,.0f}", f"{r.steps_per_s * fps:,.0f}", num(result.ratio(r), ".2f"),
+            num(result.overhead_us(r), ".1f"), num(result.vs_envpool(r), ".2f"), _mb(r.mem("rss_VmRSS")),
+            _mb(result.rss_growth(r)), _mb(r.mem("batch_bytes")) if r.row.delivers_batches else "",
+            num(result.rss_of_batch(r), ".2f"), _mb(r.mem("shm_bytes")), num(result.shm_per_frame(r), ",.0f"),
+            "; ".join(_target_cell(t, met) for t, met in result.targets(r)),
+        ))
+    return _markdown(header, rows)
 
 
 def _fps(rate: Rate | None) -> float:
@@ -373,7 +543,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"rlcollect benchmarks, {info['date']}: python {info['python']}, torch {info['torch']} "
         f"({info['torch_threads']} thread), {info['cpus']} cpus, best of {args.rounds} rounds "
-        f"in {args.seconds:g} s per measurement (multi-process: {args.seconds * BUDGET:g} s){torchrl_note}.\n"
+        f"in {args.seconds:g} s per measurement (multi-process and real workloads: {args.seconds * BUDGET:g} s)"
+        f"{torchrl_note}.\n"
         f"Machine load: load average {info['load_average_1min']:.1f} at start, "
         f"{info['load_average_1min_end']:.1f} at end; {info['cpus']} processes spinning together got "
         f"{shares(info['cpu_share_start'])} of a core at start, {shares(info['cpu_share_end'])} at end. "
@@ -381,12 +552,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     rates = [r for r in results if isinstance(r, Result)]
     startups = [r for r in results if isinstance(r, StartupResult)]
-    if rates:
-        print(format_table(rates))
+    tables = [format_table(rates)] if rates else []
     if startups:
-        if rates:
-            print()
-        print(format_startup_table(startups))
+        tables.append(format_startup_table(startups))
+    for r in results:
+        if isinstance(r, WorkloadResult):
+            tables.append(f"{r.config.name}: {r.config.title}, {r.config.frames_per_step} frame(s) per step\n"
+                          + format_workload_table(r))
+    print("\n\n".join(tables))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": info, "seconds": args.seconds, "rounds": args.rounds,

@@ -13,26 +13,31 @@ prints one JSON line: ``{"fps": ..., "how": ...}``, or for ``collector=first-bat
   ``MultiAsyncCollector``), or ``first-batch`` (seconds from ``MultiSyncCollector(...)`` to its
   first batch, "spawn"; the imports are done before the clock starts).
 - ``env``: a gymnasium id (``torchrl.envs.GymEnv(..., categorical_action_encoding=True)``, so
-  that an index is the action), or ``busy`` / ``sleep`` with ``step_time`` (the gymnasium envs
-  below, wrapped with ``GymWrapper``).
+  that an index is the action), ``busy`` / ``sleep`` with ``step_time`` (the gymnasium envs
+  below, wrapped with ``GymWrapper``), or a real workload of ``bench/workloads.py`` (``Pong``,
+  ``HalfCheetah``: its env factory, wrapped the same way).
 - ``envs``: envs per collector / worker. Several are one ``GymWrapper`` around a gymnasium
   ``SyncVectorEnv`` (stepped in-process, as rlcollect's ``GymEnv(num_envs=N)`` does; torchrl's
   ``GymEnv(num_envs=N)`` starts an ``AsyncVectorEnv`` with a process per env, and a
   ``SerialEnv`` was slower in our trials).
 - ``policy``: ``random`` (torchrl's default, ``RandomPolicy`` on the env's action spec, built
-  where the env is) or ``mlp`` (the suite's 2x64 tanh MLP with argmax, same seed, in a
-  ``TensorDictModule``).
+  where the env is), ``mlp`` (the suite's 2x64 tanh MLP with argmax, same seed, in a
+  ``TensorDictModule``), or a real workload's (``nature-cnn``, ``tanh-mlp``: the modules of
+  ``bench/policies.py``, same seed, in a ``TensorDictModule``).
 - ``workers``, ``fpb`` (``frames_per_batch``, with torchrl's meaning: the whole batch for sync,
   one worker's for async, as in rlcollect).
 
 Throughput: one construction, one warmup batch and more until 0.5 s (multi-process) have
 passed, then frames over ``seconds``; one torch thread in the main process, as on our side.
+The JSON also holds the main process's memory at the end of the window, read as on our side
+(``rss_*``, ``shm_bytes``, ``batch_bytes``; ``rss_before`` just before the collector is built).
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 import time
 
@@ -42,6 +47,14 @@ import torch
 from torch import nn
 
 WARMUP_S = 0.5
+# bench/workloads.py and bench/policies.py (neither imports rlcollect) are found from the repository root.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _workloads():
+    from bench import workloads
+
+    return workloads
 
 
 # -- the work: envs and policies (module level, so that "spawn" workers can unpickle them) ------
@@ -80,11 +93,17 @@ def make_env(env: str, envs: int, step_time: float | None):
         if envs != 1:
             raise ValueError(f"env={env} supports envs=1 only, got {envs}")
         return GymWrapper(TimedEnv(step_time, busy=env == "busy"), categorical_action_encoding=True)
-    if envs == 1:
+    workloads = _workloads().WORKLOADS
+    if env in workloads:
+        make = workloads[env].make_env
+        if envs == 1:
+            return GymWrapper(make(), categorical_action_encoding=True)
+    elif envs == 1:
         return GymEnv(env, categorical_action_encoding=True)
+    else:
+        make = functools.partial(gym.make, env)
     # torchrl wraps vector envs only with same-step auto-reset.
-    vector = gym.vector.SyncVectorEnv([functools.partial(gym.make, env)] * envs,
-                                      autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    vector = gym.vector.SyncVectorEnv([make] * envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     return GymWrapper(vector, categorical_action_encoding=True)
 
 
@@ -111,10 +130,13 @@ def make_policy(name: str):
     where the env is (in each worker), without an env in the main process."""
     if name == "random":
         return None
-    if name != "mlp":
-        raise ValueError(f"policy must be 'random' or 'mlp', got {name!r}")
     from tensordict.nn import TensorDictModule
 
+    real = {w.policy_key: w for w in _workloads().WORKLOADS.values()}
+    if name in real:
+        return TensorDictModule(real[name].make_policy(), in_keys=["observation"], out_keys=["action"])
+    if name != "mlp":
+        raise ValueError(f"policy must be 'random', 'mlp' or one of {sorted(real)}, got {name!r}")
     torch.manual_seed(0)
     return TensorDictModule(ArgmaxMLP(), in_keys=["observation"], out_keys=["action"])
 
@@ -166,6 +188,8 @@ def build(spec: dict):
 
 
 def measure_fps(spec: dict, seconds: float) -> dict:
+    workloads = _workloads()
+    before = workloads.rss()
     collector = build(spec)
     try:
         batches = iter(collector)
@@ -176,10 +200,14 @@ def measure_fps(spec: dict, seconds: float) -> dict:
         frames = 0
         start = time.perf_counter()
         while True:
-            frames += next(batches).numel()
+            batch = next(batches)
+            frames += batch.numel()
             elapsed = time.perf_counter() - start
             if elapsed >= seconds:
-                return {"fps": frames / elapsed, "how": f"torchrl {type(collector).__name__}"}
+                memory = {"rss_before": before["VmRSS"], **{f"rss_{k}": v for k, v in workloads.rss().items()},
+                          "shm_bytes": workloads.shm_bytes(), "batch_bytes": workloads.nbytes(batch),
+                          "frames_per_delivery": batch.numel()}
+                return {"fps": frames / elapsed, "how": f"torchrl {type(collector).__name__}", **memory}
     finally:
         collector.shutdown()
 
@@ -205,6 +233,12 @@ def main(argv: list[str]) -> int:
         return 2
     spec = parse_key(argv[0])
     seconds = float(argv[1])
+    workloads = _workloads()
+    if spec["env"] in workloads.WORKLOADS:
+        why = workloads.available(workloads.WORKLOADS[spec["env"]])
+        if why is not None:  # e.g. ale-py missing from torchrl's interpreter: no figure, said why
+            print(json.dumps({"skip": f"{why} (in {sys.executable})"}), flush=True)
+            return 0
     import multiprocessing
 
     multiprocessing.set_start_method("spawn")  # torchrl's default too; said out loud

@@ -13,7 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from bench import suite, torchrl_side  # noqa: E402
-from bench.config import Config, StartupConfig, Target, torchrl_key  # noqa: E402
+from bench.config import Config, Row, StartupConfig, Target, WorkloadConfig, torchrl_key  # noqa: E402
 from bench.measure import Duration, Rate  # noqa: E402
 from bench.multi import _COLD_START, multi_configs  # noqa: E402
 
@@ -41,8 +41,12 @@ def test_torchrl_side_rejects_bad_keys(key, message):
 
 def test_every_config_with_a_torchrl_side_has_a_key_it_understands():
     for config in suite.CONFIGS:
-        if config.torchrl is not None:
-            torchrl_side.parse_key(config.torchrl)
+        if isinstance(config, WorkloadConfig):
+            keys = [row.key for row in config.rows if row.side == "torchrl"]
+        else:
+            keys = [config.torchrl] if config.torchrl is not None else []
+        for key in keys:
+            torchrl_side.parse_key(key)
 
 
 def test_the_timed_env_of_the_torchrl_side_spends_its_step_time():
@@ -136,7 +140,9 @@ def test_startup_configs_keep_the_fastest_run_of_each_side(monkeypatch):
 def test_the_suite_lists_the_multi_process_configurations(capsys):
     assert suite.main(["--list"]) == 0
     names = capsys.readouterr().out.splitlines()
-    assert [c.name for c in multi_configs()] == names[-len(multi_configs()):]
+    multi = [c.name for c in multi_configs()]
+    first = names.index(multi[0])
+    assert names[first:first + len(multi)] == multi
     assert any("8 workers" in n and "SleepEnv" in n for n in names)
     assert any(n.startswith("first batch") for n in names)
     # --only "<single-process name>" still selects exactly one configuration
@@ -208,3 +214,235 @@ def test_python_m_bench_runs_the_suite(tmp_path):
     (result,) = json.loads(path.read_text())["results"]
     assert result["ideal_fps"] > 0 and result["collector_fps"] > 0
     assert result["ratio"] == pytest.approx(result["collector_fps"] / result["ideal_fps"])
+
+
+# -- real workloads (issue 16): Pong and HalfCheetah rows --------------------------------------------
+from bench import real, workloads  # noqa: E402
+
+
+def test_the_suite_lists_the_real_workloads_and_only_selects_them(capsys):
+    assert suite.main(["--list"]) == 0
+    names = capsys.readouterr().out.splitlines()
+    real_names = [c.name for c in real.real_configs()]
+    assert real_names == [
+        "Pong random, 2 workers x 4 envs (8 envs in a vector env)",
+        "Pong Nature-CNN, 2 workers x 4 envs (8 envs in a vector env)",
+        "HalfCheetah random, 2 workers x 4 envs (8 envs in a vector env)",
+        "HalfCheetah MLP 2x64, 2 workers x 4 envs (8 envs in a vector env)",
+    ]
+    assert set(real_names) <= set(names)
+    # --only Pong / --only HalfCheetah select exactly those two configurations each
+    for word, expected in (("Pong", real_names[:2]), ("HalfCheetah", real_names[2:])):
+        assert [n for n in names if word.lower() in n.lower()] == expected
+
+
+def test_every_real_row_has_a_key_its_side_understands_and_the_issue_targets():
+    for config in real.real_configs():
+        labels = [row.label for row in config.rows]
+        assert labels[:2] == [real.AT_ONCE, real.BARE] and len(labels) == 10
+        for row in config.rows:
+            if row.side == "torchrl":
+                spec = torchrl_side.parse_key(row.key)
+                assert (spec["workers"], spec["envs"]) == (real.WORKERS, real.ENVS_PER_WORKER)
+            else:
+                real.parse_key(row.key)
+        by_label = {row.label: row for row in config.rows}
+        sync, asynchronous = by_label["rlcollect MultiSync, 2 workers × 4 envs"], by_label["rlcollect MultiAsync, 2 workers × 4 envs"]
+        assert sync.ideal == asynchronous.ideal == real.AT_ONCE
+        assert by_label["rlcollect Collector, 8 envs"].ideal == real.BARE
+        assert Target("ratio", at_least=0.9) in sync.targets and Target("ratio", at_least=0.95) in asynchronous.targets
+        assert Target("vs_envpool", at_least=1.0) in sync.targets and Target("vs_envpool", at_least=1.0) in asynchronous.targets
+        pixels = config.name.startswith("Pong")
+        assert (Target("rss_of_batch", at_most=1.25) in sync.targets) == pixels
+
+
+def test_the_torchrl_keys_of_the_real_rows_use_the_same_batch_sizes():
+    (pong, *_) = real.real_configs()
+    keys = {row.label: torchrl_side.parse_key(row.key) for row in pong.rows if row.side == "torchrl"}
+    sync, asynchronous = keys["torchrl MultiSync, 2 workers × 4 envs"], keys["torchrl MultiAsync, 2 workers × 4 envs"]
+    assert sync["fpb"] == real.frames_per_batch(workloads.WORKLOADS["Pong"], "multisync") == 2 * 4 * 32
+    assert asynchronous["fpb"] == real.frames_per_batch(workloads.WORKLOADS["Pong"], "multiasync") == 4 * 32
+    assert sync["env"] == "Pong" and sync["policy"] == "random"
+    cnn = {row.label: row for row in real.real_configs()[1].rows}["torchrl MultiSync, 2 workers × 4 envs"]
+    assert torchrl_side.parse_key(cnn.key)["policy"] == "nature-cnn"
+
+
+@pytest.mark.parametrize("key, message", [
+    ("runner=bare workload=Pong", "exactly the words"),
+    ("runner=threads workload=Pong policy=random", "runner must be one of"),
+    ("runner=bare workload=Breakout policy=random", "workload must be one of"),
+    ("runner=bare workload=Pong policy=cnn", "policy must be one of"),
+])
+def test_real_rejects_bad_keys(key, message):
+    with pytest.raises(ValueError, match=message):
+        real.parse_key(key)
+
+
+def test_workload_config_checks_its_rows():
+    with pytest.raises(ValueError, match="repeat"):
+        WorkloadConfig("w", "t", 1, (Row("a", "k"), Row("a", "k")))
+    with pytest.raises(ValueError, match="not a row"):
+        WorkloadConfig("w", "t", 1, (Row("a", "k", ideal="b"),))
+    with pytest.raises(ValueError, match="side"):
+        Row("a", "k", side="gym")
+
+
+def _fake_workload() -> WorkloadConfig:
+    return WorkloadConfig("Fake random, 2 workers x 4 envs", "FakeEnv-v0", 4, (
+        Row("at once", "runner=bare-at-once workload=Pong policy=random"),
+        Row("ours", "runner=multisync workload=Pong policy=random", ideal="at once", delivers_batches=True,
+            targets=(Target("ratio", at_least=0.9), Target("vs_envpool", at_least=1.0),
+                     Target("rss_of_batch", at_most=1.25))),
+        Row("envpool", "runner=envpool workload=Pong policy=random", ideal="at once"),
+        Row("sb3", "runner=sb3 workload=Pong policy=random", ideal="at once"),
+        Row("broken", "runner=gym-async workload=Pong policy=random", ideal="at once"),
+        Row("theirs", "collector=sync env=Pong fpb=256", side="torchrl", ideal="at once", delivers_batches=True),
+    ))
+
+
+def test_a_real_workload_keeps_each_rows_best_round_and_its_memory(monkeypatch):
+    rounds = {"at once": [1000.0, 1200.0], "ours": [1150.0, 1100.0], "envpool": [900.0, 1000.0]}
+    calls = []
+    mib = 2**20
+
+    def fake_real(key, seconds):
+        calls.append((key, seconds))
+        label = {"bare-at-once": "at once", "multisync": "ours", "envpool": "envpool"}.get(real.parse_key(key)["runner"])
+        if "sb3" in key:
+            return {"skip": "stable-baselines3 (pip install 'rlcollect[bench]') is not installed"}
+        if "gym-async" in key:
+            raise RuntimeError("python -m bench.real exited with code 1:\nTraceback ...")
+        steps = rounds[label].pop(0)
+        memory = {"rss_before": 300 * mib, "rss_VmRSS": int((300 + steps / 100) * mib), "shm_bytes": 28 * mib}
+        if label == "ours":
+            memory.update(batch_bytes=8 * mib, frames_per_delivery=256)
+        return {"steps_per_s": steps, "how": label, "wall_s": 9.0, **memory}
+
+    monkeypatch.setattr(suite, "real_measure", fake_real)
+    monkeypatch.setattr(suite, "torchrl_measure", lambda *a: pytest.fail("torchrl measured without --torchrl-python"))
+    logged = []
+    (result,) = suite.run([_fake_workload()], seconds=3.0, rounds=2, log=logged.append)
+    assert all(s == pytest.approx(3.0 * 1.0 / 2) for _, s in calls)  # budget 1 here: 3 s over 2 rounds
+    assert sum("sb3" in k for k, _ in calls) == 1 and sum("gym-async" in k for k, _ in calls) == 1  # not retried
+    at_once, ours, envpool, sb3, broken, theirs = result.rows
+    assert at_once.steps_per_s == 1200.0 and ours.steps_per_s == 1150.0 and envpool.steps_per_s == 1000.0
+    assert ours.memory["rss_VmRSS"] == int(311.5 * mib)  # the memory of its best round (the first)
+    assert "wall_s" not in ours.memory
+    assert result.ratio(ours) == pytest.approx(1150 / 1200) and result.ratio(at_once) is None
+    assert result.overhead_us(ours) == pytest.approx((1 / 1150 - 1 / 1200) * 1e6)
+    assert result.vs_envpool(ours) == pytest.approx(1.15) and result.vs_envpool(envpool) is None
+    assert result.rss_growth(ours) == pytest.approx(11.5 * mib, abs=1)
+    assert result.rss_of_batch(ours) == pytest.approx(11.5 / 8, rel=1e-6) and result.rss_of_batch(envpool) is None
+    assert result.shm_per_frame(ours) == pytest.approx(28 * mib / 256)
+    assert [met for _, met in result.targets(ours)] == [True, True, False]
+    assert "is not installed" in sb3.note and broken.note.startswith("failed: python -m bench.real exited")
+    assert theirs.note == "no --torchrl-python" and theirs.steps_per_s is None
+    assert any("sb3 skipped" in line for line in logged) and any("broken failed" in line for line in logged)
+
+    table = suite.format_workload_table(result)
+    header, _, *lines = table.splitlines()
+    assert "frames/s (×4)" in header
+    cells = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in lines}
+    assert cells["ours"][:6] == ["1,150", "4,600", "0.96", "36.2", "1.15", "311.5"]
+    assert cells["ours"][6:11] == ["11.5", "8.0", "1.44", "28.0", "114,688"]
+    assert cells["ours"][11] == "≥ 0.9× ideal: met; ≥ 1× envpool: met; ≤ 1.25× the batch it holds: MISSED"
+    assert cells["sb3"][-1].startswith("not measured: stable-baselines3")
+    assert cells["at once"][2:4] == ["", ""]
+    out = result.as_dict()
+    assert json.dumps(out) and out["rows"][1]["frames_per_s"] == 4600.0 and out["rows"][1]["targets"][2]["met"] is False
+
+
+def test_the_torchrl_rows_of_a_real_workload_read_its_fps(monkeypatch):
+    monkeypatch.setattr(suite, "real_measure", lambda key, s: {"skip": "not here"})
+    seen = []
+
+    def fake_torchrl(python, key, seconds):
+        seen.append(key)
+        return {"fps": 400.0, "how": "torchrl MultiSyncCollector", "rss_before": 10, "rss_VmRSS": 20}
+
+    monkeypatch.setattr(suite, "torchrl_measure", fake_torchrl)
+    (result,) = suite.run([_fake_workload()], 1.0, 1, lambda m: None, torchrl_python="py")
+    assert seen == ["collector=sync env=Pong fpb=256"]
+    theirs = result.rows[-1]
+    assert theirs.steps_per_s == 400.0 and theirs.how == "torchrl MultiSyncCollector" and result.rss_growth(theirs) == 10
+
+
+def test_shm_bytes_counts_a_shared_tensor_once_and_rss_reads_status():
+    import torch
+
+    before = workloads.shm_bytes()
+    shared = torch.zeros(1 << 20, dtype=torch.uint8).share_memory_()
+    view = shared[10:]  # same file: counted once
+    assert workloads.shm_bytes() - before == 1 << 20
+    assert workloads.nbytes({"a": shared, "b": [view.numpy()], "c": "text"}) == (1 << 20) + (1 << 20) - 10
+    memory = workloads.rss()
+    assert {"VmRSS", "RssAnon", "RssShmem", "VmHWM"} <= set(memory) and memory["VmRSS"] >= memory["RssShmem"] >= 1 << 20
+    del shared, view
+
+
+def _needs(*modules: str):
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    return pytest.mark.skipif(bool(missing), reason=f"{', '.join(missing)} not installed")
+
+
+@pytest.fixture
+def one_thread_then_restored():
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)  # bench.real.measure sets one torch thread, as in its own process
+
+
+# Tiny windows: a smoke test of each row (in this process: its memory figures mean nothing here,
+# only that they are read), not a measurement.
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("runner", real.RUNNERS)
+@_needs("mujoco")
+def test_every_real_row_runs_on_halfcheetah(runner, one_thread_then_restored):
+    extra = {"sb3": "stable_baselines3", "envpool": "envpool"}.get(runner)
+    policy = "policy" if runner in ("multisync", "bare-at-once", "gym-async") else "random"
+    out = real.measure(real.key(runner, "HalfCheetah", policy), 0.2)
+    if extra is not None:
+        import importlib.util
+
+        if importlib.util.find_spec(extra) is None:
+            assert "is not installed" in out["skip"]  # the row is skipped, saying why
+            return
+    assert out["steps_per_s"] > 0 and out["rss_VmRSS"] > out["rss_RssShmem"] >= 0
+    assert out["rss_before"] > 0 and out["shm_bytes"] >= 0
+    if runner in ("collector", "multisync", "multiasync"):
+        batch = real.frames_per_batch(workloads.WORKLOADS["HalfCheetah"], runner)
+        assert out["frames_per_delivery"] == batch and out["batch_bytes"] > batch * 17 * 4 * 2  # obs and next obs
+    if runner in ("multisync", "multiasync"):
+        assert out["shm_bytes"] >= out["batch_bytes"]  # the workers' slots are mapped from /dev/shm
+        assert out["batches"] >= 1 and 0.0 <= out["main_wait_share"] <= 1.0 and out["main_busy_ms_per_batch"] >= 0
+    if runner in ("envpool", "sb3"):
+        assert out["frames_per_delivery"] == real.ENVS
+
+
+@pytest.mark.timeout(180)
+@_needs("ale_py", "cv2")
+def test_a_pong_row_runs_in_a_fresh_interpreter_with_the_cnn_in_the_workers():
+    out = suite.real_measure(real.key("multisync", "Pong", "policy"), 0.2)
+    assert out["steps_per_s"] > 0 and out["how"].startswith("rlcollect MultiSyncCollector")
+    frames = real.frames_per_batch(workloads.WORKLOADS["Pong"], "multisync")
+    assert out["frames_per_delivery"] == frames
+    assert out["batch_bytes"] >= frames * 2 * 4 * 84 * 84  # observation and next observation, uint8
+    assert out["shm_bytes"] >= out["batch_bytes"]  # the workers' slots
+    assert out["rss_VmRSS"] - out["rss_before"] >= out["rss_RssShmem"] >= frames * 2 * 4 * 84 * 84  # slot read
+
+
+def test_the_workload_policies_map_observations_to_actions():
+    import numpy as np
+
+    from bench import policies
+
+    frames = np.zeros((3, 4, 84, 84), dtype=np.uint8)
+    actions = policies.policy_actions(policies.nature_cnn(), frames)
+    assert actions.shape == (3,) and actions.dtype == np.int64 and ((0 <= actions) & (actions < 6)).all()
+    moves = policies.policy_actions(policies.cheetah_mlp(), np.ones((5, 17)))
+    assert moves.shape == (5, 6) and moves.dtype == np.float32 and (np.abs(moves) <= 1).all()
+    assert np.array_equal(policies.policy_actions(policies.cheetah_mlp(), np.ones((5, 17))), moves)  # seeded
