@@ -7,6 +7,7 @@ thread is doing.
 
 from __future__ import annotations
 
+import multiprocessing.util
 import os
 import signal
 import sys
@@ -56,6 +57,20 @@ def _ignore_ctrl_c() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
+def _unlink_then_die(signum: int, frame: Any) -> None:
+    # The pool terminates a worker that has not exited within most of the shutdown timeout (one
+    # still closing a torchrl ParallelEnv, say, which waits for its own processes). Dying by the
+    # signal's default action would leave the named semaphores this process made (the
+    # ParallelEnv's events) in /dev/shm until the resource tracker exits: run multiprocessing's
+    # exit finalizers, which unlink them, then die of SIGTERM as before. If a finalizer blocks,
+    # the pool's SIGKILL follows.
+    try:
+        multiprocessing.util._run_finalizers(0)  # what a normal exit runs first; no public equivalent
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def worker_main(index: int, payload: bytes, conn: Any, parent_pid: int, num_threads: int,
                 environ: dict[str, str] | None = None) -> None:
     """Entry point of a worker process (the target of ``multiprocessing.Process``).
@@ -63,6 +78,7 @@ def worker_main(index: int, payload: bytes, conn: Any, parent_pid: int, num_thre
     ``environ`` (forked from a fork server): the main process's environment when the worker was
     started, taken before the payload is unpickled and the env is built."""
     _ignore_ctrl_c()
+    signal.signal(signal.SIGTERM, _unlink_then_die)
     if environ is not None:
         os.environ.clear()
         os.environ.update(environ)
