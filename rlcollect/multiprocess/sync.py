@@ -81,7 +81,8 @@ class MultiSyncCollector(MultiCollectorBase):
             super()._allocate_slots()
             return
         n = self.num_workers
-        check_free_space(STACKED_SLOTS * n * slot_bytes(first), f"the stacked batch slots of {n} workers")
+        check_free_space(STACKED_SLOTS * n * slot_bytes(first),
+                         f"the batch slots of {n} workers ({STACKED_SLOTS} shared stacked slots)")
         self._slots = [[] for _ in range(n)]
         self._buffers = [[] for _ in range(n)]
         self._sets: list[tuple[torch.Tensor, int]] = []  # (flat slot, its references in the collector)

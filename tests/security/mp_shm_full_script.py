@@ -16,7 +16,9 @@ if __name__ == "__main__":
         shm.check_free_space = lambda needed, what: None
         import rlcollect.multiprocess.base as base
 
-        base.check_free_space = shm.check_free_space
+        import rlcollect.multiprocess.sync as sync
+
+        base.check_free_space = sync.check_free_space = shm.check_free_space
     env = functools.partial(CountingEnv, obs_dim=256, max_steps=None)  # 2000 frames: about 4 MiB a slot
     try:
         MultiSyncCollector(env, num_workers=2, frames_per_batch=2000, mp_start_method="fork")

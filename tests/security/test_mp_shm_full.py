@@ -48,8 +48,9 @@ def test_free_space_is_checked_before_any_slot_is_allocated(monkeypatch):
     monkeypatch.setattr(shm.os, "statvfs", statvfs)
     allocated = []
     real_allocate = shm.allocate_slot
-    monkeypatch.setattr("rlcollect.multiprocess.base.allocate_slot",
-                        lambda layout: allocated.append(layout) or real_allocate(layout))
+    record = lambda layout: allocated.append(layout) or real_allocate(layout)  # noqa: E731
+    monkeypatch.setattr("rlcollect.multiprocess.base.allocate_slot", record)
+    monkeypatch.setattr(shm, "allocate_slot", record)  # what MultiSync's stacked slots allocate through
     before = _own_torch_files()
     with pytest.raises(OSError) as info:
         MultiSyncCollector(env, num_workers=2, frames_per_batch=2000, mp_start_method=START)
