@@ -31,13 +31,9 @@ $(STAMP): pyproject.toml | $(PY)
 
 test: test-main test-torchrl
 
-# The modules whose docstring examples run (pytest --doctest-modules); the rest of the package
-# joins as its examples are fixed. job_bootstrap.py is a script run by path, not a module.
-DOCTEST_PATHS := rlcollect/buffers rlcollect/weights rlcollect/envs rlcollect/distributed \
-	rlcollect/policy.py rlcollect/config.py rlcollect/torchrl_args.py rlcollect/cli.py rlcollect/nets.py \
-	rlcollect/metrics.py rlcollect/tensorboard.py \
-	--ignore=rlcollect/envs/vector.py --ignore=rlcollect/distributed/collector.py \
-	--ignore=rlcollect/distributed/job_bootstrap.py
+# Every docstring example of the package runs (pytest --doctest-modules); job_bootstrap.py is a
+# script run by path, not a module.
+DOCTEST_PATHS := rlcollect --ignore=rlcollect/distributed/job_bootstrap.py
 
 # The tests, then the docstring examples (run even when a test failed; either fails the target).
 # pytest exits with 5 when it collects no test: that is not a failure of the suite.

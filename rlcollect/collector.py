@@ -63,7 +63,7 @@ class Collector(TorchrlMethods, LocalWeights):
         weight_sync_schemes: ``{"policy": scheme}``; ``NoWeightSyncScheme`` makes updates no-ops.
         worker_idx: this collector's index when it runs inside a multi-process collector.
 
-    See SPEC section 4 for every argument.
+    Every argument, with torchrl's name beside it: docs/collector.md and docs/migrating-from-torchrl.md.
 
     Example:
         >>> from rlcollect import Collector

@@ -1,4 +1,4 @@
-"""Free-running multi-process collection (SPEC 7): ``start()``, ``pause()``, ``async_shutdown()``.
+"""Free-running multi-process collection (docs/replay-buffer.md, "Free-running"): ``start()``, ``pause()``, ``async_shutdown()``.
 
 With an rlcollect ``ReplayBuffer`` the workers write into it themselves: ``start()`` sends each
 worker ``run_free`` and returns; a worker then collects batch after batch straight into the

@@ -47,7 +47,7 @@ class MultiSyncCollector(MultiCollectorBase):
     ``stats()["dropped_frames"]``).
 
     Takes every ``Collector`` argument (per-worker lists allowed for devices, env kwargs,
-    policy factories and ``frames_per_batch``) plus the multi-process options of SPEC 5.
+    policy factories and ``frames_per_batch``) plus the multi-process options of docs/multiprocess.md.
 
     Example:
         >>> from rlcollect import MultiSyncCollector

@@ -1,4 +1,4 @@
-"""Weight synchronisation of the multi-process collectors (SPEC 6): the shared-memory stores the
+"""Weight synchronisation of the multi-process collectors (docs/weight-sync.md): the shared-memory stores the
 workers read from, pushing through the pipes, per-worker weights, versions."""
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class WeightSync:
             ...         super().__init__()
             ...         self.bias = torch.nn.Parameter(torch.zeros(1))
             ...     def forward(self, observation):
-            ...         return (observation[..., 0] * 0 + self.bias).long()
+            ...         return (observation[..., 0] * 0 + self.bias[0]).long()
             >>> c = MultiSyncCollector(CountingEnv, Policy(), num_workers=2, frames_per_batch=8)
             >>> c.update_policy_weights_(weights={"bias": torch.ones(1)})
             >>> c.worker_policy_versions()

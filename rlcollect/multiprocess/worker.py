@@ -127,7 +127,7 @@ class _Worker:
         self.layout = BatchLayout(fields, base.batch_size, base.time)
         self.slots: list = []
         self.stop = None
-        # Writing straight into a shared replay buffer (SPEC 7): what the main process would
+        # Writing straight into a shared replay buffer (docs/replay-buffer.md): what the main process would
         # otherwise do after receiving the batch, done here, so no batch crosses the pipe.
         self.replay_buffer = spec.get("replay_buffer")
         self.write_options = spec.get("write_options", {})
