@@ -27,6 +27,8 @@ import sys
 import time
 from typing import Any
 
+from rlcollect.distributed.node_args import LOG_LEVEL_ENV
+
 logger = logging.getLogger("rlcollect")
 
 LAUNCHERS = ("mp", "submitit", "submitit_delayed", "external")
@@ -51,8 +53,6 @@ code = main(sys.argv[2:], secret=secret)
 sys.stdout.flush(); sys.stderr.flush()
 os._exit(code)
 """
-#: The nodes' logging level (default INFO; WARNING for the "mp" launcher's).
-LOG_LEVEL_ENV = "RLCOLLECT_LOG_LEVEL"
 #: Defaults of submitit's executor parameters; ``slurm_kwargs`` entries win.
 SLURM_DEFAULTS = {"timeout_min": 24 * 60, "nodes": 1, "tasks_per_node": 1}
 

@@ -42,8 +42,7 @@ from rlcollect.distributed import transport
 from rlcollect.distributed.channel import Inbox
 from rlcollect.distributed.auth import SECRET_ENV, DropLog, Keys, SecretError, check_secret, read_secret_file
 from rlcollect.distributed.heartbeat import NodeWatch
-from rlcollect.distributed.launchers import LOG_LEVEL_ENV
-from rlcollect.distributed.node_args import RANK0_TIMEOUT_S, add_arguments, node_arguments
+from rlcollect.distributed.node_args import LOG_LEVEL_ENV, RANK0_TIMEOUT_S, add_arguments, node_arguments
 
 logger = logging.getLogger("rlcollect")
 

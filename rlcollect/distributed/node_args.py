@@ -16,6 +16,8 @@ from rlcollect.distributed.auth import SECRET_ENV, read_secret_file
 
 #: torchrun's names, read when the options are not given.
 ENV_VARS = {"master_addr": "MASTER_ADDR", "master_port": "MASTER_PORT", "rank": "RANK", "world_size": "WORLD_SIZE"}
+#: The nodes' logging level (default INFO; the "mp" launcher sets WARNING for its nodes).
+LOG_LEVEL_ENV = "RLCOLLECT_LOG_LEVEL"
 #: Default of ``rank0_timeout``: a node whose rank 0 has not beaten this long gives it up.
 RANK0_TIMEOUT_S = 60.0
 
