@@ -16,18 +16,14 @@ import datetime
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 from rlcollect.distributed import protocol as P
 from rlcollect.distributed.auth import DropLog
-from rlcollect.multiprocess.protocol import WorkerError
 
 logger = logging.getLogger("rlcollect")
 
-#: Seconds between two liveness checks while waiting.
-CHECK_S = 0.25
 #: A blocking store wait this long is not expected to end by timing out.
 _BLOCK = datetime.timedelta(days=7)
 
@@ -91,42 +87,39 @@ class Inbox:
 
 
 class Channel:
-    """Rank 0's control plane.
+    """Rank 0's control plane: commands out, and what the nodes send sorted into batch notices
+    and replies.  It never waits by itself: ``NodePool.wait_for`` pumps it between liveness
+    checks.
 
     Args:
         store: a connection to rank 0's store (commands go out on it).
         connect: returns a new connection (for the inbox thread).
-        world_size: rank 0 plus the nodes.
-        tokens: ``{rank: token}`` of each node's current session (the caller updates it when
-            it configures a node); a message carrying another token is dropped.
-        check: the liveness check, run every ``CHECK_S`` while waiting.
+        handles: ``{rank: NodeHandle}``: each node's current session (token, message
+            counters), which the pool updates when it configures a node; a message carrying
+            another token is dropped.
         stop_word: ends the inbox thread; secret to rank 0, so no node can stop it.
         keys: the run's keys (``auth.Keys``): commands are signed, what comes in is checked.
-        sent, received: ``{rank: counter}`` of the last message sent to / taken from each
-            node's session (the caller resets them when it configures a node).
     """
 
-    def __init__(self, store: Any, connect: Callable[[], Any], world_size: int, tokens: dict[int, str],
-                 check: Callable[[], None], stop_word: bytes, keys: Any, sent: dict[int, int],
-                 received: dict[int, int]):
-        self.store, self.tokens, self._check = store, tokens, check
-        self.keys, self.sent, self.received = keys, sent, received
+    def __init__(self, store: Any, connect: Callable[[], Any], handles: dict[int, Any], stop_word: bytes,
+                 keys: Any):
+        self.store, self.handles, self.keys = store, handles, keys
         self.drops = DropLog("rlcollect")
         self.retired: set[str] = set()  # tokens of node incarnations that failed and were replaced
-        self.ranks = range(1, world_size)
-        self._ids = [0] * world_size
+        self.ranks = range(1, len(handles) + 1)
+        self._ids = {rank: 0 for rank in self.ranks}
         self.notices: collections.deque[P.Message] = collections.deque()
         self._replies: dict[int, collections.deque[P.Message]] = {rank: collections.deque() for rank in self.ranks}
-        self._next_check = 0.0
         self.inbox = Inbox(connect, P.INBOX, stop_word)
 
     def command(self, rank: int, name: str, payload: bytes = b"", **args: Any) -> int:
         """Queue a command for node ``rank``; returns its id (to wait for its reply)."""
         P.check_command(name, args)
+        handle = self.handles[rank]
         self._ids[rank] += 1
-        self.sent[rank] += 1
+        handle.sent += 1
         self.store.queue_push(P.command_queue(rank), P.encode(
-            "command", P.MASTER_RANK, self.keys.to_node, self.tokens[rank], self.sent[rank], payload, to=rank,
+            "command", P.MASTER_RANK, self.keys.to_node, handle.token, handle.sent, payload, to=rank,
             id=self._ids[rank], name=name, args=args))
         return self._ids[rank]
 
@@ -136,15 +129,6 @@ class Channel:
         self.notices.clear()
         self.notices.extend(kept)
         self._replies[rank].clear()
-
-    def check_now(self) -> None:
-        self._next_check = time.monotonic() + CHECK_S
-        self._check()
-
-    def maybe_check(self) -> None:
-        """Run the liveness check if the last one is older than ``CHECK_S``."""
-        if time.monotonic() >= self._next_check:
-            self.check_now()
 
     def pump(self, timeout: float = 0.0) -> bool:
         """Sort every waiting message (waiting up to ``timeout`` s for the first); raise a
@@ -164,57 +148,33 @@ class Channel:
         except P.ProtocolError as err:
             self.drops.drop("rank 0's inbox", P.claimed_sender(data), str(err))
             return
-        if msg.token != self.tokens.get(msg.rank):
+        handle = self.handles[msg.rank]
+        if msg.token != handle.token:
             if msg.token in self.retired:  # a late message of a node incarnation that failed
                 logger.info("rlcollect: dropped a %r message of a replaced incarnation of node %d", msg.kind,
                             msg.rank - 1)
             else:
                 self.drops.drop("rank 0's inbox", f"rank {msg.rank}", "it belongs to another session")
             return
-        if msg.n <= self.received.get(msg.rank, 0):
+        if msg.n <= handle.received:
             self.drops.drop("rank 0's inbox", f"rank {msg.rank}", f"a replay (counter {msg.n})")
             return
-        self.received[msg.rank] = msg.n
+        handle.received = msg.n
         if msg.kind == "failed":
             raise P.mark_failed(P.rebuild_error(msg["error"], msg.rank - 1, "collection"), msg.rank - 1)
         (self.notices if msg.kind == "ready" else self._replies[msg.rank]).append(msg)
 
-    def wait_for(self, predicate: Callable[[], bool], what: str, timeout: float | None = None) -> None:
-        """Sort messages until ``predicate()`` holds; liveness is checked throughout, and
-        ``timeout`` (seconds, None: none besides liveness) bounds the wait."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not predicate():
-            self.maybe_check()
-            if deadline is not None and time.monotonic() > deadline:
-                raise WorkerError(f"{what} took more than {timeout:g} s")
-            self.pump(max(1e-3, self._next_check - time.monotonic()))
-
-    def reply(self, rank: int, command_id: int, what: str, timeout: float) -> tuple[Any, bytes]:
-        """Wait (up to ``timeout`` s) for node ``rank``'s reply to command ``command_id``:
-        ``(value, payload)``; a node's exception is re-raised here."""
+    def take_reply(self, rank: int, command_id: int) -> P.Message | None:
+        """Node ``rank``'s reply to command ``command_id`` if it came (replies to older commands
+        are logged and dropped)."""
         replies = self._replies[rank]
-        found: list[P.Message] = []
-
-        def arrived() -> bool:
-            while replies and not found:
-                msg = replies.popleft()
-                if msg["id"] == command_id:
-                    found.append(msg)
-                else:
-                    logger.error("rlcollect: dropped node %d's reply to command %d (waiting for %d)", rank - 1,
-                                 msg["id"], command_id)
-            return bool(found)
-
-        try:
-            self.wait_for(arrived, f"node {rank - 1}'s answer to {what}", timeout)
-        except WorkerError as err:
-            if err.worker_index is None:
-                err.worker_index = err.node_index = rank - 1
-            raise
-        msg = found[0]
-        if not msg["ok"]:
-            raise P.rebuild_error(msg["error"] or {}, rank - 1, what)
-        return msg["value"], msg.payload
+        while replies:
+            msg = replies.popleft()
+            if msg["id"] == command_id:
+                return msg
+            logger.error("rlcollect: dropped node %d's reply to command %d (waiting for %d)", rank - 1, msg["id"],
+                         command_id)
+        return None
 
     def close(self) -> None:
         self.inbox.close(self.store)

@@ -9,7 +9,6 @@ import collections
 import contextlib
 import logging
 import math
-import secrets
 import time
 import traceback
 import weakref
@@ -24,29 +23,25 @@ from rlcollect import torchrl_args
 from rlcollect.collector import Collector
 from rlcollect.data import deliver
 from rlcollect.distributed import protocol as P
-from rlcollect.distributed import transport
-from rlcollect.distributed.channel import Channel
-from rlcollect.distributed.accessors import DistributedAccessors
+from rlcollect.distributed.auth import new_secret, read_secret_file, secret_from_env, write_secret_file
 from rlcollect.distributed.config import DistributedConfig
-from rlcollect.distributed.auth import Keys, new_secret, read_secret_file, secret_from_env, write_secret_file
-from rlcollect.distributed.heartbeat import Rank0Beat
-from rlcollect.distributed.launchers import make_launcher
 from rlcollect.distributed.node_weights import NodeWeights
-from rlcollect.distributed.recovery import NodeRecovery
-from rlcollect.distributed.supervisor import Supervisor, node_error
-from rlcollect.distributed.stats import NodeStats
+from rlcollect.distributed.pool import NodePool
+from rlcollect.distributed.recovery import Recovery
+from rlcollect.distributed.stats import distributed_stats
 from rlcollect.metrics import BatchClock, batch_meta, policy_lag
 from rlcollect.multiprocess.protocol import WorkerError
-from rlcollect.weights.models import make_weight_updater
+from rlcollect.torchrl_args import TorchrlMethods
+from rlcollect.weights.models import UnknownModelError, delegate_to_updater, make_weight_updater, update_targets
+from rlcollect.weights.schemes import NoWeightSyncScheme
 
 logger = logging.getLogger("rlcollect")
 
 #: ``("collector", "node_id")``: the node an async batch came from.
 NODE_ID = ("collector", "node_id")
-_RENDEZVOUS_POLL_S = 0.02
 
 
-class DistributedCollector(NodeWeights, NodeRecovery, DistributedAccessors, NodeStats):
+class DistributedCollector(TorchrlMethods):
     """Collect on ``num_nodes`` nodes (processes or hosts) joined over torch.distributed.
 
     Each entry of ``create_env_fn`` is one node (rank ``i + 1``; nodes are numbered from 0 in
@@ -140,7 +135,7 @@ class DistributedCollector(NodeWeights, NodeRecovery, DistributedAccessors, Node
     ):
         self._closed = True
         self.weight_updater, self._in_updater = None, False
-        self._sup: Supervisor | None = None
+        self._pool: NodePool | None = None
         cfg = self.config = DistributedConfig(
             create_env_fn, policy, num_nodes=num_nodes, policy_factory=policy_factory,
             frames_per_batch=frames_per_batch, total_frames=total_frames,
@@ -173,40 +168,34 @@ class DistributedCollector(NodeWeights, NodeRecovery, DistributedAccessors, Node
         self.num_nodes, self.sync = cfg.num_nodes, cfg.sync
         self.frames_per_batch, self.total_frames = cfg.frames_per_batch, cfg.total_frames
         self.master_addr, self.master_port = cfg.master_addr, None
-        n = self.num_nodes
         self._frames = self._iter = self._version = 0
         self._target = self.total_frames
-        self._node_frames, self._node_versions = [0] * n, [0] * n
-        self._since_update, self._outstanding = [0] * n, [0] * n
-        self._expected_seq = [0] * n
-        self._nodes: list[dict] = [{} for _ in range(n)]
         self._backlog: collections.deque[tuple[int, TensorDict, P.Message]] = collections.deque()
         # Sync: the parts of the batch being assembled ({node: (td, notice)}), kept across a
         # node's relaunch; whether its automatic weight updates were pushed.
         self._round: dict[int, tuple[TensorDict, P.Message]] = {}
         self._round_open = False
-        # Failures: restarts and in-flight batches lost per node, the seed each node was last
-        # given (a relaunched node derives its own), the weights each node was last sent.
-        self._restarts, self._lost_batches = [0] * n, [0] * n
-        self._seeds: list[int | None] = [None] * n
-        self._last_packed: dict[int, tuple[int, torch.Tensor]] = {}
-        # node_timeout: when each node's oldest unannounced batch started (None: none owed).
-        self._batch_started: list[float | None] = [None] * n
         self._last_batch_s = 0.0
         self._lag = (0.0, 0)  # policy lag of the last batch delivered: mean, max
         self._wait = BatchClock()  # rank 0 blocked waiting for the nodes' batches
-        self._node_steps: list[tuple[float | None, float | None]] = [(None, None)] * n  # env-step mean, p95
         self._last_batch_frames = 0
         self._started_at = time.perf_counter()
         self._iterator: Iterator | None = None
-        secret, self._secret_file, own_file = _run_secret(cfg)
-        sup = self._sup = Supervisor(n + 1, cfg.heartbeat_timeout, cfg.timeout, Keys(secret), secrets.token_hex(16),
-                                     cfg.start_timeout)
-        sup.secret, sup.own_secret_file = secret, own_file
-        self._finalizer = weakref.finalize(self, sup.release)
+        secret, secret_file, own_file = _run_secret(cfg)
+        pool = self._pool = NodePool(cfg, secret, secret_file, own_file)
+        # Collaborators: each gets what it needs here, and none calls another.
+        self._recovery = Recovery(cfg, pool)
+        self._weights = NodeWeights(cfg, pool)
+        self._finalizer = weakref.finalize(self, pool.close)
         self._closed = False
         try:
-            self._start()
+            pool.start()
+            self.master_port = pool.master_port
+            self.layouts = pool.layouts
+            if self.sync and len({(tuple(lay.batch_size), lay.time, tuple(map(str, lay.fields)))
+                                  for lay in self.layouts}) > 1:
+                raise ValueError("sync=True stacks one batch per node, but the nodes' batches differ in shape or keys: "
+                                 f"{[(tuple(lay.batch_size), lay.time) for lay in self.layouts]}")
             self.weight_updater = make_weight_updater(weight_updater, self)
         except BaseException as err:
             self.shutdown(_shutdown_timeout(err))
@@ -214,59 +203,6 @@ class DistributedCollector(NodeWeights, NodeRecovery, DistributedAccessors, Node
             # their locals so that the sockets close now, not when the traceback is dropped.
             traceback.clear_frames(err.__traceback__)
             raise
-
-    # -- start-up ------------------------------------------------------------------------------------
-    def _start(self) -> None:
-        cfg, sup = self.config, self._sup
-        sup.store, self.master_port = transport.open_store(cfg.master_addr, cfg.tcp_port, cfg.timeout)
-        addr, port = cfg.master_addr, self.master_port
-        sup.address = transport.resolve(addr)
-        def connect() -> Any:
-            return transport.connect_store(addr, port, 30.0)
-
-        sup.heartbeat = Rank0Beat(connect, sup.keys, sup.run).start()
-        sup.channel = self._channel = Channel(sup.store, connect, sup.world_size, sup.tokens, sup.check_alive,
-                                              secrets.token_bytes(16), sup.keys, sup.sent, sup.received)
-        sup.launcher = make_launcher(cfg.launcher, cfg.slurm_kwargs, sup.secret, self._secret_file, cfg.rank0_timeout)
-        sup.launcher.start(addr, port, sup.world_size, cfg.timeout)
-        self._rendezvous(time.monotonic() + cfg.start_timeout)
-        try:
-            sup.connect_pairs(list(range(1, sup.world_size)))
-        except RuntimeError as err:
-            sup.check_alive()
-            raise WorkerError(f"the nodes could not connect to rank 0's process group at {addr} within timeout="
-                              f"{cfg.timeout:g} s: {str(err).splitlines()[0]}") from None
-        sup.serving = True
-        self.layouts = [node["layout"] for node in self._nodes]
-        self._recv = [transport.FlatBatch(layout) for layout in self.layouts]
-        if self.sync and len({(tuple(lay.batch_size), lay.time, tuple(map(str, lay.fields))) for lay in self.layouts}) > 1:
-            raise ValueError("sync=True stacks one batch per node, but the nodes' batches differ in shape or keys: "
-                             f"{[(tuple(lay.batch_size), lay.time) for lay in self.layouts]}")
-
-    def _rendezvous(self, deadline: float) -> None:
-        """Hello -> configuration -> started, for every node, before ``deadline``."""
-        cfg, sup = self.config, self._sup
-        ranks = range(1, sup.world_size)
-        started: set[int] = set()
-        while len(started) < self.num_nodes:
-            for rank in ranks:
-                if rank not in sup.configured:
-                    sup.poll_hello(rank, cfg.payloads[rank - 1])
-                elif rank not in started and (info := sup.poll_started(rank)) is not None:
-                    self._nodes[rank - 1] = info
-                    started.add(rank)
-            sup.check_alive()
-            if time.monotonic() > deadline:
-                missing = [r for r in ranks if r not in started]
-                where = "; ".join(f"node {r - 1} (rank {r}): " + ("configured, building its collector"
-                                  if r in sup.configured else "no authentic hello") for r in missing)
-                forged = (f"; {sup.drops.total} message(s) failed authentication or were replays (a node without "
-                          "this run's secret?)") if sup.drops.total else ""
-                raise node_error(f"nodes {[r - 1 for r in missing]} did not start within start_timeout="
-                                 f"{cfg.start_timeout:g} s, during start-up ({where}; launcher={cfg.launcher!r}, "
-                                 f"rank 0 at {cfg.master_addr}:{self.master_port}){forged}; the nodes still starting "
-                                 "are stopped", missing[0] - 1)
-            time.sleep(_RENDEZVOUS_POLL_S)
 
     @contextlib.contextmanager
     def _guard(self) -> Iterator[None]:
@@ -282,54 +218,14 @@ class DistributedCollector(NodeWeights, NodeRecovery, DistributedAccessors, Node
         if self._closed:
             raise RuntimeError("this DistributedCollector has been shut down")
 
-    # -- receiving batches --------------------------------------------------------------------------------
-    def _take_notice(self, rank: int | None = None) -> P.Message | None:
-        """Pop the first valid notice (from ``rank``, or from any node); inconsistent ones are
-        logged and dropped, never acted upon."""
-        notices = self._channel.notices
-        for msg in list(notices):
-            if rank is not None and msg.rank != rank:
-                continue
-            notices.remove(msg)
-            i = msg.rank - 1
-            if (msg["seq"] != self._expected_seq[i] or not 0 <= msg["slot"] < self.config.slots
-                    or not 0 <= msg["frames"] <= self.layouts[i].frames or self._outstanding[i] < 1):
-                logger.error("rlcollect: dropped an inconsistent batch notice from node %d: %s", i, msg.fields)
-                continue
-            self._expected_seq[i] += 1
-            return msg
-        return None
-
-    def _receive(self, msg: P.Message) -> TensorDict:
-        """Receive the batch ``msg`` announced into that node's buffer; account for it."""
-        i, buf = msg.rank - 1, self._recv[msg.rank - 1]
-        try:
-            transport.wait(self._sup.pgs[msg.rank].recv([buf.flat], transport.NODE_IN_PAIR, transport.BATCH_TAG),
-                           transport.transfer_timeout(buf.nbytes))
-        except RuntimeError as err:
-            raise self._sup.lost(msg.rank, "while sending a batch", err) from None
-        self._outstanding[i] -= 1
-        # The node's next batch (if owed) started when this one was announced, at the latest.
-        self._batch_started[i] = time.monotonic() if self._outstanding[i] else None
+    def _take(self, msg: P.Message) -> TensorDict:
+        """The batch ``msg`` announced, counted."""
+        batch = self._pool.take(msg)
         self._frames += msg["frames"]
-        self._node_frames[i] += msg["frames"]
-        self._node_versions[i] = msg["version"]
-        self._node_steps[i] = (msg["step_mean_s"], msg["step_p95_s"])
-        self._since_update[i] += 1
-        sends = self._sup.weight_sends[i]
-        while sends and sends[0][0] <= msg["version"]:  # the node has them: those sends are done
-            self._wait_send(i, sends.popleft()[1])
-        return buf.buffer.td
+        return batch
 
     def _grant(self, i: int, credits: int) -> None:
-        if credits > 0:
-            self._channel.command(i + 1, "collect", credits=credits, random=self._random_now())
-            if not self._outstanding[i]:
-                self._batch_started[i] = time.monotonic()
-            self._outstanding[i] += credits
-
-    def _random_now(self) -> bool:
-        return self._frames < self.config.init_random_frames
+        self._pool.grant(i, credits, random=self._frames < self.config.init_random_frames)
 
     # -- iteration ----------------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[TensorDict]:
@@ -359,38 +255,38 @@ class DistributedCollector(NodeWeights, NodeRecovery, DistributedAccessors, Node
         with self._guard():
             started = time.perf_counter()
             frames_before = self._frames
-            batch = self._recovering(self._next_one)
+            batch = self._recovery.run(self._next_one)
             self._last_batch_s = time.perf_counter() - started
             self._last_batch_frames = self._frames - frames_before
         self._iter += 1
         return self._deliver(batch)
 
     def _next_one(self) -> TensorDict:
-        self._channel.maybe_check()  # also when batches keep coming from the other nodes
+        self._pool.maybe_check()  # also when batches keep coming from the other nodes
         return self._next_sync() if self.sync else self._next_async()
 
     def _next_sync(self) -> TensorDict:
         """One part from every node.  Each part is received as soon as it is announced and kept
         in ``_round``: when a node fails and is relaunched (this runs again), the parts of the
         others stay and only the failed node's is collected again."""
-        n, parts = self.num_nodes, self._round
+        n, parts, pool = self.num_nodes, self._round, self._pool
         if not self._round_open:  # not again when this batch resumes after a relaunch
             self._push_due(range(n), yielded=self._iter)
             self._round_open = True
 
         def all_ready() -> bool:
-            self._admit()
-            self._check_deadlines()
-            for i in self._serving_nodes():
+            pool.admit()
+            pool.check_deadlines()
+            for i in pool.serving_nodes():
                 if i not in parts:
-                    if self._outstanding[i] == 0:
+                    if pool.handles[i].outstanding == 0:
                         self._grant(i, 1)
-                    elif (msg := self._take_notice(i + 1)) is not None:
-                        parts[i] = (self._receive(msg), msg)
+                    elif (msg := pool.ready(i)) is not None:
+                        parts[i] = (self._take(msg), msg)
             return len(parts) == n
 
         waited = time.perf_counter()
-        self._channel.wait_for(all_ready, "waiting for the nodes' batches")
+        pool.wait_for(all_ready, "waiting for the nodes' batches")
         self._wait.add(time.perf_counter() - waited)
         self._lag = policy_lag(self._version, [_meta(msg) for _, msg in parts.values()])
         batch = torch.stack([parts[i][0] for i in range(n)], 0)
@@ -401,44 +297,47 @@ class DistributedCollector(NodeWeights, NodeRecovery, DistributedAccessors, Node
 
     def _next_async(self) -> TensorDict:
         taken: list[P.Message] = []
+        pool, slots = self._pool, self.config.slots
 
         def one_ready() -> bool:
-            self._admit()
-            self._check_deadlines()
-            for i in self._serving_nodes():
-                self._grant(i, self.config.slots - self._outstanding[i])
-            if not self._backlog and (msg := self._take_notice()) is not None:
+            pool.admit()
+            pool.check_deadlines()
+            for i in pool.serving_nodes():
+                self._grant(i, slots - pool.handles[i].outstanding)
+            if not self._backlog and (msg := pool.ready()) is not None:
                 taken.append(msg)
             return bool(self._backlog or taken)
 
         waited = time.perf_counter()
-        self._channel.wait_for(one_ready, "waiting for a node's batch")
+        pool.wait_for(one_ready, "waiting for a node's batch")
         self._wait.add(time.perf_counter() - waited)
         if taken:
             msg = taken[0]
-            i, batch = msg.rank - 1, self._receive(msg).clone()
+            i, batch = msg.rank - 1, self._take(msg).clone()
         else:
             i, batch, msg = self._backlog.popleft()
         batch.set(NODE_ID, torch.full(batch.shape, i, dtype=torch.int64))
         batch.names = [None] * (batch.batch_dims - 1) + ["time"]
         self._lag = policy_lag(self._version, [_meta(msg)])
         self._push_due([i], yielded=self._iter + 1)
-        self._grant(i, self.config.slots - self._outstanding[i])  # restart that node at once
+        self._grant(i, slots - pool.handles[i].outstanding)  # restart that node at once
         return batch
 
     def _quiesce(self) -> None:
         """Receive every batch still owed (within ``timeout``); they stay queued for delivery."""
 
+        pool = self._pool
+
         def drained() -> bool:
-            self._check_deadlines()
-            while (msg := self._take_notice()) is not None:
-                self._backlog.append((msg.rank - 1, self._receive(msg).clone(), msg))
-            return not any(self._outstanding)
+            pool.check_deadlines()
+            while (msg := pool.ready()) is not None:
+                self._backlog.append((msg.rank - 1, self._take(msg).clone(), msg))
+            return not any(h.outstanding for h in pool.handles)
 
         self._settle()
         with self._guard():
-            self._recovering(lambda: self._channel.wait_for(drained, "waiting for the batches in flight",
-                                                            timeout=self.config.timeout))
+            self._recovery.run(lambda: pool.wait_for(drained, "waiting for the batches in flight",
+                                                     timeout=self.config.timeout))
         self._settle()  # a node that failed while draining was relaunched
 
     def _discard_in_flight(self) -> None:
@@ -446,7 +345,7 @@ class DistributedCollector(NodeWeights, NodeRecovery, DistributedAccessors, Node
         self._backlog.clear()
         for _, msg in self._round.values():  # sync: parts of a batch that will not be delivered
             self._frames -= msg["frames"]
-            self._node_frames[msg.rank - 1] -= msg["frames"]
+            self._pool.handles[msg.rank - 1].frames -= msg["frames"]
         self._round.clear()
         self._round_open = False
 
@@ -455,9 +354,11 @@ class DistributedCollector(NodeWeights, NodeRecovery, DistributedAccessors, Node
                        postproc=self.config.postproc)
 
     # -- control ------------------------------------------------------------------------------------------
-    def _ask(self, rank: int, name: str, payload: bytes = b"", **args: Any) -> tuple[Any, bytes]:
-        command_id = self._channel.command(rank, name, payload, **args)
-        return self._channel.reply(rank, command_id, f"{name!r}", self.config.timeout)
+    def _settle(self) -> None:
+        """Wait until no node is on its way back (before a command meant for every node)."""
+        pool = self._pool
+        with self._guard():
+            self._recovery.run(lambda: pool.wait_for(pool.settled, "waiting for relaunched nodes to rejoin"))
 
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
         """Seed node 0 with ``seed``, node 1 with what that returned, and so on; returns the last
@@ -466,9 +367,9 @@ class DistributedCollector(NodeWeights, NodeRecovery, DistributedAccessors, Node
             raise TypeError(f"seed must be an int, got {seed!r}")
         self._discard_in_flight()
         with self._guard():
-            for i in self._serving_nodes():
-                self._seeds[i] = seed
-                seed, _ = self._ask(i + 1, "seed", seed=seed, static_seed=bool(static_seed))
+            for i in self._pool.serving_nodes():
+                self._pool.handles[i].seed = seed
+                seed, _ = self._pool.ask(i, "seed", seed=seed, static_seed=bool(static_seed))
         return seed
 
     def reset(self) -> None:
@@ -476,16 +377,16 @@ class DistributedCollector(NodeWeights, NodeRecovery, DistributedAccessors, Node
         are discarded)."""
         self._discard_in_flight()
         with self._guard():
-            for i in self._serving_nodes():
-                self._ask(i + 1, "reset")
+            for i in self._pool.serving_nodes():
+                self._pool.ask(i, "reset")
 
     def state_dict(self) -> dict[str, Any]:
         """``{"node0": ..., ..., "frames", "iter", "policy_version"}`` (no entry for a dropped
         node)."""
         self._quiesce()
         with self._guard():
-            out: dict[str, Any] = {f"node{i}": P.loads_data(self._ask(i + 1, "state_dict")[1])
-                                   for i in self._serving_nodes()}
+            out: dict[str, Any] = {f"node{i}": P.loads_data(self._pool.ask(i, "state_dict")[1])
+                                   for i in self._pool.serving_nodes()}
         out.update(frames=self._frames, iter=self._iter, policy_version=self._version)
         return out
 
@@ -495,17 +396,122 @@ class DistributedCollector(NodeWeights, NodeRecovery, DistributedAccessors, Node
         if not isinstance(state, dict):
             raise TypeError(f"load_state_dict expects the dict state_dict() returned, got {type(state).__name__}")
         self._settle()
-        nodes = self._serving_nodes()
+        nodes = self._pool.serving_nodes()
         missing = [k for k in (*(f"node{i}" for i in nodes), "frames", "iter") if k not in state]
         if missing:
             raise KeyError(f"DistributedCollector.load_state_dict: missing keys {missing}")
         self._discard_in_flight()
         with self._guard():
             for i in nodes:
-                self._ask(i + 1, "load_state_dict", cloudpickle.dumps(state[f"node{i}"]))
+                self._pool.ask(i, "load_state_dict", cloudpickle.dumps(state[f"node{i}"]))
         self._frames, self._iter = int(state["frames"]), int(state["iter"])
         self._version = int(state.get("policy_version", self._version))
         self._target = self.total_frames  # iteration continues to total_frames (or total_frames more)
+
+    # -- weights ------------------------------------------------------------------------------------------
+    def update_policy_weights_(self, policy_or_weights: Any = None, *, weights: Any = None, policy: Any = None,
+                               worker_ids: Any = None, model_id: str | None = None,
+                               weights_dict: dict | None = None) -> None:
+        """Send new weights to every node (or the node indices ``worker_ids``), with a new
+        version; each node passes them to its workers and acts with them from its next batch.
+        A node being relaunched gets them when it rejoins; a dropped node is skipped.
+
+        The weights (positionally, ``weights=`` or ``policy=``): None (rank 0's ``policy``), an
+        ``nn.Module``, a TensorDict of parameters, a state dict, or ``{node_index: weights}``.
+        ``model_id`` / ``weights_dict`` accept torchrl's forms, but a DistributedCollector has
+        only the ``"policy"`` model: any other id raises ``UnknownModelError`` (a KeyError).
+        With ``weight_updater`` the call goes to it (torchrl's legacy path).
+
+        Example (needs running nodes)::
+
+            collector.update_policy_weights_(policy)                  # every node
+            collector.update_policy_weights_(policy, worker_ids=[0])  # node 0 only
+        """
+        self._check_open()
+        if delegate_to_updater(self, policy_or_weights, weights=weights, policy=policy, model_id=model_id,
+                               weights_dict=weights_dict, worker_ids=worker_ids):
+            return
+        models = update_targets(policy_or_weights, weights=weights, policy=policy, model_id=model_id,
+                                weights_dict=weights_dict)
+        unknown = sorted(set(models) - {"policy"})
+        if unknown:
+            raise UnknownModelError(f"model_id {unknown}: a DistributedCollector has only the 'policy' model")
+        if isinstance(self.config.scheme, NoWeightSyncScheme):
+            return
+        targets = self._weights.targets(models["policy"], worker_ids)
+        with self._guard():
+            # A node that fails meanwhile is dropped or relaunched (on_node_failure) and the
+            # push is made again: the relaunched node gets these weights when it rejoins.
+            self._recovery.run(lambda: self._push(targets))
+
+    def _push(self, targets: dict[int, Any]) -> None:
+        packed = self._weights.pack(targets)
+        self._version += 1
+        self._pool.push_weights(packed, self._version)
+
+    def _push_due(self, nodes: Any, yielded: int) -> None:
+        due = self._weights.due(nodes, yielded)
+        if due:
+            self._push(due)
+
+    def get_model(self, model_id: str) -> Any:
+        """Rank 0's model ``model_id``: only ``"policy"`` (the ``policy`` given) exists here."""
+        if model_id != "policy" or self.policy is None:
+            raise UnknownModelError(f"model_id {model_id!r}: a DistributedCollector has only the 'policy' model, "
+                                    "given as policy= on rank 0")
+        return self.policy
+
+    def get_cached_weights(self, model_id: str) -> Any:
+        """None: nothing is cached on rank 0 (weights are sent from the source on each update)."""
+        return None
+
+    def worker_policy_versions(self) -> list[int]:
+        """The weights version each node acts with (from its next batch on)."""
+        return [h.version for h in self._pool.handles]
+
+    # -- observation and torchrl's accessors -------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """JSON-serialisable statistics: the keys of every collector (docs/observability.md; a
+        "worker" is a node here, its env-step latency measured on the node), and each node's
+        state, lost batches, host and pid, the dropped nodes, the launcher and rank 0's address."""
+        return distributed_stats(
+            self._pool, closed=self._closed, master=f"{self.master_addr}:{self.master_port}", frames=self._frames,
+            batches=self._iter, elapsed=time.perf_counter() - self._started_at,
+            recent_fps=self._last_batch_frames / self._last_batch_s if self._last_batch_s else 0.0,
+            version=self._version, lag=self._lag, wait=self._wait)
+
+    def iterator(self) -> Iterator[Any]:
+        """``iter(collector)`` (torchrl's name)."""
+        return iter(self)
+
+    @property
+    def requested_frames_per_batch(self) -> int:
+        """``frames_per_batch`` as given: a sync batch's frames, or each async node's."""
+        return self.frames_per_batch
+
+    def frames_per_batch_worker(self, worker_idx: int | None = None) -> int:
+        """Frames in each batch node ``worker_idx`` collects (every node collects the same)."""
+        if worker_idx is not None and (isinstance(worker_idx, bool) or not isinstance(worker_idx, int)
+                                       or not 0 <= worker_idx < self.num_nodes):
+            raise ValueError(f"worker_idx must be None or an int in 0..{self.num_nodes - 1}, got {worker_idx!r}")
+        return self.config.node_frames
+
+    @property
+    def device(self) -> list:
+        """One device per node, as given (torchrl's distributed device properties are lists)."""
+        return list(self.config.devices["device"])
+
+    @property
+    def storing_device(self) -> list:
+        return list(self.config.devices["storing_device"])
+
+    @property
+    def env_device(self) -> list:
+        return list(self.config.devices["env_device"])
+
+    @property
+    def policy_device(self) -> list:
+        return list(self.config.devices["policy_device"])
 
     # -- shutdown ---------------------------------------------------------------------------------------
     def shutdown(self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True) -> None:
@@ -522,13 +528,12 @@ class DistributedCollector(NodeWeights, NodeRecovery, DistributedAccessors, Node
             logger.exception("rlcollect: error while shutting down the DistributedCollector (raise_on_error=False)")
 
     def _release(self, timeout: float) -> None:
-        sup, self._sup = self._sup, None
         self._closed = True
-        self._channel = None  # released with the store
-        if sup is None:
+        pool = self._pool
+        if pool is None or pool.closed:
             return
         self._finalizer.detach()
-        sup.release(timeout)
+        pool.close(timeout)
 
     def __enter__(self) -> DistributedCollector:
         return self

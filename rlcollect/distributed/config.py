@@ -5,6 +5,7 @@ value received and what is accepted."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import ipaddress
 import math
 import os
@@ -15,7 +16,8 @@ import cloudpickle
 
 from rlcollect.collector import Collector
 from rlcollect.torchrl_args import random_frames
-from rlcollect.config import CollectorConfig, kwargs_arg, optional_positive_int, positive_int, total_frames_arg
+from rlcollect.config import (CollectorConfig, callable_or_none, kwargs_arg, non_negative_int, optional_positive_int,
+                              positive_int, total_frames_arg)
 from rlcollect.data import TRAJ_ID_BLOCK
 from rlcollect.distributed.auth import SECRET_ENV, SecretError, read_secret_file, secret_from_env
 from rlcollect.distributed.launchers import LAUNCHERS, require_submitit
@@ -47,6 +49,18 @@ def _seconds(name: str, value: Any) -> float:
     return float(value)
 
 
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def _one_of(name: str, value: Any, accepted: tuple, hint: str = "") -> Any:
+    if value not in accepted:
+        raise ValueError(f"{name} must be one of {accepted}, got {value!r}{hint}")
+    return value
+
+
 def _master_addr(value: Any, launcher: str) -> str:
     if value is None:
         # Loopback for local nodes; the address other hosts see otherwise (docs/distributed.md,
@@ -60,98 +74,120 @@ def _master_addr(value: Any, launcher: str) -> str:
     return value
 
 
-class DistributedConfig:
-    """Every option of a ``DistributedCollector``, validated, and the node specs."""
+def _tcp_port(value: Any, launcher: str) -> int | None:
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)  # torchrl keeps the port as a string ("10003")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536):
+        raise ValueError(f"tcp_port must be a port number in 1..65535, or None to pick a free one; got {value!r}")
+    if value is None and launcher in ("external", "submitit_delayed"):
+        raise ValueError(f"launcher={launcher!r} needs tcp_port: the nodes, started before rank 0, must know it")
+    return value
 
-    def __init__(
-        self,
-        create_env_fn: Any,
-        policy: Any,
-        *,
-        num_nodes: int | None,
-        policy_factory: Callable | list | None,
-        frames_per_batch: int,
-        total_frames: int,
-        devices: dict[str, Any],
-        create_env_kwargs: dict | list | None,
-        inner_options: dict[str, Any],
-        init_random_frames: int | None,
-        postproc: Callable | None,
-        split_trajs: bool,
-        collector_class: Any,
-        collector_kwargs: dict | list | None,
-        num_workers_per_collector: int,
-        sync: bool,
-        slurm_kwargs: dict | None,
-        backend: str,
-        update_after_each_batch: bool,
-        max_weight_update_interval: int,
-        update_interval: int | None,
-        launcher: str,
-        tcp_port: int | None,
-        master_addr: str | None,
-        timeout: float,
-        heartbeat_timeout: float,
-        weight_sync_schemes: dict | None,
-        on_node_failure: str = "raise",
-        max_node_restarts: int = 3,
-        node_timeout: float | None = None,
-        start_timeout: float = 120.0,
-        rank0_timeout: float = 60.0,
-        secret_file: Any = None,
-    ):
-        # -- nodes ----------------------------------------------------------------------------------
-        if isinstance(create_env_fn, (list, tuple)):
-            if not create_env_fn:
+
+@dataclasses.dataclass(eq=False)
+class DistributedConfig:
+    """Every option of a ``DistributedCollector`` (the collector's arguments of the same
+    names; the four devices in ``devices``, the inner collectors' own options in
+    ``inner_options``), validated in ``__post_init__``; then the node specs (``payloads``).
+
+    Example:
+        >>> cfg = DistributedConfig(
+        ...     "CartPole-v1", None, num_nodes=2, policy_factory=None, frames_per_batch=100, total_frames=-1,
+        ...     devices=dict.fromkeys(PER_NODE_ARGS), create_env_kwargs=None, inner_options={},
+        ...     init_random_frames=None, postproc=None, split_trajs=False, collector_class="single",
+        ...     collector_kwargs=None, num_workers_per_collector=1, sync=True, slurm_kwargs=None, backend="gloo",
+        ...     update_after_each_batch=False, max_weight_update_interval=-1, update_interval=None, launcher="mp",
+        ...     tcp_port=None, master_addr=None, timeout=60.0, heartbeat_timeout=5.0, weight_sync_schemes=None)
+        >>> cfg.num_nodes, cfg.node_frames, cfg.slots, cfg.master_addr, len(cfg.payloads)
+        (2, 50, 1, '127.0.0.1', 2)
+    """
+
+    create_env_fn: Any
+    policy: Any
+    _: dataclasses.KW_ONLY
+    num_nodes: int | None
+    policy_factory: Callable | list | None
+    frames_per_batch: int
+    total_frames: int
+    devices: dict[str, Any]
+    create_env_kwargs: dict | list | None
+    inner_options: dict[str, Any]
+    init_random_frames: int | None
+    postproc: Callable | None
+    split_trajs: bool
+    collector_class: Any
+    collector_kwargs: dict | list | None
+    num_workers_per_collector: int
+    sync: bool
+    slurm_kwargs: dict | None
+    backend: str
+    update_after_each_batch: bool
+    max_weight_update_interval: int
+    update_interval: int | None
+    launcher: str
+    tcp_port: int | None
+    master_addr: str | None
+    timeout: float
+    heartbeat_timeout: float
+    weight_sync_schemes: dict | None
+    on_node_failure: str = "raise"
+    max_node_restarts: int = 3
+    node_timeout: float | None = None
+    start_timeout: float = 120.0
+    rank0_timeout: float = 60.0
+    secret_file: Any = None
+
+    def __post_init__(self) -> None:
+        env_fns = self._check_nodes()
+        self._check_transport()
+        self._check_secret()
+        self._check_failures()
+        self._check_weights()
+        self._build_specs(env_fns)
+
+    def _check_nodes(self) -> list:
+        if isinstance(self.create_env_fn, (list, tuple)):
+            if not self.create_env_fn:
                 raise ValueError("create_env_fn is an empty list; give one env factory per node")
-            if num_nodes is not None and num_nodes != len(create_env_fn):
-                raise ValueError(f"num_nodes={num_nodes} but create_env_fn lists {len(create_env_fn)} envs (one per node)")
-            env_fns = list(create_env_fn)
+            if self.num_nodes is not None and self.num_nodes != len(self.create_env_fn):
+                raise ValueError(f"num_nodes={self.num_nodes} but create_env_fn lists {len(self.create_env_fn)} envs "
+                                 "(one per node)")
+            env_fns = list(self.create_env_fn)
         else:
-            env_fns = [create_env_fn] * positive_int("num_nodes", 1 if num_nodes is None else num_nodes)
+            env_fns = [self.create_env_fn] * positive_int("num_nodes", 1 if self.num_nodes is None else self.num_nodes)
         n = self.num_nodes = len(env_fns)
-        if not isinstance(sync, bool):
-            raise TypeError(f"sync must be True or False, got {sync!r}")
-        self.sync = sync
-        self.slots = 1 if sync else ASYNC_SLOTS
-        positive_int("frames_per_batch", frames_per_batch)
-        self.total_frames = total_frames_arg(total_frames)
-        if sync and frames_per_batch % n:
-            raise RuntimeError(f"frames_per_batch={frames_per_batch} is not divisible by the {n} nodes: with sync=True "
-                               "each node collects frames_per_batch / num_nodes frames")
-        self.frames_per_batch = frames_per_batch
-        self.node_frames = frames_per_batch // n if sync else frames_per_batch
-        self.init_random_frames = random_frames(init_random_frames)
-        if postproc is not None and not callable(postproc):
-            raise TypeError(f"postproc must be callable or None, got {type(postproc).__name__}")
-        self.postproc, self.split_trajs = postproc, bool(split_trajs)
-        # -- transport and launcher -------------------------------------------------------------
-        if backend not in BACKENDS:
-            hint = " (nccl: batches travel over gloo; GPU nodes deliver on CPU)" if backend == "nccl" else ""
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}{hint}")
-        if launcher not in LAUNCHERS:
-            raise ValueError(f"launcher must be one of {LAUNCHERS}, got {launcher!r}")
-        if launcher == "submitit":
+        self.sync = _flag("sync", self.sync)
+        self.slots = 1 if self.sync else ASYNC_SLOTS
+        positive_int("frames_per_batch", self.frames_per_batch)
+        self.total_frames = total_frames_arg(self.total_frames)
+        if self.sync and self.frames_per_batch % n:
+            raise RuntimeError(f"frames_per_batch={self.frames_per_batch} is not divisible by the {n} nodes: with "
+                               "sync=True each node collects frames_per_batch / num_nodes frames")
+        self.node_frames = self.frames_per_batch // n if self.sync else self.frames_per_batch
+        self.init_random_frames = random_frames(self.init_random_frames)
+        callable_or_none("postproc", self.postproc)
+        self.split_trajs = bool(self.split_trajs)
+        return env_fns
+
+    def _check_transport(self) -> None:
+        hint = " (nccl: batches travel over gloo; GPU nodes deliver on CPU)" if self.backend == "nccl" else ""
+        _one_of("backend", self.backend, BACKENDS, hint)
+        _one_of("launcher", self.launcher, LAUNCHERS)
+        if self.launcher == "submitit":
             require_submitit()  # here, before anything starts, not when the jobs are submitted
-        self.launcher, self.backend = launcher, backend
-        if slurm_kwargs is not None and not isinstance(slurm_kwargs, dict):
-            raise TypeError(f"slurm_kwargs must be a dict or None, got {type(slurm_kwargs).__name__}")
-        self.slurm_kwargs = slurm_kwargs
-        if isinstance(tcp_port, str) and tcp_port.strip().isdigit():
-            tcp_port = int(tcp_port)  # torchrl keeps the port as a string ("10003")
-        if tcp_port is not None and (isinstance(tcp_port, bool) or not isinstance(tcp_port, int)
-                                     or not 0 < tcp_port < 65536):
-            raise ValueError(f"tcp_port must be a port number in 1..65535, or None to pick a free one; got {tcp_port!r}")
-        if tcp_port is None and launcher in ("external", "submitit_delayed"):
-            raise ValueError(f"launcher={launcher!r} needs tcp_port: the nodes, started before rank 0, must know it")
-        self.tcp_port = tcp_port
-        self.master_addr = _master_addr(master_addr, launcher)
-        self.timeout = _seconds("timeout", timeout)
-        self.heartbeat_timeout = _seconds("heartbeat_timeout", heartbeat_timeout)
-        self.node_timeout = None if node_timeout is None else _seconds("node_timeout", node_timeout)
-        self.start_timeout = _seconds("start_timeout", start_timeout)
-        self.rank0_timeout = _seconds("rank0_timeout", rank0_timeout)
-        # -- the run's secret (auth.py) ------------------------------------------------------------
+        if self.slurm_kwargs is not None and not isinstance(self.slurm_kwargs, dict):
+            raise TypeError(f"slurm_kwargs must be a dict or None, got {type(self.slurm_kwargs).__name__}")
+        self.tcp_port = _tcp_port(self.tcp_port, self.launcher)
+        self.master_addr = _master_addr(self.master_addr, self.launcher)
+        self.timeout = _seconds("timeout", self.timeout)
+        self.heartbeat_timeout = _seconds("heartbeat_timeout", self.heartbeat_timeout)
+        self.node_timeout = None if self.node_timeout is None else _seconds("node_timeout", self.node_timeout)
+        self.start_timeout = _seconds("start_timeout", self.start_timeout)
+        self.rank0_timeout = _seconds("rank0_timeout", self.rank0_timeout)
+
+    def _check_secret(self) -> None:
+        """The run's secret (auth.py): a readable 0600 file, or what the launcher needs."""
+        secret_file, launcher = self.secret_file, self.launcher
         if secret_file is not None and not isinstance(secret_file, (str, os.PathLike)):
             raise TypeError(f"secret_file must be a path (str or os.PathLike) or None, got {type(secret_file).__name__}")
         self.secret_file = None if secret_file is None else os.path.abspath(os.path.expanduser(os.fspath(secret_file)))
@@ -168,62 +204,61 @@ class DistributedConfig:
         elif launcher == "submitit_delayed":
             raise ValueError("launcher='submitit_delayed' needs secret_file=PATH (the file given to "
                              f"submit_nodes(secret_file=PATH)) or the secret in ${SECRET_ENV}")
-        # -- failures ---------------------------------------------------------------------------------
-        if on_node_failure not in NODE_FAILURE_POLICIES:
-            raise ValueError(f"on_node_failure must be one of {NODE_FAILURE_POLICIES}, got {on_node_failure!r}")
-        if on_node_failure == "continue" and sync:
+
+    def _check_failures(self) -> None:
+        _one_of("on_node_failure", self.on_node_failure, NODE_FAILURE_POLICIES)
+        if self.on_node_failure == "continue" and self.sync:
             raise ValueError("on_node_failure='continue' needs sync=False: a sync batch holds one part from every "
                              "node, so it cannot go on without one (use 'restart', or sync=False)")
-        if on_node_failure == "restart" and launcher not in RELAUNCHING_LAUNCHERS:
+        if self.on_node_failure == "restart" and self.launcher not in RELAUNCHING_LAUNCHERS:
             raise ValueError(f"on_node_failure='restart' needs a launcher that starts the nodes itself "
-                             f"{RELAUNCHING_LAUNCHERS}, got launcher={launcher!r} (its nodes are started by you: use "
-                             "'continue' with sync=False, or 'raise')")
-        if isinstance(max_node_restarts, bool) or not isinstance(max_node_restarts, int) or max_node_restarts < 0:
-            raise ValueError(f"max_node_restarts must be an int >= 0, got {max_node_restarts!r}")
-        self.on_node_failure, self.max_node_restarts = on_node_failure, max_node_restarts
-        # -- weights ----------------------------------------------------------------------------------
-        schemes = validate_schemes(weight_sync_schemes)
+                             f"{RELAUNCHING_LAUNCHERS}, got launcher={self.launcher!r} (its nodes are started by you: "
+                             "use 'continue' with sync=False, or 'raise')")
+        non_negative_int("max_node_restarts", self.max_node_restarts)
+
+    def _check_weights(self) -> None:
+        schemes = validate_schemes(self.weight_sync_schemes)
         unknown = set(schemes) - {"policy"}
         if unknown:
-            raise ValueError(f"weight_sync_schemes: a DistributedCollector has only the 'policy' model, got {sorted(unknown)}")
+            raise ValueError(f"weight_sync_schemes: a DistributedCollector has only the 'policy' model, got "
+                             f"{sorted(unknown)}")
         scheme = schemes.get("policy", DistributedWeightSyncScheme())
         if not isinstance(scheme, (DistributedWeightSyncScheme, NoWeightSyncScheme)):
             raise ValueError(f"weight_sync_schemes['policy'] must be DistributedWeightSyncScheme ('distributed') or "
                              f"NoWeightSyncScheme ('none') for nodes, got {scheme!r}")
         self.scheme = scheme
-        factories = _per_node("policy_factory", policy_factory, n)
+        self.factories = factories = _per_node("policy_factory", self.policy_factory, self.num_nodes)
         if any(f is not None and not callable(f) for f in factories):
             raise TypeError("policy_factory must be a callable returning the policy (or a per-node list of them)")
-        if any(f is not None for f in factories) and policy is not None and "policy" not in schemes:
+        if any(f is not None for f in factories) and self.policy is not None and "policy" not in schemes:
             raise ValueError("policy and policy_factory were both given but weight_sync_schemes has no 'policy' scheme: "
                              "pass weight_sync_schemes={'policy': DistributedWeightSyncScheme()} (policy is then only "
                              "the source of weights), or give just one of policy / policy_factory")
-        self.weight_source = policy if has_weights(policy) else None
-        if not isinstance(update_after_each_batch, bool):
-            raise TypeError(f"update_after_each_batch must be True or False, got {update_after_each_batch!r}")
-        if isinstance(max_weight_update_interval, bool) or not isinstance(max_weight_update_interval, int) or \
-                (max_weight_update_interval < 1 and max_weight_update_interval != -1):
-            raise ValueError(f"max_weight_update_interval must be a positive int, or -1 for none; got "
-                             f"{max_weight_update_interval!r}")
-        if update_after_each_batch and max_weight_update_interval != -1:
+        self.weight_source = self.policy if has_weights(self.policy) else None
+        _flag("update_after_each_batch", self.update_after_each_batch)
+        interval = self.max_weight_update_interval
+        if isinstance(interval, bool) or not isinstance(interval, int) or (interval < 1 and interval != -1):
+            raise ValueError(f"max_weight_update_interval must be a positive int, or -1 for none; got {interval!r}")
+        if self.update_after_each_batch and interval != -1:
             raise RuntimeError("update_after_each_batch and max_weight_update_interval cannot be used together: "
                                "the first already updates before every batch")
-        self.update_after_each_batch = update_after_each_batch
-        self.max_weight_update_interval = max_weight_update_interval
-        self.update_interval = optional_positive_int("update_interval", update_interval)
-        # -- what each node runs -----------------------------------------------------------------------
-        self.collector_class = resolve_collector_class(collector_class)
+        self.update_interval = optional_positive_int("update_interval", self.update_interval)
+
+    def _build_specs(self, env_fns: list) -> None:
+        """What each node runs: its collector class and options, cloudpickled (``payloads``)."""
+        n = self.num_nodes
+        self.collector_class = resolve_collector_class(self.collector_class)
         single = self.collector_class is Collector or issubclass(self.collector_class, Collector)
-        positive_int("num_workers_per_collector", num_workers_per_collector)
-        if single and num_workers_per_collector != 1:
-            raise ValueError(f"num_workers_per_collector={num_workers_per_collector} needs a multi-process node "
+        positive_int("num_workers_per_collector", self.num_workers_per_collector)
+        if single and self.num_workers_per_collector != 1:
+            raise ValueError(f"num_workers_per_collector={self.num_workers_per_collector} needs a multi-process node "
                              "collector_class ('sync' or 'async'); a single Collector node has one worker")
-        kwargs_lists = _per_node("collector_kwargs", collector_kwargs, n)
-        kwargs_lists = [kwargs_arg("collector_kwargs", k) for k in kwargs_lists]
-        env_kwargs = _per_node("create_env_kwargs", create_env_kwargs, n)
-        devices = {name: _per_node(name, devices[name], n) for name in PER_NODE_ARGS}
+        kwargs_lists = [kwargs_arg("collector_kwargs", k) for k in _per_node("collector_kwargs", self.collector_kwargs, n)]
+        env_kwargs = _per_node("create_env_kwargs", self.create_env_kwargs, n)
+        devices = {name: _per_node(name, self.devices[name], n) for name in PER_NODE_ARGS}
         self.storing_device = devices["storing_device"][0] or devices["device"][0]
         self.devices = devices  # {name: one per node}
+        inner_options = self.inner_options
         if "exploration_type" in inner_options:
             inner_options = {**inner_options, "exploration_type": as_exploration_type(inner_options["exploration_type"])}
         self.payloads: list[bytes] = []
@@ -232,11 +267,11 @@ class DistributedConfig:
         footprints: list[int] = []
         first_free_block = 0
         for i in range(n):
-            kwargs = {"policy_factory": factories[i], "frames_per_batch": self.node_frames, "total_frames": -1,
+            kwargs = {"policy_factory": self.factories[i], "frames_per_batch": self.node_frames, "total_frames": -1,
                       "create_env_kwargs": env_kwargs[i], **{k: devices[k][i] for k in PER_NODE_ARGS},
                       **inner_options}
             if not single:
-                kwargs["num_workers"] = num_workers_per_collector
+                kwargs["num_workers"] = self.num_workers_per_collector
             kwargs.update(kwargs_lists[i])
             # Trajectory ids: a node's collector draws from blocks [w * f, (w + 1) * f) where f is
             # its worker count (multi-process collectors give worker j of collector w block
@@ -248,7 +283,8 @@ class DistributedConfig:
             if single:
                 CollectorConfig(**{k: v for k, v in kwargs.items() if k in CollectorConfig.__dataclass_fields__})
             spec = {"collector_class": self.collector_class, "create_env_fn": env_fns[i],
-                    "policy": None if factories[i] is not None else policy, "kwargs": kwargs, "slots": self.slots}
+                    "policy": None if self.factories[i] is not None else self.policy, "kwargs": kwargs,
+                    "slots": self.slots}
             self._specs.append(spec)
             try:
                 self.payloads.append(cloudpickle.dumps(spec))

@@ -191,11 +191,11 @@ class NodeWatch(_Beater):
 class Silence:
     """Rank 0's view of its nodes' beats: how long each has shown no new authentic beat.
 
-    ``tokens`` is the supervisor's ``{rank: session token}`` (updated when a node is
-    configured); a beat of another session is no news."""
+    ``handles`` is the pool's ``{rank: NodeHandle}``: a beat of another session than the
+    handle's (its ``token``, updated when a node is configured) is no news."""
 
-    def __init__(self, store: Any, keys: Keys, tokens: dict[int, str], timeout: float):
-        self.store, self.timeout, self._key, self._tokens = store, timeout, keys.to_rank0, tokens
+    def __init__(self, store: Any, keys: Keys, handles: dict[int, Any], timeout: float):
+        self.store, self.timeout, self._key, self._handles = store, timeout, keys.to_rank0, handles
         self._seen: dict[int, tuple[int, float]] = {}
         self._drops = DropLog("rlcollect")
 
@@ -215,7 +215,7 @@ class Silence:
             return False
         data = self.store.get(key)
         try:
-            msg = P.decode(data, self._key, kinds=("beat",), to=P.MASTER_RANK, rank=rank, token=self._tokens.get(rank),
+            msg = P.decode(data, self._key, kinds=("beat",), to=P.MASTER_RANK, rank=rank, token=self._handles[rank].token,
                            after=last)
         except P.ProtocolError as err:
             if "replay" not in str(err) and "another session" not in str(err):  # an unchanged beat is no news

@@ -104,8 +104,8 @@ def test_sync_reset_starts_new_trajectories(sync_collector):
 
 def test_malformed_forged_and_foreign_notices_are_dropped(sync_collector, caplog):
     c = sync_collector
-    store, keys = c._sup.store, c._sup.keys
-    token = c._sup.tokens[1]
+    store, keys = c._pool.store, c._pool.keys
+    token = c._pool.handles[0].token
     ready = dict(seq=0, slot=0, frames=1, version=0, seconds=0.0, version_min=0, version_mean=0.0, step_mean_s=None,
                  step_p95_s=None)
     store.queue_push(P.INBOX, b"garbage")

@@ -66,10 +66,10 @@ def test_external_nodes_started_with_the_cli(secret_file):
             # Both hellos for rank 2 must have reached rank 0 before it goes away (a node that
             # finds no rank 0 keeps trying to connect for its whole --timeout).
             deadline = time.monotonic() + 60
-            while not c._sup.turned_away and time.monotonic() < deadline:
-                c._sup.check_alive()
+            while not c._pool.handshake.turned_away and time.monotonic() < deadline:
+                c._pool.check_alive()
                 time.sleep(0.05)
-            assert len(c._sup.turned_away) == 1
+            assert len(c._pool.handshake.turned_away) == 1
         assert nodes[0].wait(timeout=30) == EXIT_OK
         # Whichever of the two claimed rank 2 first served; the other was turned away.
         assert sorted([nodes[1].wait(timeout=30), intruder.wait(timeout=30)]) == [EXIT_OK, EXIT_REJECTED]
@@ -106,7 +106,7 @@ def test_submitit_launcher_with_the_local_executor(tmp_path, monkeypatch):
                              slurm_kwargs={"executor": "local", "folder": str(tmp_path / "jobs"), "timeout_min": 10})
     try:
         assert [b.shape for b in c] == [torch.Size([2, 10])] * 2
-        jobs = c._sup.launcher.jobs
+        jobs = c._pool.launcher.jobs
         assert len(jobs) == 2 and all(not job.done() for job in jobs.values())
         pids = node_pids(c)
     finally:

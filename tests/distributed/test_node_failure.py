@@ -170,7 +170,7 @@ def test_restart_with_the_submitit_launcher(tmp_path, monkeypatch):
                              slurm_kwargs={"executor": "local", "folder": str(tmp_path / "jobs"), "timeout_min": 10})
     try:
         next(iter(c))
-        jobs = c._sup.launcher.jobs
+        jobs = c._pool.launcher.jobs
         first_job = jobs[2]
         pids = node_pids(c)
         os.kill(pids[1], signal.SIGKILL)

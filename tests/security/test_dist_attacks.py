@@ -64,12 +64,12 @@ def collector():
 def test_secret_never_enters_the_store_or_the_command_line(collector):
     c = collector
     next(iter(c))
-    secret = c._sup.secret
+    secret = c._pool.secret
     store = _foreign(c)
     keys = [P.heartbeat_key(r) for r in range(3)] + [P.hello_key(r) for r in (1, 2)] + \
-        [P.started_key(r) for r in (1, 2)] + [P.config_key(r, c._sup.tokens[r]) for r in (1, 2)]
+        [P.started_key(r) for r in (1, 2)] + [P.config_key(r, c._pool.handles[r - 1].token) for r in (1, 2)]
     values = [store.get(k) for k in keys]
-    assert all(secret not in v and c._sup.keys.to_node not in v and c._sup.keys.to_rank0 not in v for v in values)
+    assert all(secret not in v and c._pool.keys.to_node not in v and c._pool.keys.to_rank0 not in v for v in values)
     for pid in node_pids(c):
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             assert secret not in f.read()
@@ -93,14 +93,14 @@ def _pickled_command_attack(c, capfd, tmp_path):
     assert not marker.exists()
     # The attacker reads the node's session token (hello keys are readable) and pushes
     # load_state_dict commands that carry the payload: forged MACs, no MAC, a stale session.
-    token = P.decode(store.get(P.hello_key(1)), c._sup.keys.to_rank0, kinds=("hello",), to=0, rank=1).token
+    token = P.decode(store.get(P.hello_key(1)), c._pool.keys.to_rank0, kinds=("hello",), to=0, rank=1).token
     for n in range(3):
         store.queue_push(P.command_queue(1), _forge("command", 0, token, evil, to=1, n=10**6 + n, id=99,
                                                     name="load_state_dict", args={}))
     store.queue_push(P.command_queue(1), P.MAGIC + b"\0" * 32 + b'{"kind":"command"}\n' + evil)
     # Even signed with the run's key, a command whose counter was used already (a replay) is
     # refused before its payload is looked at.
-    store.queue_push(P.command_queue(1), P.encode("command", 0, c._sup.keys.to_node, token, c._sup.sent[1], evil,
+    store.queue_push(P.command_queue(1), P.encode("command", 0, c._pool.keys.to_node, token, c._pool.handles[0].sent, evil,
                                                   to=1, id=98, name="load_state_dict", args={}))
     # The run goes on: batches and a command round trip (which the node serves after the forgeries).
     for _ in range(3):
@@ -118,12 +118,12 @@ def _pickled_command_attack(c, capfd, tmp_path):
 
 def test_replayed_messages_are_dropped_and_logged_once(collector, caplog):
     c = collector
-    sup = c._sup
+    pool = c._pool
     store = _foreign(c)
     next(iter(c))
     # What an eavesdropper could have captured: an authentic "failed" of node 1's session, already
     # taken, replayed twice; and rank 0's authentic "close" to node 2, replayed after it was used.
-    failed = P.encode("failed", 1, sup.keys.to_rank0, sup.tokens[1], sup.received[1], to=0,
+    failed = P.encode("failed", 1, pool.keys.to_rank0, pool.handles[0].token, pool.handles[0].received, to=0,
                       error={"type": "builtins.RuntimeError", "message": "replayed", "traceback": ""})
     with caplog.at_level(logging.ERROR, logger="rlcollect"):
         store.queue_push(P.INBOX, failed)
@@ -132,7 +132,7 @@ def test_replayed_messages_are_dropped_and_logged_once(collector, caplog):
             assert next(iter(c)).shape == (2, 10)
     replays = [r for r in caplog.records if "a replay" in r.getMessage()]
     assert len(replays) == 1 and "claiming to come from rank 1" in replays[0].getMessage()
-    assert sup.drops.total == 0 and c._channel.drops.total == 2
+    assert pool.handshake.drops.total == 0 and pool.channel.drops.total == 2
 
 
 def test_a_forged_failure_does_not_abort_rank_0(collector, caplog):
@@ -142,7 +142,7 @@ def test_a_forged_failure_does_not_abort_rank_0(collector, caplog):
     with caplog.at_level(logging.ERROR, logger="rlcollect"):
         for rank in (1, 2):
             for _ in range(2):
-                store.queue_push(P.INBOX, _forge("failed", rank, c._sup.tokens[rank], to=0, error=info))
+                store.queue_push(P.INBOX, _forge("failed", rank, c._pool.handles[rank - 1].token, to=0, error=info))
         batches = [next(iter(c)) for _ in range(4)]
     assert [b.shape for b in batches] == [torch.Size([2, 10])] * 4
     dropped = [r.getMessage() for r in caplog.records if "dropped a message on rank 0's inbox" in r.getMessage()]
