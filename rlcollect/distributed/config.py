@@ -189,7 +189,8 @@ class DistributedConfig:
         """The run's secret (auth.py): a readable 0600 file, or what the launcher needs."""
         secret_file, launcher = self.secret_file, self.launcher
         if secret_file is not None and not isinstance(secret_file, (str, os.PathLike)):
-            raise TypeError(f"secret_file must be a path (str or os.PathLike) or None, got {type(secret_file).__name__}")
+            raise TypeError(f"secret_file must be a path (str or os.PathLike) or None, got "
+                            f"{type(secret_file).__name__}")
         self.secret_file = None if secret_file is None else os.path.abspath(os.path.expanduser(os.fspath(secret_file)))
         if self.secret_file is not None:
             try:
@@ -231,9 +232,9 @@ class DistributedConfig:
         if any(f is not None and not callable(f) for f in factories):
             raise TypeError("policy_factory must be a callable returning the policy (or a per-node list of them)")
         if any(f is not None for f in factories) and self.policy is not None and "policy" not in schemes:
-            raise ValueError("policy and policy_factory were both given but weight_sync_schemes has no 'policy' scheme: "
-                             "pass weight_sync_schemes={'policy': DistributedWeightSyncScheme()} (policy is then only "
-                             "the source of weights), or give just one of policy / policy_factory")
+            raise ValueError("policy and policy_factory were both given but weight_sync_schemes has no 'policy' "
+                             "scheme: pass weight_sync_schemes={'policy': DistributedWeightSyncScheme()} (policy is "
+                             "then only the source of weights), or give just one of policy / policy_factory")
         self.weight_source = self.policy if has_weights(self.policy) else None
         _flag("update_after_each_batch", self.update_after_each_batch)
         interval = self.max_weight_update_interval
@@ -253,14 +254,16 @@ class DistributedConfig:
         if single and self.num_workers_per_collector != 1:
             raise ValueError(f"num_workers_per_collector={self.num_workers_per_collector} needs a multi-process node "
                              "collector_class ('sync' or 'async'); a single Collector node has one worker")
-        kwargs_lists = [kwargs_arg("collector_kwargs", k) for k in _per_node("collector_kwargs", self.collector_kwargs, n)]
+        kwargs_lists = [kwargs_arg("collector_kwargs", k)
+                        for k in _per_node("collector_kwargs", self.collector_kwargs, n)]
         env_kwargs = _per_node("create_env_kwargs", self.create_env_kwargs, n)
         devices = {name: _per_node(name, self.devices[name], n) for name in PER_NODE_ARGS}
         self.storing_device = devices["storing_device"][0] or devices["device"][0]
         self.devices = devices  # {name: one per node}
         inner_options = self.inner_options
         if "exploration_type" in inner_options:
-            inner_options = {**inner_options, "exploration_type": as_exploration_type(inner_options["exploration_type"])}
+            exploration = as_exploration_type(inner_options["exploration_type"])
+            inner_options = {**inner_options, "exploration_type": exploration}
         self.payloads: list[bytes] = []
         self._specs: list[dict] = []
         self._single = single

@@ -121,7 +121,8 @@ class Handshake:
             msg = P.decode(data, self.keys.to_rank0, kinds=("started", "failed"), to=P.MASTER_RANK, rank=rank,
                            token=node.token, after=0)
             if msg.n != 1:
-                raise P.ProtocolError(f"a {msg.kind!r} message with counter {msg.n} is not a start-up report (a replay)")
+                raise P.ProtocolError(f"a {msg.kind!r} message with counter {msg.n} is not a start-up report "
+                                      "(a replay)")
         except P.ProtocolError as err:
             if self._started_seen.get(rank) != data:
                 self._started_seen[rank] = data

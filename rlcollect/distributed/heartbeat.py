@@ -215,8 +215,8 @@ class Silence:
             return False
         data = self.store.get(key)
         try:
-            msg = P.decode(data, self._key, kinds=("beat",), to=P.MASTER_RANK, rank=rank, token=self._handles[rank].token,
-                           after=last)
+            msg = P.decode(data, self._key, kinds=("beat",), to=P.MASTER_RANK, rank=rank,
+                           token=self._handles[rank].token, after=last)
         except P.ProtocolError as err:
             if "replay" not in str(err) and "another session" not in str(err):  # an unchanged beat is no news
                 self._drops.drop(f"node rank {rank}'s heartbeat key", P.claimed_sender(data), str(err))

@@ -44,7 +44,10 @@ class NodeWeights:
     def targets(self, weights: Any, worker_ids: Any) -> dict[int, Any]:
         """``{node: weights}`` for ``update_policy_weights_(weights, worker_ids=...)``."""
         n = self.config.num_nodes
-        ids = list(range(n)) if worker_ids is None else [worker_ids] if isinstance(worker_ids, int) else list(worker_ids)
+        if worker_ids is None:
+            ids = list(range(n))
+        else:
+            ids = [worker_ids] if isinstance(worker_ids, int) else list(worker_ids)
         bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n]
         if bad:
             raise ValueError(f"worker_ids must be node indices in [0, {n}), got {bad}")

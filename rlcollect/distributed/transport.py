@@ -3,7 +3,7 @@ gloo process group, the flat batch buffers and the packing of weights.
 
 A batch travels as one flat ``uint8`` tensor (one point-to-point message, whatever the number of
 fields), carved into typed fields exactly as the multi-process shared-memory slots are
-(``rlcollect.multiprocess.shm``), so both sides view the same bytes as the same
+(``rlcollect.data.carve``), so both sides view the same bytes as the same
 ``BatchLayout``.  Rank 0 allocates its receive buffers from the layout each node reports; it
 never builds an env.
 
@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
 
-from rlcollect.data import BatchBuffer, BatchLayout
-from rlcollect.multiprocess.shm import _field_bytes, slot_buffer
+from rlcollect.data import BatchBuffer, BatchLayout, carve
+from rlcollect.multiprocess.shm import _field_bytes
 from rlcollect.distributed.protocol import MASTER_RANK, pg_prefix
 
 logger = logging.getLogger("rlcollect")
@@ -190,7 +190,7 @@ class FlatBatch:
         # shm's carving, so that a batch has the same bytes here and in a worker's slot.
         _, nbytes = _field_bytes(layout)
         self.flat = torch.zeros(nbytes, dtype=torch.uint8)
-        self.buffer: BatchBuffer = slot_buffer(self.flat, layout)
+        self.buffer = BatchBuffer(layout, tensors=carve(self.flat, layout))
 
     @property
     def nbytes(self) -> int:

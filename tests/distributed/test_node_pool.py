@@ -54,8 +54,11 @@ class FakeLauncher:
 
 
 def _pool(num_nodes=2, on_node_failure="restart"):
+    def payload(i, incarnation, seed):
+        return f"{i}/{incarnation}/{seed}".encode()
+
     config = types.SimpleNamespace(num_nodes=num_nodes, start_timeout=5.0, on_node_failure=on_node_failure,
-                                   max_node_restarts=2, relaunch_payload=lambda i, inc, seed: f"{i}/{inc}/{seed}".encode())
+                                   max_node_restarts=2, relaunch_payload=payload)
     pool = NodePool(config, new_secret())
     pool.store, pool.launcher = FakeStore(), FakeLauncher()
     pool.handshake = Handshake(pool.store, pool.keys, pool.run, pool.world_size)
