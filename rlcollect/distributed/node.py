@@ -3,8 +3,9 @@ the submitit jobs.
 
 Life of a node: connect to rank 0's store (waiting up to ``timeout`` for rank 0 to be up),
 start its heartbeat and its watch on rank 0, learn the run's nonce from two authentic beats of
-rank 0, say hello (signed with the run's secret: see ``auth.py``), receive its configuration (the cloudpickled env factory, policy and
-collector options: **the node executes code rank 0 sends**; start nodes only for a rank 0 you
+rank 0, say hello (signed with the run's secret: see ``auth.py``), receive its configuration
+(the cloudpickled env factory, policy and collector options: **the node executes code rank 0
+sends**; start nodes only for a rank 0 you
 trust), build its inner collector (``Collector``, ``MultiSyncCollector`` or
 ``MultiAsyncCollector``), report the batch layout and weight shapes, join its pair process group
 with rank 0 (one per incarnation: 0, or how many times rank 0 relaunched this rank after a
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gc
 import logging
 import os
 import secrets
@@ -87,7 +89,8 @@ class Node:
     def started_message(self) -> bytes:
         weights = None if self.weight_spec is None else {k: [list(s), str(d)] for k, (s, d) in self.weight_spec.items()}
         return P.encode("started", self.rank, self.keys.to_rank0, self.token, 1, to=P.MASTER_RANK,
-                        layout=P.layout_to_json(self.layout), weights=weights, pid=os.getpid(), host=socket.gethostname())
+                        layout=P.layout_to_json(self.layout), weights=weights, pid=os.getpid(),
+                        host=socket.gethostname())
 
     def message(self, kind: str, payload: bytes = b"", **fields: Any) -> bytes:
         """The next signed message of this session to rank 0."""
@@ -103,7 +106,8 @@ class Node:
         flat = torch.empty(args["nbytes"], dtype=torch.uint8)
         # Rank 0 posted the send with the command: receive it first, whatever follows, so the
         # stream of messages stays aligned even if these weights turn out not to fit.
-        transport.wait(self.pg.recv([flat], P.MASTER_RANK, transport.WEIGHTS_TAG), transport.transfer_timeout(flat.numel()))
+        transport.wait(self.pg.recv([flat], P.MASTER_RANK, transport.WEIGHTS_TAG),
+                       transport.transfer_timeout(flat.numel()))
         if self.weight_spec is None:
             raise RuntimeError("received weights, but this node's policy has no parameters or buffers")
         if flat.numel() != transport.weights_nbytes(self.weight_spec):
@@ -327,6 +331,11 @@ def run_node(master_addr: str, master_port: int, rank: int, world_size: int, tim
             store.set(P.started_key(rank), P.encode("failed", rank, keys.to_rank0, token, 1, to=P.MASTER_RANK,
                                                     error=P.error_info(exc)))
             return EXIT_FAILED
+        # What is alive now (torch, the envs, the policy) lives as long as the node: move it out
+        # of the garbage collector's reach.  Otherwise the first full collection lands on a
+        # batch in progress and scans it all (0.1-0.25 s on a loaded 2-core machine; when it
+        # came during start-up or later depended on the handshake's timing).
+        gc.freeze()
         address = transport.local_address_towards(master_addr, master_port)
         node.pg = transport.pair_group(store, rank, config["incarnation"], False, address, timeout)
         # Its stop word lets this node end the thread before exiting: a thread still blocked in

@@ -9,8 +9,8 @@ wait goes through ``wait_for``, which sorts the channel's messages and runs the 
 
 The pool holds no reference to the collector, so that garbage collection and interpreter exit
 can ``close`` it too.  A node's failure is raised as an exception marked with ``failed_node``
-(``protocol.mark_failed``); what to do with it is ``recovery.py``'s business, which calls back
-``drop`` and ``restart``.
+(``protocol.mark_failed``); what to do with it is ``recovery.py``'s business: it calls the
+pool's ``drop`` and ``restart``, the pool never calls it.
 """
 
 from __future__ import annotations

@@ -303,7 +303,8 @@ def _shape(value: Any) -> tuple[int, ...]:
 
 def layout_to_json(layout: Any) -> dict:
     return {
-        "fields": [[list(k) if isinstance(k, tuple) else k, list(s.shape), s.dtype.str] for k, s in layout.fields.items()],
+        "fields": [[list(k) if isinstance(k, tuple) else k, list(s.shape), s.dtype.str]
+                   for k, s in layout.fields.items()],
         "batch_size": list(layout.batch_size),
         "time": layout.time,
     }

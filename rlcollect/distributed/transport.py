@@ -108,7 +108,8 @@ def open_store(host: str, port: int | None, timeout: float) -> tuple[TCPStore, i
                 continue
             if err.errno == errno.EADDRINUSE:
                 raise OSError(errno.EADDRINUSE, f"tcp_port={port} is already in use on {address} (tried for "
-                              f"{PORT_RETRY_S:g} s): pass another tcp_port, or tcp_port=None to pick a free one") from None
+                              f"{PORT_RETRY_S:g} s): pass another tcp_port, or tcp_port=None to pick a free "
+                              "one") from None
             if err.errno == errno.EADDRNOTAVAIL:
                 raise ValueError(f"master_addr={host!r} ({address}) is not an address of this host: give the "
                                  "address of one of its interfaces, the one the nodes can reach") from None

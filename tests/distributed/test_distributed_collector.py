@@ -190,7 +190,8 @@ def test_async_seed_state_and_reset_discard_in_flight(async_collector):
 
 
 # -- node classes --------------------------------------------------------------------------------------
-@pytest.mark.parametrize("collector_class, nodes, inner", [("sync", 2, MultiSyncCollector), ("async", 1, MultiAsyncCollector)])
+@pytest.mark.parametrize("collector_class, nodes, inner",
+                         [("sync", 2, MultiSyncCollector), ("async", 1, MultiAsyncCollector)])
 def test_multi_process_nodes(collector_class, nodes, inner):
     c = _collector(nodes=nodes, collector_class=collector_class, num_workers_per_collector=2,
                    frames_per_batch=20 * nodes, collector_kwargs={"track_policy_version": True})
@@ -238,8 +239,7 @@ def test_automatic_updates(option, expected):
         # The weights pushed are rank 0's policy's, read at push time.
         with torch.no_grad():
             policy.w.fill_(1.0)
-        for _, batch in zip(range(4), c):
-            pass
+        batch = [b for _, b in zip(range(4), c)][-1]
         assert batch["action"].unique().tolist() == [1]
     finally:
         c.shutdown()

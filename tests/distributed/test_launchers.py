@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dist_helpers import NODE_ID, TRAJ_IDS, BLOCK, ValuePolicy, counting5, free_port, node_pids, rlcollect_command, wait_gone
+from dist_helpers import (BLOCK, NODE_ID, TRAJ_IDS, ValuePolicy, counting5, free_port, node_pids, rlcollect_command,
+                          wait_gone)
 from rlcollect.distributed.auth import new_secret, write_secret_file
 from rlcollect.distributed.collector import DistributedCollector
 from rlcollect.distributed.launchers import submit_nodes

@@ -107,7 +107,8 @@ def test_nodes_in_other_namespaces_collect_over_veth(namespaces, tmp_path, sync)
     rank0 = subprocess.Popen(["ip", "netns", "exec", ns0, sys.executable, str(script)], stdout=subprocess.PIPE,
                              text=True, env=env)
     nodes = [subprocess.Popen(["ip", "netns", "exec", ns, rlcollect_command(), "node", "--master-addr", MASTER,
-                               "--master-port", str(PORT), "--rank", str(rank), "--world-size", "3", "--timeout", "120"],
+                               "--master-port", str(PORT), "--rank", str(rank), "--world-size", "3",
+                               "--timeout", "120"],
                               env=env)
              for rank, ns in ((1, ns1), (2, ns2))]
     try:

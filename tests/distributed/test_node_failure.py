@@ -101,7 +101,8 @@ def test_restart_relaunches_a_killed_node_which_rejoins_with_the_current_weights
             node1 = torch.cat([b[1][TRAJ_IDS].reshape(-1) for b in later])
         else:
             # The first batch of the relaunched node: its trajectory ids come from a fresh block.
-            batches = _batches_until(c, lambda b: int(b[NODE_ID].reshape(-1)[0]) == 1 and bool((b[TRAJ_IDS] >= 2 * BLOCK).all()))
+            batches = _batches_until(c, lambda b: int(b[NODE_ID].reshape(-1)[0]) == 1
+                                     and bool((b[TRAJ_IDS] >= 2 * BLOCK).all()))
             back = batches[-1]
             # It acts with the weights it was given before collecting.
             assert (back[POLICY_VERSION] == version).all() and (back["action"] == 1).all()

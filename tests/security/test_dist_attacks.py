@@ -100,8 +100,8 @@ def _pickled_command_attack(c, capfd, tmp_path):
     store.queue_push(P.command_queue(1), P.MAGIC + b"\0" * 32 + b'{"kind":"command"}\n' + evil)
     # Even signed with the run's key, a command whose counter was used already (a replay) is
     # refused before its payload is looked at.
-    store.queue_push(P.command_queue(1), P.encode("command", 0, c._pool.keys.to_node, token, c._pool.handles[0].sent, evil,
-                                                  to=1, id=98, name="load_state_dict", args={}))
+    store.queue_push(P.command_queue(1), P.encode("command", 0, c._pool.keys.to_node, token, c._pool.handles[0].sent,
+                                                  evil, to=1, id=98, name="load_state_dict", args={}))
     # The run goes on: batches and a command round trip (which the node serves after the forgeries).
     for _ in range(3):
         assert next(iter(c)).shape == (2, 10)
