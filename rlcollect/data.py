@@ -92,9 +92,17 @@ class BatchBuffer:
         return self._td
 
 
-def _field_bytes(layout: BatchLayout) -> tuple[list[tuple], int]:
+def field_bytes(layout: BatchLayout) -> tuple[list[tuple], int]:
     """Where each field of ``layout`` lies in one flat block: ``[(key, offset, nbytes, shape,
-    torch dtype)]`` (64-byte aligned), and the block's size."""
+    torch dtype)]`` (64-byte aligned), and the block's size.  The carving shared by the
+    multi-process slots (multiprocess/shm.py) and the distributed transport.
+
+    Example:
+        >>> layout = BatchLayout({"x": ArraySpec((2,), np.dtype(np.float32))}, torch.Size([3]), 4)
+        >>> fields, total = field_bytes(layout)
+        >>> fields[0][:3], total
+        (('x', 0, 96), 128)
+    """
     out, offset = [], 0
     n, t = layout.rows, layout.time
     for key, spec in layout.fields.items():
@@ -107,7 +115,7 @@ def _field_bytes(layout: BatchLayout) -> tuple[list[tuple], int]:
 
 def carve(flat: torch.Tensor, layout: BatchLayout) -> dict[NestedKey, torch.Tensor]:
     """The typed ``(n, T, *feature)`` views of ``layout``'s fields in the flat byte tensor ``flat``."""
-    fields, total = _field_bytes(layout)
+    fields, total = field_bytes(layout)
     if flat.numel() < total:
         raise ValueError(f"the flat block holds {flat.numel()} bytes, the layout needs {total}")
     return {key: flat[off : off + nbytes].view(dtype).view(shape) for key, off, nbytes, shape, dtype in fields}
@@ -126,7 +134,7 @@ def fresh_batch(layout: BatchLayout) -> BatchBuffer:
         >>> fresh_batch(layout).td["x"].sum().item()
         0.0
     """
-    _, total = _field_bytes(layout)
+    _, total = field_bytes(layout)
     if total < MAP_BYTES:
         return BatchBuffer(layout)
     flat = torch.frombuffer(mmap.mmap(-1, total), dtype=torch.uint8)  # the tensors keep the map alive
@@ -269,8 +277,3 @@ def _write_foreign(replay_buffer, batch: TensorDict, extend_buffer: bool, stacke
                     add(step)
                 else:  # a buffer with extend() only gets each step's rows
                     replay_buffer.extend(step)
-
-
-def new_traj_ids(counter: int, count: int) -> tuple[np.ndarray, int]:
-    """``count`` fresh ids starting at ``counter``, and the next counter value."""
-    return np.arange(counter, counter + count, dtype=np.int64), counter + count

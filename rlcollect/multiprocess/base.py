@@ -4,6 +4,7 @@ specs, the worker pool, shared batch slots, weight sync, seeding, state and stat
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import math
 import os
@@ -22,8 +23,8 @@ from rlcollect import torchrl_args
 from rlcollect.torchrl_args import TorchrlMethods, version_tracker
 from rlcollect.config import CollectorConfig, kwargs_arg, optional_positive_int, positive_int, total_frames_arg
 from rlcollect.data import deliver
+from rlcollect.errors import WorkerError
 from rlcollect.multiprocess import protocol as P
-from rlcollect.multiprocess.factory import MultiCollector
 from rlcollect.metrics import BatchClock, batch_meta
 from rlcollect.multiprocess.freerun import FreeRunning
 from rlcollect.multiprocess.weight_sync import WeightSync
@@ -55,22 +56,34 @@ def _per_worker(name: str, value: Any, n: int) -> list:
     return [value] * n
 
 
-def resolve_collector_class(value: Any) -> type:
-    from rlcollect.multiprocess.asynchronous import MultiAsyncCollector
-    from rlcollect.multiprocess.sync import MultiSyncCollector
+#: The collector classes ``collector_class`` may name by string. The multi-process ones are this
+#: module's subclasses: named by path and imported when first named, so that this module does
+#: not import the modules built on it.
+_NAMED = {
+    "single": ("rlcollect.collector", "Collector"),
+    "sync": ("rlcollect.multiprocess.sync", "MultiSyncCollector"),
+    "async": ("rlcollect.multiprocess.asynchronous", "MultiAsyncCollector"),
+}
 
-    names = {"single": Collector, "sync": MultiSyncCollector, "async": MultiAsyncCollector}
+
+def resolve_collector_class(value: Any) -> type:
+    """``collector_class``: a collector class (``Collector``, a multi-process collector, or a
+    subclass), or one of ``"single"``, ``"sync"``, ``"async"``.
+
+    Example:
+        >>> resolve_collector_class("sync").__name__
+        'MultiSyncCollector'
+    """
     if isinstance(value, str):
-        if value not in names:
-            raise ValueError(f"collector_class must be a collector class or one of {sorted(names)}, got {value!r}")
-        return names[value]
-    if value in names.values():
-        return value
+        if value not in _NAMED:
+            raise ValueError(f"collector_class must be a collector class or one of {sorted(_NAMED)}, got {value!r}")
+        module, name = _NAMED[value]
+        return getattr(importlib.import_module(module), name)
     if isinstance(value, type) and issubclass(value, (Collector, MultiCollectorBase)):
         return value
     raise ValueError(
         f"collector_class must be Collector, MultiSyncCollector, MultiAsyncCollector (or a subclass), "
-        f"or one of {sorted(names)}; got {value!r}"
+        f"or one of {sorted(_NAMED)}; got {value!r}"
     )
 
 
@@ -89,7 +102,7 @@ def _shared_buffer(replay_buffer: Any) -> bool:
     return isinstance(replay_buffer, ReplayBuffer)
 
 
-class MultiCollectorBase(MultiCollector, WeightSync, FreeRunning, WorkerStats, TorchrlMethods):
+class MultiCollectorBase(WeightSync, FreeRunning, WorkerStats, TorchrlMethods):
     """Shared machinery of ``MultiSyncCollector`` and ``MultiAsyncCollector``."""
 
     _sync: bool = True
@@ -356,7 +369,7 @@ class MultiCollectorBase(MultiCollector, WeightSync, FreeRunning, WorkerStats, T
         gets the same shared slots and the current weights and version before collecting."""
         if not self._restart.allows(index):
             if self._restart.mode == "restart":
-                raise P.WorkerError(
+                raise WorkerError(
                     f"worker {index} failed again after {self._restart.counts[index]} restarts "
                     f"(max_worker_restarts={self._restart.max_restarts}): {type(error).__name__}: {error}",
                     index, getattr(error, "exitcode", None), getattr(error, "worker_traceback", None),
@@ -367,7 +380,7 @@ class MultiCollectorBase(MultiCollector, WeightSync, FreeRunning, WorkerStats, T
                        index, count, self._restart.max_restarts, str(error).splitlines()[0])
         self._pool.restart(index, self._restart.payload(index, self.collector_class is Collector))
         if self._pool.handles[index].info["layout"] != self.layouts[index]:
-            raise P.WorkerError(f"restarted worker {index} reports a different batch layout", index)
+            raise WorkerError(f"restarted worker {index} reports a different batch layout", index)
         self._attach_worker(index)
         if index in self._last_weights:
             state, version = self._last_weights[index]
@@ -437,7 +450,7 @@ class MultiCollectorBase(MultiCollector, WeightSync, FreeRunning, WorkerStats, T
         self._check_open()
         try:
             yield
-        except P.WorkerError:
+        except WorkerError:
             self.shutdown()
             raise
 

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 
 from rlcollect.collector import frames_written
 from rlcollect.freerun import BackgroundLoop
+from rlcollect.errors import WorkerError
 from rlcollect.multiprocess import protocol as P
 
 
@@ -89,7 +90,7 @@ class FreeRunning:
                 command = pool.handles[i].pending[0]
                 try:
                     info = pool.receive(i)
-                except P.WorkerError as err:  # dead or hung: nothing more to read
+                except WorkerError as err:  # dead or hung: nothing more to read
                     failure = err
                     break
                 except Exception as err:  # run_free raised; the pause reply still follows

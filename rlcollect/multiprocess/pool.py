@@ -16,8 +16,8 @@ from multiprocessing.connection import wait
 from typing import Any
 
 
+from rlcollect.errors import WorkerError
 from rlcollect.multiprocess import protocol as P
-from rlcollect.multiprocess.protocol import WorkerError
 from rlcollect.multiprocess import start
 from rlcollect.multiprocess.reaper import Reaper
 from rlcollect.multiprocess.worker import worker_main
@@ -366,16 +366,6 @@ class WorkerPool:
         if already:
             return already
         return [h.index for h in self._wait(handles, timeout)]
-
-    def drain(self, index: int, timeout: float = 5.0) -> None:
-        """Read and discard every reply worker ``index`` still owes."""
-        while self.handles[index].pending:
-            try:
-                self.receive(index, timeout)
-            except WorkerError:
-                raise
-            except Exception:  # noqa: BLE001  (a stale reply's error no longer matters)
-                pass
 
     def pids(self) -> list[int]:
         return [h.process.pid for h in self.handles]

@@ -19,8 +19,10 @@ import re
 
 import torch
 
-from rlcollect.data import BatchBuffer, BatchLayout, _field_bytes, carve
+from rlcollect.data import BatchBuffer, BatchLayout, carve, field_bytes
 
+#: The carving's old name, which distributed/transport.py imports from here (data.field_bytes).
+_field_bytes = field_bytes
 #: Where torch's shared memory lives (``shm_open``); its free space is checked before allocating.
 SHM_DIR = "/dev/shm"
 _TORCH_SHM_FILE = re.compile(r"for file </?(torch_\d+_\d+_\d+)>")
@@ -30,7 +32,7 @@ POISON = 0xA5
 
 def slot_bytes(layout: BatchLayout) -> int:
     """The size of one slot of ``layout`` in bytes."""
-    return _field_bytes(layout)[1]
+    return field_bytes(layout)[1]
 
 
 def _human(nbytes: int) -> str:
@@ -93,7 +95,7 @@ def check_free_space(needed: int, what: str) -> None:
 
 def allocate_slot(layout: BatchLayout) -> torch.Tensor:
     """One flat shared-memory slot big enough for a batch of ``layout``."""
-    _, total = _field_bytes(layout)
+    _, total = field_bytes(layout)
     try:
         flat = torch.empty(total, dtype=torch.uint8).share_memory_()
     except RuntimeError as err:

@@ -159,7 +159,7 @@ def test_a_script_without_the_main_guard_fails_clearly(tmp_path):
     assert "builds a collector at import time. Guard the code that builds the collector with " \
            "`if __name__ == '__main__':`" in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("rlcollect.multiprocess.protocol.WorkerError: worker "), last
+    assert last.startswith("rlcollect.errors.WorkerError: worker "), last
     assert "exited with code 1 before it was ready" in last
 
 
@@ -191,7 +191,7 @@ def test_a_fork_server_that_dies_while_preloading_is_reported(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "RuntimeError: explodes at import, on purpose" in proc.stderr  # the server's own traceback
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("rlcollect.multiprocess.protocol.WorkerError: worker 0 could not be started: "
+    assert last.startswith("rlcollect.errors.WorkerError: worker 0 could not be started: "
                            "multiprocessing's fork server exited before forking it"), last
 
 
@@ -213,6 +213,6 @@ def test_a_fork_server_that_blocks_while_preloading_is_bounded_by_start_timeout(
     proc = _run(tmp_path, BLOCKING_SERVER)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
-    assert last == ("rlcollect.multiprocess.protocol.WorkerError: worker 0 hung during start-up: multiprocessing's "
+    assert last == ("rlcollect.errors.WorkerError: worker 0 hung during start-up: multiprocessing's "
                     "fork server did not finish importing its preload list within start_timeout=3 s (a module of the "
                     "list blocks at import?); the fork server was killed"), last
