@@ -299,16 +299,26 @@ class Collector(TorchrlMethods, LocalWeights):
         if in_place and self._buffer is None:
             self._buffer = BatchBuffer(self.layout)
         buf = self._buffer if in_place else fresh_batch(self.layout)
-        self._collect_into(buf, random=self._random_now())
+        self.collect_into(buf, random=self._random_now())
         self._lag = policy_lag(self._version, [self._batch_meta(timing=False)])
         batch = buf.td
         self._last_batch_s = time.perf_counter() - start
         return deliver(batch, storing_device=cfg.storing_device_or_default, split_trajs=cfg.split_trajs,
                        postproc=cfg.postproc, replay_buffer=self.replay_buffer, extend_buffer=cfg.extend_buffer)
 
-    def _collect_into(self, buf: BatchBuffer, random: bool = False, stop=None) -> int:
-        """Fill ``buf`` with the next batch (in place); returns the valid frames written.
-        This is what a worker process calls to write straight into shared memory."""
+    def collect_into(self, buf: BatchBuffer, random: bool = False, stop: Any = None) -> int:
+        """Fill ``buf`` (a ``BatchBuffer`` of ``layout``) with the next batch, in place; returns
+        the valid frames written. ``random``: act randomly; ``stop``: a one-element array that,
+        once set non-zero, ends the batch after the current step. This is what a worker process
+        or a distributed node calls to write straight into shared memory (rlcollect/source.py).
+
+        Example:
+            >>> from rlcollect.data import BatchBuffer
+            >>> c = Collector("CartPole-v1", frames_per_batch=10)
+            >>> c.collect_into(BatchBuffer(c.layout))
+            10
+            >>> c.shutdown()
+        """
         self._check_open()
         cfg = self.config
         if cfg.reset_at_each_iter:
@@ -572,8 +582,21 @@ class Collector(TorchrlMethods, LocalWeights):
                           replay_buffer_write_count=getattr(self.replay_buffer, "write_count", None),
                           lag=self._lag, wait=self._wait)
 
+    def batch_info(self) -> dict:
+        """The last batch filled, for the collector this one fills batches for (a worker's or
+        a node's): its frames, their policy versions and the env-step latency
+        (``rlcollect.metrics.batch_meta``)."""
+        return self._batch_meta()
+
+    def getattr_env(self, name: str) -> Any:
+        """An attribute of the env."""
+        return getattr(self.env, name)
+
+    def getattr_policy(self, name: str) -> Any:
+        """An attribute of the policy."""
+        return getattr(self.policy, name)
+
     def _batch_meta(self, timing: bool = True) -> dict:
-        """The last batch filled, for the collector this one fills batches for (a worker's)."""
         frames, version = self._last_collected
         return batch_meta(frames, version, version, self._step_times.summary() if timing else (None, None))
 

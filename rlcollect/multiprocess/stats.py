@@ -25,7 +25,7 @@ class WorkerStats:
         self._last_meta = merge_meta(metas)
         self._lag = policy_lag(self._version, metas)
 
-    def _batch_meta(self) -> dict:
+    def batch_info(self) -> dict:
         """The last batch filled for an outer collector (this one nested in a worker or node):
         its frames' versions, and the env-step latency over every worker (the mean of their
         means, the largest of their p95s)."""

@@ -148,7 +148,7 @@ class MultiSyncCollector(MultiCollectorBase):
             if self.update_at_each_batch and self._weight_source is not None:
                 self.update_policy_weights_()
             started = time.perf_counter()
-            infos = self._collect_all()
+            infos = self._collect_all(self._random_now())
             self._wait.add(time.perf_counter() - started)
             if self._workers_write:  # the workers put their parts into the replay buffer
                 self._account(infos)
@@ -167,11 +167,11 @@ class MultiSyncCollector(MultiCollectorBase):
         self._last_batch_frames = valid
         return valid
 
-    def _collect_all(self) -> list[dict]:
-        """One batch from every worker. A worker that fails is restarted (when allowed) and its
-        share is collected again, so a batch never mixes frames from before and after."""
+    def _collect_all(self, random: bool) -> list[dict]:
+        """One batch from every worker (acting randomly when ``random``). A worker that fails is
+        restarted (when allowed) and its share is collected again, so a batch never mixes
+        frames from before and after."""
         pool, n = self._pool, self.num_workers
-        random = self._random_now()
         if self._stacked:
             self._pick_set()
         for stop in self._stops:
@@ -259,11 +259,11 @@ class MultiSyncCollector(MultiCollectorBase):
         first = self.layouts[0]
         return BatchLayout(dict(first.fields), (self.num_workers, *first.batch_size), first.time)
 
-    def _collect_into(self, buf, random: bool = False, stop=None) -> int:
-        """Collect one stacked batch straight into ``buf`` (the outer worker's shared slot)."""
+    def collect_into(self, buf, random: bool = False, stop=None) -> int:
+        """Collect one stacked batch straight into ``buf`` (the outer worker's shared slot);
+        ``stop`` is not watched (each inner worker has its own)."""
         with self._guard():
-            self.init_random_frames = self._frames + 1 if random else 0
-            infos = self._collect_all()
+            infos = self._collect_all(random)
             rows = self.layouts[0].rows
             for i, buffers in enumerate(self._buffers):
                 for key, tensor in buffers[self._set].tensors.items():

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from rlcollect.multiprocess import protocol as P
+from rlcollect.policy import has_weights, load_weights
 from rlcollect.weights.models import UnknownModelError, delegate_to_updater, resolve_model, update_targets
 from rlcollect.weights.schemes import NoWeightSyncScheme
 from rlcollect.weights.store import SharedWeights, as_state_dict
@@ -76,7 +77,13 @@ class WeightSync:
             return
         models = update_targets(policy_or_weights, weights=weights, policy=policy, model_id=model_id,
                                 weights_dict=weights_dict)
-        plan = []  # (model_id, {worker: weights}), all checked before anything is sent
+        plan = self._plan(models, worker_ids)
+        if plan:
+            self._push(plan, lambda: self._version + 1)
+
+    def _plan(self, models: dict[str, Any], worker_ids: Any) -> list[tuple[str, dict[int, Any]]]:
+        """``[(model_id, {worker: weights})]``: every target checked before anything is sent."""
+        plan = []
         for mid, source in models.items():
             scheme = self._schemes.get(mid)
             if mid != "policy" and scheme is None:
@@ -95,11 +102,14 @@ class WeightSync:
                 if source is None:
                     source = self._main_model(mid)
                 plan.append((mid, self._model_targets(mid, source, worker_ids)))
-        if not plan:
-            return
+        return plan
+
+    def _push(self, plan: list[tuple[str, dict[int, Any]]], version: Any) -> None:
+        """Send ``plan``'s weights with the version ``version()`` returns (asked once a worker
+        that failed while running free has been dealt with)."""
         with self._guard():
             self._check_running_free()
-        self._version += 1
+        self._version = version()
         updated: set[int] = set()
         for mid, targets in plan:
             shared = mid == "policy" and self._scheme_backend() == "shared"
@@ -123,6 +133,31 @@ class WeightSync:
             updated.update(targets)
         for i in updated:
             self._worker_versions[i] = self._version
+
+    # -- driven by an outer worker or node (rlcollect/source.py) ------------------------------------
+    @property
+    def weight_spec(self) -> dict | None:
+        """Names, shapes and dtypes of the workers' policy parameters and buffers (None: none)."""
+        info = self._pool.handles[0].info["weights"]
+        return None if info is None else {k: (tuple(shape), dtype) for k, (shape, dtype) in info.items()}
+
+    def weights_module(self, model_id: str = "policy") -> Any:
+        """The main process's ``policy`` (the source of the workers' weights); only ``"policy"``."""
+        if model_id != "policy":
+            raise ValueError(f"model_id {model_id!r}: a nested multi-process collector updates only 'policy'")
+        return self.policy
+
+    def set_weights(self, state: Any, version: int, model_id: str = "policy") -> None:
+        """Have every worker act with ``state`` (None: ``policy``'s weights, as they are now)
+        from its next batch on, with ``policy_version`` set to ``version`` (the number of the
+        worker or node that runs this collector, not a bump)."""
+        self._check_open()
+        module = self.weights_module(model_id)
+        if state is not None and has_weights(module):
+            load_weights(module, state)  # the main copy stays the one the workers act with
+        plan = self._plan({"policy": state}, None)
+        if plan:
+            self._push(plan, lambda: version)
 
     def _main_model(self, model_id: str) -> Any:
         try:

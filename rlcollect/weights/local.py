@@ -107,6 +107,51 @@ class LocalWeights:
             return self._runner.module if self._runner.module is not None else self.policy
         return resolve_model(self, model_id)
 
+    @property
+    def weight_spec(self) -> dict | None:
+        """Names, shapes and dtypes of the acting policy's parameters and buffers (None: none)."""
+        module = self._runner.module
+        if not has_weights(module):
+            return None
+        return {k: (tuple(v.shape), v.dtype) for k, v in module.state_dict().items()}
+
+    def weights_module(self, model_id: str = "policy") -> torch.nn.Module | None:
+        """The module that acts for ``model_id`` (``"policy"``: the acting policy; else an
+        attribute path from this collector, which must have parameters or buffers)."""
+        if model_id == "policy":
+            return self._runner.module
+        module = resolve_model(self, model_id)
+        if not has_weights(module):
+            raise ValueError(f"weight_sync_schemes[{model_id!r}] names a {type(module).__name__} without parameters "
+                             "or buffers in the worker's collector")
+        return module
+
+    def set_weights(self, state: Any, version: int, model_id: str = "policy") -> None:
+        """Load ``state`` (None: the module was written in place) into ``weights_module(model_id)``
+        and act with version ``version`` from the next batch (a worker's or node's call: the
+        version is its owner's number, not a bump).
+
+        Example:
+            >>> import torch
+            >>> from rlcollect import Collector, CountingEnv
+            >>> class Policy(torch.nn.Module):
+            ...     def __init__(self):
+            ...         super().__init__()
+            ...         self.w = torch.nn.Parameter(torch.zeros(1))
+            ...     def forward(self, observation):
+            ...         return (observation[..., 0] * self.w[0] > 0).long()
+            >>> c = Collector(CountingEnv(), Policy(), frames_per_batch=10)
+            >>> c.set_weights({"w": torch.ones(1)}, version=7)
+            >>> c.policy_version, c.weights_module().w.item()
+            (7, 1.0)
+        """
+        self._check_open()
+        module = self.weights_module(model_id)
+        with self._quiet():
+            if state is not None:
+                load_weights(module, state)
+            self._version = version
+
     def get_cached_weights(self, model_id: str) -> Any:
         """Cached shared-memory weights of ``model_id``: None here (a single-process collector
         acts with the module itself; torchrl returns None too when it caches nothing)."""
