@@ -107,7 +107,7 @@ class MultiAsyncCollector(MultiCollectorBase):
             started = time.perf_counter()
             while not self._ready:
                 self._poll(None)
-            self._wait.add(time.perf_counter() - started)
+            self._stats.wait.add(time.perf_counter() - started)
             index, info = self._ready.popleft()
             if self._workers_write:  # the worker put its batch into the replay buffer
                 self._account(index, info, started)
@@ -135,12 +135,12 @@ class MultiAsyncCollector(MultiCollectorBase):
 
     def _account(self, index: int, info: dict, started: float) -> None:
         self._frames += info["frames"]
-        self._note_batch([(index, info)])
-        self._last_batch_frames = info["frames"]
-        self._last_batch_s = time.perf_counter() - started
+        self._stats.note_batch([(index, info)], self._version)
+        self._stats.last_batch_frames = info["frames"]
+        self._stats.last_batch_s = time.perf_counter() - started
 
     def _push_to(self, index: int) -> None:
-        if self._scheme_backend() == "shared":
+        if self._weights.backend == "shared":
             self.update_policy_weights_()
         else:
             self.update_policy_weights_(worker_ids=[index])
@@ -189,13 +189,9 @@ class MultiAsyncCollector(MultiCollectorBase):
             raise err
         lost = sorted(self._in_flight[index])
         self._in_flight[index].clear()
-        self._recover(index, err)
+        self._restarts.recover(index, err)
         for slot in lost:
             self._collect(index, slot, random, needed_only=False)
-
-    def _send_weights(self, index: int, state: dict, version: int, model_id: str = "policy") -> None:
-        # Queued behind the worker's running batches: it applies them between two batches.
-        self._pool.send(index, P.UPDATE_WEIGHTS, state, version, model_id)
 
     def _quiesce(self) -> None:
         """Collect every reply still owed; finished batches stay queued for delivery."""

@@ -8,8 +8,6 @@ import importlib
 import logging
 import math
 import os
-import time
-import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -18,23 +16,24 @@ import cloudpickle
 import torch
 from tensordict import TensorDict
 
-from rlcollect.collector import Collector
+from rlcollect.collector import Collector, frames_written
 from rlcollect import torchrl_args
-from rlcollect.torchrl_args import TorchrlMethods, version_tracker
+from rlcollect.base import CollectorBase
+from rlcollect.torchrl_args import version_tracker
 from rlcollect.config import CollectorConfig, kwargs_arg, optional_positive_int, positive_int, total_frames_arg
 from rlcollect.data import deliver
 from rlcollect.errors import WorkerError
 from rlcollect.multiprocess import protocol as P
-from rlcollect.metrics import BatchClock, batch_meta
-from rlcollect.multiprocess.freerun import FreeRunning
-from rlcollect.multiprocess.weight_sync import WeightSync
+from rlcollect.freerun import BackgroundLoop
+from rlcollect.multiprocess.freerun import FreeRunningWorkers
+from rlcollect.multiprocess.weight_sync import WorkerWeights
 from rlcollect.multiprocess import start
 from rlcollect.multiprocess.pool import DEFAULT_START_TIMEOUT_S, WorkerPool
-from rlcollect.multiprocess.restart import RestartPolicy
+from rlcollect.multiprocess.restart import RestartPolicy, WorkerRestarts
 from rlcollect.multiprocess.shm import allocate_slot, check_free_space, slot_buffer, slot_bytes
 from rlcollect.multiprocess.stats import WorkerStats
-from rlcollect.policy import as_exploration_type, has_weights
-from rlcollect.weights.models import make_weight_updater
+from rlcollect.policy import as_exploration_type, has_weights, load_weights
+from rlcollect.weights.models import delegate_to_updater, make_weight_updater, update_targets
 from rlcollect.weights.schemes import validate_schemes
 
 logger = logging.getLogger("rlcollect")
@@ -102,11 +101,17 @@ def _shared_buffer(replay_buffer: Any) -> bool:
     return isinstance(replay_buffer, ReplayBuffer)
 
 
-class MultiCollectorBase(WeightSync, FreeRunning, WorkerStats, TorchrlMethods):
-    """Shared machinery of ``MultiSyncCollector`` and ``MultiAsyncCollector``."""
+class MultiCollectorBase(CollectorBase):
+    """Shared machinery of ``MultiSyncCollector`` and ``MultiAsyncCollector``: the worker pool
+    (pool.py), their shared batch slots (shm.py), and collaborators built once the workers have
+    started: ``WorkerWeights`` (weight_sync.py), ``WorkerRestarts`` (restart.py),
+    ``FreeRunningWorkers`` (freerun.py) and ``WorkerStats`` (stats.py)."""
 
     _sync: bool = True
     _slots_per_worker = 1
+    _shutdown_on_error = True
+    _loop: BackgroundLoop | None = None  # free running, when this process writes the buffer
+    _free: FreeRunningWorkers | None = None  # free running, when the workers write it
 
     def __init__(
         self,
@@ -293,8 +298,6 @@ class MultiCollectorBase(WeightSync, FreeRunning, WorkerStats, TorchrlMethods):
             })
         payloads = [cloudpickle.dumps(spec) for spec in specs]
         self._restart = RestartPolicy(on_worker_failure, max_worker_restarts, specs)
-        self._last_weights: dict[int, tuple[dict, int]] = {}
-        self._last_model_weights: dict[tuple[int, str], tuple[dict, int]] = {}
         self._in_updater = False
         self.weight_updater = None
         # -- start ---------------------------------------------------------------------------------
@@ -305,16 +308,7 @@ class MultiCollectorBase(WeightSync, FreeRunning, WorkerStats, TorchrlMethods):
         self._frames = 0
         self._iter = 0
         self._version = 0
-        self._dropped = 0
-        self._wait = BatchClock()  # the main process blocked waiting for the workers' batches
-        self._started_at = time.perf_counter()
-        self._worker_frames = [0] * n
-        self._worker_versions = [0] * n
-        self._worker_steps: list[tuple[float | None, float | None]] = [(None, None)] * n  # env-step mean, p95
-        self._lag = (0.0, 0)  # policy lag of the last batch delivered: mean, max
-        self._last_meta = batch_meta(0, 0, 0.0, (None, None))  # the last batch, for an outer collector
-        self._last_batch_s = 0.0
-        self._last_batch_frames = 0
+        self._stats = WorkerStats(n)
         self._iterator: Iterator | None = None
         try:
             self._pool = WorkerPool(start.get_context(self.mp_start_method), payloads, num_sub_threads, self.worker_timeout,
@@ -326,7 +320,7 @@ class MultiCollectorBase(WeightSync, FreeRunning, WorkerStats, TorchrlMethods):
         self._closed = False
         try:
             self._attach()
-            self._check_models()
+            self._weights.check_models()
             self.weight_updater = make_weight_updater(weight_updater, self)
         except BaseException:
             self.shutdown()
@@ -337,12 +331,18 @@ class MultiCollectorBase(WeightSync, FreeRunning, WorkerStats, TorchrlMethods):
         raise NotImplementedError
 
     def _attach(self) -> None:
-        """Allocate every worker's shared batch slots and weight store and hand them over."""
+        """Allocate every worker's shared batch slots and weight store and hand them over;
+        build the collaborators that need the started workers."""
         pool = self._pool
         self.layouts = [h.info["layout"] for h in pool.handles]
         self._allocate_slots()
         self._stops = [torch.zeros(1, dtype=torch.uint8).share_memory_() for _ in range(self.num_workers)]
-        self._stores = self._make_stores()
+        self._weights = WorkerWeights(pool, self._schemes, self.policy, self._weight_source, self.per_worker_weights,
+                                      queued=not self._sync, models=weakref.ref(self))
+        self._restarts = WorkerRestarts(self._restart, pool, self.layouts, self.collector_class is Collector,
+                                        after=self._weights.resend)
+        if self._workers_write:
+            self._free = FreeRunningWorkers(pool, self._restarts, self._stats, self.init_random_frames)
         for i in range(self.num_workers):
             self._attach_worker(i)
 
@@ -357,37 +357,7 @@ class MultiCollectorBase(WeightSync, FreeRunning, WorkerStats, TorchrlMethods):
         self._buffers = [[slot_buffer(flat, layout) for flat in slots] for slots, layout in zip(self._slots, self.layouts)]
 
     def _attach_worker(self, index: int) -> None:
-        store = None if self._stores is None else self._stores[index]
-        self._pool.request(index, P.ATTACH, self._slots[index], self._stops[index],
-                           store if self._scheme_backend() == "shared" else None)
-
-    # -- recovery ------------------------------------------------------------------------------------
-    def _recover(self, index: int, error: BaseException) -> None:
-        """Replace failed worker ``index`` (``on_worker_failure="restart"``) or re-raise ``error``.
-
-        The replacement is built from the same spec with a fresh seed and trajectory-id block,
-        gets the same shared slots and the current weights and version before collecting."""
-        if not self._restart.allows(index):
-            if self._restart.mode == "restart":
-                raise WorkerError(
-                    f"worker {index} failed again after {self._restart.counts[index]} restarts "
-                    f"(max_worker_restarts={self._restart.max_restarts}): {type(error).__name__}: {error}",
-                    index, getattr(error, "exitcode", None), getattr(error, "worker_traceback", None),
-                ) from error
-            raise error
-        count = self._restart.record(index)
-        logger.warning("restarting worker %d (restart %d of %d) after: %s",
-                       index, count, self._restart.max_restarts, str(error).splitlines()[0])
-        self._pool.restart(index, self._restart.payload(index, self.collector_class is Collector))
-        if self._pool.handles[index].info["layout"] != self.layouts[index]:
-            raise WorkerError(f"restarted worker {index} reports a different batch layout", index)
-        self._attach_worker(index)
-        if index in self._last_weights:
-            state, version = self._last_weights[index]
-            self._pool.request(index, P.UPDATE_WEIGHTS, state, version)
-        for (i, model_id), (state, version) in self._last_model_weights.items():
-            if i == index:
-                self._pool.request(index, P.UPDATE_WEIGHTS, state, version, model_id)
+        self._pool.attach(index, self._slots[index], self._stops[index], self._weights.store_for(index))
 
     # -- delivery -------------------------------------------------------------------------------
     def _deliver(self, batch: TensorDict, stacked_workers: bool = False, worker: int | None = None) -> TensorDict | None:
@@ -396,31 +366,18 @@ class MultiCollectorBase(WeightSync, FreeRunning, WorkerStats, TorchrlMethods):
                        postproc=self.postproc, replay_buffer=self.replay_buffer, extend_buffer=self.extend_buffer,
                        stacked_workers=stacked_workers)
 
-    def __iter__(self) -> Iterator[TensorDict | None]:
-        self._check_open()
-        if self._running_free or self._loop is not None:
+    def _running(self) -> bool:
+        return self._loop is not None or (self._free is not None and self._free.running)
+
+    def _check_iterable(self) -> None:
+        if self._running():
             raise RuntimeError("this collector is running free (start()); it cannot be iterated until async_shutdown()")
-        try:
-            while self.total_frames < 0 or self._frames < self.total_frames:
-                yield self._next_batch()
-        except GeneratorExit:
-            raise
-        except BaseException:
-            self.shutdown()
-            raise
 
-    def __next__(self) -> TensorDict | None:
-        if self._iterator is None:
-            self._iterator = iter(self)
-        return next(self._iterator)
-
-    def __len__(self) -> int:
-        if self.total_frames < 0:
-            raise TypeError("an endless collector (total_frames=-1) has no len()")
+    def _batch_frames(self) -> int:
         if not isinstance(self.frames_per_batch, int):
             raise TypeError("an async collector with one frames_per_batch per worker has no len(): how many "
                             "batches reach total_frames depends on which workers deliver them")
-        return math.ceil(self.total_frames / self.frames_per_batch)
+        return self.frames_per_batch
 
     def frames_per_batch_worker(self, worker_idx: int | None = None) -> int:
         """Frames in each batch worker ``worker_idx`` collects (torchrl's; None: worker 0).
@@ -439,10 +396,6 @@ class MultiCollectorBase(WeightSync, FreeRunning, WorkerStats, TorchrlMethods):
 
     def _next_batch(self) -> TensorDict | None:
         raise NotImplementedError
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise RuntimeError(f"this {type(self).__name__} has been shut down")
 
     @contextlib.contextmanager
     def _guard(self) -> Iterator[None]:
@@ -545,6 +498,217 @@ class MultiCollectorBase(WeightSync, FreeRunning, WorkerStats, TorchrlMethods):
         self._iter = int(state["iter"])
         self._version = int(state.get("policy_version", self._version))
 
+    # -- weights (weight_sync.py) ------------------------------------------------------------
+    def update_policy_weights_(self, policy_or_weights: Any = None, *, weights: Any = None, policy: Any = None,
+                               worker_ids: Any = None, model_id: str | None = None,
+                               weights_dict: dict | None = None) -> None:
+        """Push new weights to the workers (all, or ``worker_ids``) with a new version.
+
+        The weights (positionally, ``weights=`` or ``policy=``): None (the main ``policy``'s),
+        an ``nn.Module``, a TensorDict of parameters, a state dict, or with
+        ``per_worker_weights=True`` a dict ``{worker_index: weights}``. ``model_id`` names the
+        model (default ``"policy"``; any other must be a key of ``weight_sync_schemes``, an
+        attribute path in each worker's collector such as ``"policy.module[0]"``);
+        ``weights_dict={model_id: weights}`` updates several models with one version. The
+        workers take them between two batches; every frame records the version that acted in
+        ``("collector", "policy_version")`` when ``track_policy_version=True``. With
+        ``weight_updater`` the call goes to it instead (no ``model_id`` / ``weights_dict``).
+
+        Example:
+            >>> import torch
+            >>> from rlcollect import MultiSyncCollector, CountingEnv
+            >>> class Policy(torch.nn.Module):
+            ...     def __init__(self):
+            ...         super().__init__()
+            ...         self.bias = torch.nn.Parameter(torch.zeros(1))
+            ...     def forward(self, observation):
+            ...         return (observation[..., 0] * 0 + self.bias[0]).long()
+            >>> c = MultiSyncCollector(CountingEnv, Policy(), num_workers=2, frames_per_batch=8)
+            >>> c.update_policy_weights_(weights={"bias": torch.ones(1)})
+            >>> c.worker_policy_versions()
+            [1, 1]
+            >>> c.shutdown()
+        """
+        self._check_open()
+        if delegate_to_updater(self, policy_or_weights, weights=weights, policy=policy, model_id=model_id,
+                               weights_dict=weights_dict, worker_ids=worker_ids,
+                               hint="; use weight_sync_schemes for several models"):
+            return
+        models = update_targets(policy_or_weights, weights=weights, policy=policy, model_id=model_id,
+                                weights_dict=weights_dict)
+        plan = self._weights.plan(models, worker_ids)
+        if plan:
+            self._push(plan, lambda: self._version + 1)
+
+    def _push(self, plan: list[tuple[str, dict[int, Any]]], version: Callable[[], int]) -> None:
+        """Send ``plan``'s weights with the version ``version()`` returns (asked once a worker
+        that failed while running free has been dealt with)."""
+        with self._guard():
+            self._check_free()
+        self._version = version()
+        for mid, targets in plan:
+            with (contextlib.nullcontext() if self._weights.shared(mid) else self._control()), self._guard():
+                self._weights.push(mid, targets, self._version)
+            self._stats.note_pushed(targets, self._version)
+
+    def get_model(self, model_id: str) -> Any:
+        """The main process's model ``model_id``: ``"policy"`` is the ``policy`` given (the source
+        of weights), any other an attribute path from this collector (``"policy.module[0]"``);
+        models that exist only inside the workers (``"env.x"``) raise ``UnknownModelError``.
+
+        Example (``policy`` a module with a ``head`` sub-module)::
+
+            collector = MultiSyncCollector(make_env, policy, num_workers=2, frames_per_batch=100,
+                                           weight_sync_schemes={"policy.head": "process"})
+            collector.get_model("policy.head") is policy.head   # True
+            collector.update_policy_weights_(model_id="policy.head")  # policy.head's weights, to every worker
+        """
+        return self._weights.get_model(model_id)
+
+    def get_cached_weights(self, model_id: str) -> Any:
+        """The shared-memory weights the workers copy from (``{name: tensor}``, worker 0's with
+        ``per_worker_weights=True``) for ``"policy"`` with the shared scheme; None otherwise
+        (as torchrl: nothing cached)."""
+        return self._weights.cached(model_id)
+
+    def worker_policy_versions(self) -> list[int]:
+        """The weights version each worker acts with (after its next batch starts).
+
+        Example:
+            >>> from rlcollect import MultiSyncCollector
+            >>> c = MultiSyncCollector("CartPole-v1", num_workers=2, frames_per_batch=20)
+            >>> c.worker_policy_versions()
+            [0, 0]
+            >>> c.shutdown()
+        """
+        return list(self._stats.worker_versions)
+
+    # -- driven by an outer worker or node (rlcollect/source.py) ------------------------------------
+    @property
+    def weight_spec(self) -> dict | None:
+        """Names, shapes and dtypes of the workers' policy parameters and buffers (None: none)."""
+        return self._weights.spec
+
+    def weights_module(self, model_id: str = "policy") -> Any:
+        """The main process's ``policy`` (the source of the workers' weights); only ``"policy"``."""
+        if model_id != "policy":
+            raise ValueError(f"model_id {model_id!r}: a nested multi-process collector updates only 'policy'")
+        return self.policy
+
+    def set_weights(self, state: Any, version: int, model_id: str = "policy") -> None:
+        """Have every worker act with ``state`` (None: ``policy``'s weights, as they are now)
+        from its next batch on, with ``policy_version`` set to ``version`` (the number of the
+        worker or node that runs this collector, not a bump)."""
+        self._check_open()
+        module = self.weights_module(model_id)
+        if state is not None and has_weights(module):
+            load_weights(module, state)  # the main copy stays the one the workers act with
+        plan = self._weights.plan({"policy": state}, None)
+        if plan:
+            self._push(plan, lambda: version)
+
+    def batch_info(self) -> dict:
+        """The last batch filled for an outer collector (see ``WorkerStats.batch_info``)."""
+        return self._stats.batch_info()
+
+    # -- free running (freerun.py) ------------------------------------------------------------------
+    def start(self) -> None:
+        """Collect continuously into the replay buffer; returns at once.
+
+        Example:
+            >>> from rlcollect import MultiAsyncCollector, ReplayBuffer
+            >>> rb = ReplayBuffer(10_000)
+            >>> c = MultiAsyncCollector("CartPole-v1", num_workers=2, frames_per_batch=200, replay_buffer=rb)
+            >>> c.start()
+            >>> with c.pause():
+            ...     frozen = rb.write_count
+            >>> c.async_shutdown(); rb.close()
+        """
+        self._check_open()
+        if self.replay_buffer is None:
+            raise RuntimeError("start() needs a replay_buffer: batches collected while running free go there")
+        if self._running():
+            raise RuntimeError("start() was already called; use pause() to stop writing for a while")
+        with self._guard():
+            self._discard_in_flight()
+            if self._free is not None:
+                self._free.start()
+            else:
+                self._loop = BackgroundLoop(self._next_batch, name="rlcollect-multi-collector")
+                self._loop.start()
+
+    @contextlib.contextmanager
+    def pause(self) -> Iterator[None]:
+        """Within the block nothing is written to the buffer (batches in progress finish first)."""
+        self._check_open()
+        if self._loop is not None:
+            with self._loop.pause():
+                yield
+            return
+        if not self._running():
+            raise RuntimeError("pause() needs a collector running free: call start() first")
+        with self._guard():
+            self._frames += self._free.stop()
+        try:
+            yield
+        finally:
+            if not self._closed:
+                with self._guard():
+                    self._free.start()
+
+    def _check_free(self) -> None:
+        """Surface a worker that failed while running free (restarting it when allowed)."""
+        if self._free is not None:
+            self._frames += self._free.check()
+
+    @contextlib.contextmanager
+    def _control(self) -> Iterator[None]:
+        """Control calls made while running free pause the workers around themselves."""
+        if self._running():
+            with self.pause():
+                yield
+        else:
+            yield
+
+    def async_shutdown(self, timeout: float | None = None) -> None:
+        """Stop running free (writes stop after the batches in progress), then shut down
+        (``timeout=None``: 10 s, as ``shutdown``)."""
+        timeout = 10.0 if timeout is None else timeout
+        try:
+            if not self._closed:
+                if self._loop is not None:
+                    loop, self._loop = self._loop, None
+                    loop.stop(timeout)
+                elif self._running():
+                    with self._guard():
+                        self._frames += self._free.stop()
+        finally:
+            self.shutdown(timeout)
+
+    def _random_now(self) -> bool:
+        return frames_written(self.replay_buffer, self._frames) < self.init_random_frames
+
+    # -- statistics (stats.py) --------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """JSON-serialisable statistics: frames, rates, per-worker frames, liveness, restarts,
+        versions and env-step latency, the last batch's policy lag, time blocked waiting for the
+        workers (docs/observability.md defines every key).
+
+        Example:
+            >>> from rlcollect import MultiSyncCollector
+            >>> with MultiSyncCollector("CartPole-v1", num_workers=2, frames_per_batch=20, total_frames=20) as c:
+            ...     _ = list(c)
+            ...     s = c.stats()
+            >>> s["frames"], s["policy_lag_mean"], [w["env_step_p95_s"] > 0 for w in s["workers"]]
+            (20, 0.0, [True, True])
+        """
+        if self._running() and not self._closed:
+            with self._guard():
+                self._check_free()
+        alive = self._pool.alive() if self._pool is not None and not self._closed else [False] * self.num_workers
+        return self._stats.summary(frames=self._frames, batches=self._iter, version=self._version, alive=alive,
+                                   restarts=self._restart.counts, replay_buffer=self.replay_buffer)
+
     # -- observability ------------------------------------------------------------------------------
     def enable_profile(self, path: str = "rlcollect_trace.json", *, rollouts=(0,), workers=(0,), **profiler_kwargs) -> None:
         """Record torch.profiler traces of the chosen rollouts inside the chosen workers; worker
@@ -579,7 +743,8 @@ class MultiCollectorBase(WeightSync, FreeRunning, WorkerStats, TorchrlMethods):
         if self._closed and self._pool is None:
             return
         self._closed = True
-        self._running_free = False
+        if self._free is not None:
+            self._free.running = False
         loop, self._loop = self._loop, None
         loop_error = None
         if loop is not None:
@@ -593,19 +758,16 @@ class MultiCollectorBase(WeightSync, FreeRunning, WorkerStats, TorchrlMethods):
         if pool is not None:
             self._finalizer.detach()
             _shutdown(pool, self._previous_threads, timeout)
-        self._slots = self._buffers = self._stores = None
+        self._slots = self._buffers = None
+        # The collaborators hold the pool (its handles hold what they were attached with) and
+        # the weight stores: shared tensors, each holding a file descriptor until it is freed.
+        self._weights = self._restarts = self._free = None
         self._stops = []  # shared tensors: each holds a file descriptor until it is freed
         # An iterator that ended with an exception would answer StopIteration from now on; a
         # fresh one says that the collector is shut down.
         self._iterator = None
         if loop_error is not None:
             raise loop_error
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.shutdown()
 
 
 def _shutdown(pool: WorkerPool, threads: int, timeout: float = 10.0) -> None:

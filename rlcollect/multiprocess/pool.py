@@ -75,6 +75,7 @@ class _Handle:
         self.conn = conn
         self.pending: collections.deque[str] = collections.deque()
         self.info: dict = {}
+        self.attachment: tuple | None = None  # the ATTACH arguments: given again to a replacement
         self.hung = False
         self.failed = False
 
@@ -256,9 +257,10 @@ class WorkerPool:
         if failure and process.pid is None:
             raise failure[0]
 
-    def restart(self, index: int, payload: bytes) -> None:
+    def restart(self, index: int, payload: bytes, check: Any = None) -> None:
         """Replace worker ``index`` by a new process built from ``payload`` (the old one is
-        killed if it still runs) and wait until it is ready."""
+        killed if it still runs), wait until it is ready (``check(info)`` may refuse what it
+        reports), and attach it as the old one was."""
         old = self.handles[index]
         _stop_process(old.process)
         self.reaper.forget(old.process.pid)
@@ -269,6 +271,16 @@ class WorkerPool:
         self._watch_fork_server()  # relaunched if it died meanwhile
         self._spawn(index, payload, deadline)
         self._await_ready([self.handles[index]], deadline)
+        if check is not None:
+            check(self.handles[index].info)
+        if old.attachment is not None:
+            self.attach(index, *old.attachment)
+
+    def attach(self, index: int, *args: Any) -> None:
+        """Hand worker ``index`` its shared slots, stop flag and weight store (``P.ATTACH``);
+        a replacement started by ``restart`` gets the same."""
+        self.request(index, P.ATTACH, *args)
+        self.handles[index].attachment = args
 
     def __len__(self) -> int:
         return len(self.handles)
@@ -399,6 +411,7 @@ class WorkerPool:
                 handle.process.kill()
                 handle.process.join(5.0)
         for handle in self.handles:
+            handle.attachment = None  # the shared slots and stores: freed with the collector's
             handle.conn.close()
             try:
                 handle.process.close()

@@ -149,22 +149,22 @@ class MultiSyncCollector(MultiCollectorBase):
                 self.update_policy_weights_()
             started = time.perf_counter()
             infos = self._collect_all(self._random_now())
-            self._wait.add(time.perf_counter() - started)
+            self._stats.wait.add(time.perf_counter() - started)
             if self._workers_write:  # the workers put their parts into the replay buffer
                 self._account(infos)
-                self._last_batch_s = time.perf_counter() - started
+                self._stats.last_batch_s = time.perf_counter() - started
                 self._iter += 1
                 return None
             batch = self._gather(infos)
-            self._last_batch_s = time.perf_counter() - started
+            self._stats.last_batch_s = time.perf_counter() - started
         self._iter += 1
         return self._deliver(batch, stacked_workers=self.cat_results == "stack")
 
     def _account(self, infos: list[dict]) -> int:
         valid = sum(info["frames"] for info in infos)
-        self._note_batch(list(enumerate(infos)))
+        self._stats.note_batch(list(enumerate(infos)), self._version)
         self._frames += valid
-        self._last_batch_frames = valid
+        self._stats.last_batch_frames = valid
         return valid
 
     def _collect_all(self, random: bool) -> list[dict]:
@@ -204,7 +204,7 @@ class MultiSyncCollector(MultiCollectorBase):
                 index = getattr(err, "worker_index", None)
                 if index not in waiting:
                     raise
-                self._recover(index, err)
+                self._restarts.recover(index, err)
                 start(index)
             if self.preemptive_threshold is not None and n - len(waiting) >= need:
                 for i in waiting:
@@ -233,12 +233,12 @@ class MultiSyncCollector(MultiCollectorBase):
                 if self._cat_dim != -1:
                     keep = min(steps)
                     dropped = valid - sum(keep * lay.rows for lay in self.layouts)
-                    self._dropped += dropped  # counted out: only delivered frames count
+                    self._stats.dropped += dropped  # counted out: only delivered frames count
                     self._frames -= dropped
-                    self._last_batch_frames -= dropped
+                    self._stats.last_batch_frames -= dropped
                     steps = [keep] * len(steps)
                     # the lag over the frames delivered: the first `keep` steps of each worker
-                    self._lag = policy_lag(self._version, [{**info["meta"], "frames": keep * lay.rows}
+                    self._stats.lag = policy_lag(self._version, [{**info["meta"], "frames": keep * lay.rows}
                                                            for info, lay in zip(infos, self.layouts)])
                 tds = [td[..., :s] for td, s in zip(tds, steps)]
                 tds = [td.exclude(MASK) for td in tds]
@@ -269,7 +269,7 @@ class MultiSyncCollector(MultiCollectorBase):
                 for key, tensor in buffers[self._set].tensors.items():
                     buf.tensors[key][i * rows:(i + 1) * rows].copy_(tensor)
             valid = sum(info["frames"] for info in infos)
-            self._note_batch(list(enumerate(infos)))
+            self._stats.note_batch(list(enumerate(infos)), self._version)
         self._frames += valid
         self._iter += 1
         return valid
