@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rlcollect._context import worker_index
-from rlcollect.config import CollectorConfig
+from rlcollect.config import CollectorConfig, check_policy_sources, check_replay_buffer, check_weight_updater
 from rlcollect.data import TRAJ_ID_BLOCK, BatchBuffer, deliver, fresh_batch
 from rlcollect.envs.adapter import make_env
 from rlcollect.freerun import BackgroundLoop
@@ -140,18 +140,11 @@ class Collector(CollectorBase):
             worker_idx=worker_idx,
         )
         self._schemes = validate_schemes(weight_sync_schemes)
-        if weight_updater is not None and weight_sync_schemes is not None:
-            raise ValueError("give weight_sync_schemes or weight_updater, not both (as in torchrl)")
+        check_weight_updater(weight_updater, weight_sync_schemes)
         if policy_factory is not None and not callable(policy_factory):
             raise TypeError(f"policy_factory must be a callable returning the policy, got {type(policy_factory).__name__}")
-        if policy_factory is not None and policy is not None and "policy" not in self._schemes:
-            raise ValueError(
-                "policy and policy_factory were both given but weight_sync_schemes has no 'policy' scheme: "
-                "pass weight_sync_schemes={'policy': SharedMemWeightSyncScheme()} (policy is then only the "
-                "source of weights), or give just one of policy / policy_factory"
-            )
-        if replay_buffer is not None and not callable(getattr(replay_buffer, "extend", None)):
-            raise TypeError(f"replay_buffer must have an extend() method, got {type(replay_buffer).__name__}")
+        check_policy_sources(policy, policy_factory is not None, self._schemes)
+        check_replay_buffer(replay_buffer)
         self.replay_buffer = replay_buffer
         if cfg.total_frames > 0 and cfg.total_frames % cfg.frames_per_batch:
             torchrl_args.warn(

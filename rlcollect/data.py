@@ -121,6 +121,37 @@ def carve(flat: torch.Tensor, layout: BatchLayout) -> dict[NestedKey, torch.Tens
     return {key: flat[off : off + nbytes].view(dtype).view(shape) for key, off, nbytes, shape, dtype in fields}
 
 
+class SlotPart:
+    """Worker ``index``'s share of a stacked slot of ``parts`` workers (what that worker is
+    handed instead of a flat slot; :func:`slot_buffer` carves it)."""
+
+    def __init__(self, flat: torch.Tensor, index: int, parts: int):
+        self.flat, self.index, self.parts = flat, index, parts
+
+    def __reduce__(self):
+        return SlotPart, (self.flat, self.index, self.parts)
+
+
+def stacked_layout(layout: BatchLayout, parts: int) -> BatchLayout:
+    """The layout of a stacked slot: field k is ``parts`` consecutive ``(n, T, ...)`` blocks."""
+    # Stacking along the rows: field k of the stacked layout is parts consecutive (n, T, ...) blocks.
+    return BatchLayout(layout.fields, torch.Size([parts * layout.rows]), layout.time)
+
+
+def stacked_tensors(flat: torch.Tensor, layout: BatchLayout, parts: int) -> dict:
+    """The ``(parts * n, T, *feature)`` views of a stacked slot, by key (fresh tensors each call)."""
+    return slot_buffer(flat, stacked_layout(layout, parts)).tensors
+
+
+def slot_buffer(flat: torch.Tensor | SlotPart, layout: BatchLayout) -> BatchBuffer:
+    """The typed view of a flat slot (or of a worker's part of a stacked one) as a :class:`BatchBuffer`."""
+    if isinstance(flat, SlotPart):
+        rows, i = layout.rows, flat.index
+        stacked = stacked_tensors(flat.flat, layout, flat.parts)
+        return BatchBuffer(layout, tensors={key: t[i * rows:(i + 1) * rows] for key, t in stacked.items()})
+    return BatchBuffer(layout, tensors=carve(flat, layout))
+
+
 def fresh_batch(layout: BatchLayout) -> BatchBuffer:
     """A zeroed batch in new memory, for a collector that hands each batch over without a copy.
 

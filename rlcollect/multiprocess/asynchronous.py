@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import collections
 import time
-from typing import Any
 
 import torch
 from tensordict import TensorDict
 
 import numpy as np
 
-from rlcollect.data import WORKER_ID, BatchLayout
+from rlcollect.data import WORKER_ID, BatchLayout, slot_buffer
 from rlcollect.envs.base import ArraySpec
 from rlcollect.multiprocess import protocol as P
 from rlcollect.multiprocess import shm
 from rlcollect.multiprocess.base import MultiCollectorBase
-from rlcollect.multiprocess.shm import references, slot_buffer
+from rlcollect.multiprocess.shm import references
 
 
 class MultiAsyncCollector(MultiCollectorBase):
@@ -41,12 +40,6 @@ class MultiAsyncCollector(MultiCollectorBase):
 
     _sync = False
     _slots_per_worker = 3
-
-    def _check_cat_results(self, value: Any) -> str:
-        if value is None or value == "stack":
-            return "stack"
-        raise ValueError(f"cat_results must be None or 'stack' for MultiAsyncCollector (it yields one worker's "
-                         f"batch at a time), got {value!r}")
 
     def _attach(self) -> None:
         super()._attach()

@@ -1,12 +1,11 @@
-"""What the sync and async multi-process collectors share: argument validation, per-worker
-specs, the worker pool, shared batch slots, weight sync, seeding, state and statistics."""
+"""What the sync and async multi-process collectors share: the worker pool and their shared
+batch slots, seeding, state, shutdown, and the public calls that their collaborators (config.py,
+weight_sync.py, restart.py, freerun.py, stats.py) do the work of."""
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
-import math
 import os
 import weakref
 from collections.abc import Callable, Iterator
@@ -19,10 +18,9 @@ from tensordict import TensorDict
 from rlcollect.collector import Collector, frames_written
 from rlcollect import torchrl_args
 from rlcollect.base import CollectorBase
-from rlcollect.torchrl_args import version_tracker
-from rlcollect.config import CollectorConfig, kwargs_arg, optional_positive_int, positive_int, total_frames_arg
-from rlcollect.data import deliver
+from rlcollect.data import deliver, slot_buffer
 from rlcollect.errors import WorkerError
+from rlcollect.multiprocess import config as mpconfig
 from rlcollect.multiprocess import protocol as P
 from rlcollect.freerun import BackgroundLoop
 from rlcollect.multiprocess.freerun import FreeRunningWorkers
@@ -30,75 +28,16 @@ from rlcollect.multiprocess.weight_sync import WorkerWeights
 from rlcollect.multiprocess import start
 from rlcollect.multiprocess.pool import DEFAULT_START_TIMEOUT_S, WorkerPool
 from rlcollect.multiprocess.restart import RestartPolicy, WorkerRestarts
-from rlcollect.multiprocess.shm import allocate_slot, check_free_space, slot_buffer, slot_bytes
+from rlcollect.multiprocess.shm import allocate_slot, check_free_space, slot_bytes
 from rlcollect.multiprocess.stats import WorkerStats
-from rlcollect.policy import as_exploration_type, has_weights, load_weights
+from rlcollect.policy import has_weights, load_weights
 from rlcollect.weights.models import delegate_to_updater, make_weight_updater, update_targets
-from rlcollect.weights.schemes import validate_schemes
 
 logger = logging.getLogger("rlcollect")
 
 START_METHODS = start.START_METHODS
-PER_WORKER_ARGS = ("device", "storing_device", "env_device", "policy_device")
-#: Options forwarded unchanged to each worker's inner collector.
-INNER_OPTIONS = (
-    "max_frames_per_traj", "reset_at_each_iter", "exploration_type", "set_truncated", "trust_policy",
-    "compile_policy", "cudagraph_policy", "no_cuda_sync", "track_policy_version",
-)
-
-
-def _per_worker(name: str, value: Any, n: int) -> list:
-    if isinstance(value, (list, tuple)):
-        if len(value) != n:
-            raise ValueError(f"{name} is a per-worker list of length {len(value)}, but there are {n} workers")
-        return list(value)
-    return [value] * n
-
-
-#: The collector classes ``collector_class`` may name by string. The multi-process ones are this
-#: module's subclasses: named by path and imported when first named, so that this module does
-#: not import the modules built on it.
-_NAMED = {
-    "single": ("rlcollect.collector", "Collector"),
-    "sync": ("rlcollect.multiprocess.sync", "MultiSyncCollector"),
-    "async": ("rlcollect.multiprocess.asynchronous", "MultiAsyncCollector"),
-}
-
-
-def resolve_collector_class(value: Any) -> type:
-    """``collector_class``: a collector class (``Collector``, a multi-process collector, or a
-    subclass), or one of ``"single"``, ``"sync"``, ``"async"``.
-
-    Example:
-        >>> resolve_collector_class("sync").__name__
-        'MultiSyncCollector'
-    """
-    if isinstance(value, str):
-        if value not in _NAMED:
-            raise ValueError(f"collector_class must be a collector class or one of {sorted(_NAMED)}, got {value!r}")
-        module, name = _NAMED[value]
-        return getattr(importlib.import_module(module), name)
-    if isinstance(value, type) and issubclass(value, (Collector, MultiCollectorBase)):
-        return value
-    raise ValueError(
-        f"collector_class must be Collector, MultiSyncCollector, MultiAsyncCollector (or a subclass), "
-        f"or one of {sorted(_NAMED)}; got {value!r}"
-    )
-
-
-def _pickled(name: str, value: Any, hint: str) -> None:
-    try:
-        cloudpickle.dumps(value)
-    except Exception as err:
-        raise TypeError(f"{name} cannot be pickled for the worker processes ({err}); {hint}") from err
-
-
-def _shared_buffer(replay_buffer: Any) -> bool:
-    """Whether the workers can write into ``replay_buffer`` themselves (an rlcollect
-    ``ReplayBuffer``); any other object with ``extend()`` is written by the main process."""
-    from rlcollect.buffers.replay import ReplayBuffer
-
-    return isinstance(replay_buffer, ReplayBuffer)
+#: (distributed/config.py imports it from here.)
+resolve_collector_class = mpconfig.resolve_collector_class
 
 
 class MultiCollectorBase(CollectorBase):
@@ -156,152 +95,41 @@ class MultiCollectorBase(CollectorBase):
     ):
         self._pool = None
         self._closed = True
-        unknown = set(inner_options) - set(INNER_OPTIONS)
-        if unknown:
-            raise TypeError(f"{type(self).__name__} got unexpected arguments {sorted(unknown)}")
-        torchrl_args.check_reset_when_done(reset_when_done)
-        self.local_init_rb = torchrl_args.check_local_init_rb(local_init_rb)
-        if not isinstance(use_buffers, bool):
-            raise TypeError(f"use_buffers must be a bool, got {use_buffers!r}")
+        self.config = cfg = mpconfig.MultiConfig(
+            sync=self._sync, owner=type(self).__name__, create_env_fn=create_env_fn, policy=policy,
+            num_workers=num_workers, policy_factory=policy_factory, frames_per_batch=frames_per_batch,
+            total_frames=total_frames, device=device, storing_device=storing_device, env_device=env_device,
+            policy_device=policy_device, create_env_kwargs=create_env_kwargs, collector_class=collector_class,
+            preemptive_threshold=preemptive_threshold, cat_results=cat_results,
+            update_at_each_batch=update_at_each_batch, num_threads=num_threads, num_sub_threads=num_sub_threads,
+            mp_start_method=mp_start_method, worker_timeout=worker_timeout, start_timeout=start_timeout,
+            on_worker_failure=on_worker_failure, max_worker_restarts=max_worker_restarts,
+            init_random_frames=init_random_frames, postproc=postproc, split_trajs=split_trajs,
+            return_same_td=return_same_td, replay_buffer=replay_buffer, extend_buffer=extend_buffer,
+            use_buffers=use_buffers, weight_sync_schemes=weight_sync_schemes, per_worker_weights=per_worker_weights,
+            weight_updater=weight_updater, collector_kwargs=collector_kwargs, worker_idx=worker_idx,
+            reset_when_done=reset_when_done, local_init_rb=local_init_rb, inner_options=inner_options)
+        n = self.num_workers = cfg.num_workers
+        self._version_tracker = cfg.version_tracker
         # Batches always cross from the workers through shared-memory slots; use_buffers=False
         # (torchrl: no preallocated buffers) is honoured where it is observable: every batch
         # delivered is freshly allocated memory, never a view that the next batch overwrites.
-        self.use_buffers = use_buffers
-        if "track_policy_version" in inner_options:  # a torchrl PolicyVersion stays here; workers get True
-            inner_options["track_policy_version"], self._version_tracker = version_tracker(
-                inner_options["track_policy_version"])
-        if "exploration_type" in inner_options:  # travels as a plain string
-            inner_options["exploration_type"] = as_exploration_type(inner_options["exploration_type"])
-        # -- workers and per-worker lists -------------------------------------------------------
-        if isinstance(create_env_fn, (list, tuple)):
-            if not create_env_fn:
-                raise ValueError("create_env_fn is an empty list; give one env factory per worker")
-            if num_workers is not None and num_workers != len(create_env_fn):
-                raise ValueError(
-                    f"num_workers={num_workers} but create_env_fn lists {len(create_env_fn)} envs (one per worker)"
-                )
-            env_fns = list(create_env_fn)
-        else:
-            if num_workers is None:
-                raise ValueError("num_workers is required when create_env_fn is not a list (one entry per worker)")
-            env_fns = [create_env_fn] * positive_int("num_workers", num_workers)
-        n = self.num_workers = len(env_fns)
-        total_frames = total_frames_arg(total_frames)
-        if isinstance(frames_per_batch, (list, tuple)):
-            frames = [positive_int("frames_per_batch", f) for f in _per_worker("frames_per_batch", frames_per_batch, n)]
-        else:
-            positive_int("frames_per_batch", frames_per_batch)
-            if self._sync:
-                if frames_per_batch % n:
-                    torchrl_args.warn(
-                        f"frames_per_batch={frames_per_batch} is not divisible by num_workers={n}: each worker "
-                        f"collects {math.ceil(frames_per_batch / n)} frames", stacklevel=3)
-                frames = [math.ceil(frames_per_batch / n)] * n
-            else:
-                frames = [frames_per_batch] * n
-        # async with one size per worker: a batch is one worker's, so frames_per_batch stays the list
-        self.frames_per_batch = sum(frames) if self._sync else frames_per_batch
-        self._worker_frames_per_batch = frames
-        self.requested_frames_per_batch = sum(frames)
-        self.total_frames = total_frames
-        kwargs_list = _per_worker("create_env_kwargs", create_env_kwargs, n)
-        factories = _per_worker("policy_factory", policy_factory, n)
-        devices = {name: _per_worker(name, value, n) for name, value in
-                   zip(PER_WORKER_ARGS, (device, storing_device, env_device, policy_device))}
-        if total_frames > 0 and isinstance(self.frames_per_batch, int) and total_frames % self.frames_per_batch:
-            torchrl_args.warn(f"total_frames={total_frames} is not a multiple of frames_per_batch="
-                              f"{self.frames_per_batch}: the last batch overshoots", stacklevel=3)
-        # -- options of this class ----------------------------------------------------------------
-        if preemptive_threshold is not None:
-            if not self._sync:
-                raise ValueError("preemptive_threshold is only supported by MultiSyncCollector (got it for async)")
-            if isinstance(preemptive_threshold, bool) or not isinstance(preemptive_threshold, (int, float)) \
-                    or not 0.0 <= preemptive_threshold <= 1.0:
-                raise ValueError(f"preemptive_threshold must be a number in [0, 1], got {preemptive_threshold!r}")
-        self.preemptive_threshold = preemptive_threshold
-        self.cat_results = self._check_cat_results(cat_results)
-        self.mp_start_method = start.resolve_start_method(mp_start_method)
-        RestartPolicy(on_worker_failure, max_worker_restarts, [])  # validates both arguments
-        if worker_timeout is not None and (isinstance(worker_timeout, bool) or not isinstance(worker_timeout, (int, float))
-                                           or worker_timeout <= 0):
-            raise ValueError(f"worker_timeout must be a positive number of seconds or None, got {worker_timeout!r}")
-        self.worker_timeout = None if worker_timeout is None else float(worker_timeout)
-        if isinstance(start_timeout, bool) or not isinstance(start_timeout, (int, float)) \
-                or not math.isfinite(start_timeout) or start_timeout <= 0:
-            raise ValueError(f"start_timeout must be a positive, finite number of seconds (default "
-                             f"{DEFAULT_START_TIMEOUT_S:g}), got {start_timeout!r}")
-        self.start_timeout = float(start_timeout)
-        optional_positive_int("num_threads", num_threads)
-        positive_int("num_sub_threads", num_sub_threads)
-        self.collector_class = resolve_collector_class(collector_class)
-        collector_kwargs = dict(kwargs_arg("collector_kwargs", collector_kwargs))
-        if self.collector_class is not Collector and "num_workers" not in collector_kwargs:
-            raise ValueError(
-                f"collector_class={self.collector_class.__name__} runs its own workers: give their number with "
-                "collector_kwargs={'num_workers': K}"
-            )
-        self._schemes = validate_schemes(weight_sync_schemes)
-        if weight_updater is not None and weight_sync_schemes is not None:
-            raise ValueError("give weight_sync_schemes or weight_updater, not both (as in torchrl)")
-        if any(f is not None for f in factories) and policy is not None and "policy" not in self._schemes:
-            raise ValueError(
-                "policy and policy_factory were both given but weight_sync_schemes has no 'policy' scheme: pass "
-                "weight_sync_schemes={'policy': SharedMemWeightSyncScheme()} (policy is then only the source of "
-                "weights), or give just one of policy / policy_factory"
-            )
-        if replay_buffer is not None and not callable(getattr(replay_buffer, "extend", None)):
-            raise TypeError(f"replay_buffer must have an extend() method, got {type(replay_buffer).__name__}")
-        self.replay_buffer, self.extend_buffer = replay_buffer, extend_buffer
-        self._workers_write = _shared_buffer(replay_buffer)
-        if self._workers_write:
-            _pickled("postproc", postproc, "define it as a module-level function: the workers apply it before writing")
-        self.postproc, self.split_trajs, self.return_same_td = postproc, split_trajs, return_same_td
-        self.update_at_each_batch = bool(update_at_each_batch)
-        self.per_worker_weights = bool(per_worker_weights)
-        self.init_random_frames = torchrl_args.random_frames(init_random_frames)
-        self.policy = policy
-        self._weight_source = policy if has_weights(policy) else None
-        self._storing_devices = [devices["storing_device"][i] or devices["device"][i] for i in range(n)]
-        self._storing_device = self._storing_devices[0]
-        if self._sync and len({None if d is None else str(d) for d in self._storing_devices}) > 1:
-            raise ValueError(f"storing_device: MultiSyncCollector joins the workers' batches into one, so every worker "
-                             f"must store on the same device; got {[str(d) for d in self._storing_devices]} (use "
-                             "MultiAsyncCollector, which delivers each worker's batch on its own storing_device)")
-        # -- per-worker specs, validated here before any process starts --------------------------
-        specs = []
-        for i in range(n):
-            kwargs = {
-                "policy_factory": factories[i],
-                "frames_per_batch": frames[i],
-                "create_env_kwargs": kwargs_list[i],
-                "init_random_frames": None,
-                "use_buffers": True,
-                **{name: devices[name][i] for name in PER_WORKER_ARGS},
-                **inner_options,
-            }
-            # Unique trajectory-id blocks also when this collector is itself nested in a worker.
-            kwargs["worker_idx"] = i if worker_idx is None else worker_idx * n + i
-            kwargs.update(collector_kwargs)
-            if self.collector_class is Collector:
-                CollectorConfig(**{k: v for k, v in kwargs.items() if k in CollectorConfig.__dataclass_fields__})
-            if "policy" in self._schemes and factories[i] is not None and policy is not None:
-                kwargs["weight_sync_schemes"] = {"policy": self._schemes["policy"]}
-            sent_policy = None if factories[i] is not None else policy
-            _pickled("create_env_fn", env_fns[i], "pass a module-level factory function (or a gymnasium id) instead "
-                     "of an object that holds unpicklable state")
-            _pickled("policy", sent_policy, "build it inside the workers with policy_factory=<a function>")
-            specs.append({
-                "collector_class": self.collector_class, "create_env_fn": env_fns[i], "policy": sent_policy,
-                "kwargs": kwargs, "preemptive": preemptive_threshold is not None,
-                "replay_buffer": replay_buffer.share() if self._workers_write else None,
-                "write_options": {"postproc": postproc, "split_trajs": split_trajs, "extend_buffer": extend_buffer},
-            })
-        payloads = [cloudpickle.dumps(spec) for spec in specs]
-        self._restart = RestartPolicy(on_worker_failure, max_worker_restarts, specs)
+        for name in ("use_buffers", "local_init_rb", "frames_per_batch", "total_frames", "preemptive_threshold",
+                     "cat_results", "mp_start_method", "worker_timeout", "start_timeout", "collector_class",
+                     "replay_buffer", "extend_buffer", "postproc", "split_trajs", "return_same_td",
+                     "update_at_each_batch", "per_worker_weights", "init_random_frames", "policy"):
+            setattr(self, name, getattr(cfg, name))
+        self._worker_frames_per_batch = cfg.worker_frames
+        self.requested_frames_per_batch = sum(cfg.worker_frames)
+        self._schemes, self._workers_write, self._weight_source = cfg.schemes, cfg.workers_write, cfg.weight_source
+        self._storing_devices = cfg.storing_devices
+        self._storing_device = cfg.storing_devices[0]
+        payloads = [cloudpickle.dumps(spec) for spec in cfg.specs]
+        self._restart = RestartPolicy(on_worker_failure, max_worker_restarts, cfg.specs)
         self._in_updater = False
         self.weight_updater = None
         # -- start ---------------------------------------------------------------------------------
-        start.check_fork_is_safe(self.mp_start_method, [d for ds in devices.values() for d in ds], policy)
+        start.check_fork_is_safe(self.mp_start_method, [d for ds in cfg.devices.values() for d in ds], policy)
         start.check_not_bootstrapping()
         self._previous_threads = torch.get_num_threads()
         torch.set_num_threads(num_threads or max(1, (os.cpu_count() or 1) - n))
@@ -327,9 +155,6 @@ class MultiCollectorBase(CollectorBase):
             raise
 
     # -- set-up ------------------------------------------------------------------------------------
-    def _check_cat_results(self, value: Any) -> str | int:
-        raise NotImplementedError
-
     def _attach(self) -> None:
         """Allocate every worker's shared batch slots and weight store and hand them over;
         build the collaborators that need the started workers."""

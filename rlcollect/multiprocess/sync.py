@@ -15,18 +15,16 @@ from __future__ import annotations
 import gc
 import math
 import time
-from typing import Any
 
 import torch
 from tensordict import TensorDict
 
-from rlcollect.data import MASK, BatchBuffer, BatchLayout
+from rlcollect.data import MASK, BatchBuffer, BatchLayout, SlotPart, slot_buffer, stacked_tensors
 from rlcollect.metrics import policy_lag
 from rlcollect.multiprocess import protocol as P
 from rlcollect.multiprocess.base import MultiCollectorBase
 from rlcollect.multiprocess import shm
-from rlcollect.multiprocess.shm import (SlotPart, allocate_stacked, check_free_space, references, slot_buffer,
-                                        slot_bytes, stacked_tensors)
+from rlcollect.multiprocess.shm import allocate_stacked, check_free_space, references, slot_bytes
 
 #: Stacked slots kept: the batch the user holds while the next one is collected, and that one.
 STACKED_SLOTS = 2
@@ -59,13 +57,6 @@ class MultiSyncCollector(MultiCollectorBase):
 
     _sync = True
     _slots_per_worker = 1
-
-    def _check_cat_results(self, value: Any) -> str | int:
-        if value is None:
-            return "stack"
-        if value == "stack" or (isinstance(value, int) and not isinstance(value, bool)):
-            return value  # an int dim is checked against the workers' batch dims once they report them
-        raise ValueError(f"cat_results must be 'stack' or an int dim of the workers' batches (0, -1, ...), got {value!r}")
 
     def _allocate_slots(self) -> None:
         self._check_layouts()  # before anything is allocated

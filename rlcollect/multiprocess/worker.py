@@ -22,10 +22,9 @@ import torch.multiprocessing  # noqa: F401  (registers the shared-memory tensor 
 
 from rlcollect import _context
 from rlcollect._pids import pid_alive
-from rlcollect.data import MASK, BatchLayout, deliver
+from rlcollect.data import MASK, BatchLayout, deliver, slot_buffer
 from rlcollect.envs.base import ArraySpec
 from rlcollect.multiprocess import protocol as P
-from rlcollect.multiprocess.shm import slot_buffer
 
 _WATCHDOG_PERIOD_S = 0.1
 
