@@ -252,8 +252,9 @@ def test_every_real_row_has_a_key_its_side_understands_and_the_issue_targets():
         assert by_label["rlcollect Collector, 8 envs"].ideal == real.BARE
         assert Target("ratio", at_least=0.9) in sync.targets and Target("ratio", at_least=0.95) in asynchronous.targets
         assert Target("vs_envpool", at_least=1.0) in sync.targets and Target("vs_envpool", at_least=1.0) in asynchronous.targets
-        pixels = config.name.startswith("Pong")
-        assert (Target("rss_of_batch", at_most=1.25) in sync.targets) == pixels
+        # The pixel path's memory target is bench.pixels' (it counts the slots in flight); here the
+        # memory columns are figures only.
+        assert not any(t.column == "rss_of_batch" for t in sync.targets + asynchronous.targets)
 
 
 def test_the_torchrl_keys_of_the_real_rows_use_the_same_batch_sizes():

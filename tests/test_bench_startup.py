@@ -16,9 +16,9 @@ from bench import startup, suite  # noqa: E402
 def test_startup_rows_are_registered_for_each_method_cold_and_warm():
     names = [c.name for c in suite.CONFIGS if c.name.startswith("start-up:")]
     assert names == [f"start-up: first batch, CartPole-v1 random, 4 workers, MultiSync, {method}, {run}"
-                     for method in ("forkserver, the default", "spawn", "fork") for run in ("cold", "warm")]
+                     for method in ("the default", "forkserver", "spawn") for run in ("cold", "warm")]
     keyed = [c.name for c in startup.startup_configs() if c.torchrl]
-    assert keyed == ["start-up: first batch, CartPole-v1 random, 4 workers, MultiSync, forkserver, the default, cold"]
+    assert keyed == ["start-up: first batch, CartPole-v1 random, 4 workers, MultiSync, the default, cold"]
 
 
 def test_one_interpreter_per_round_feeds_the_cold_and_the_warm_row(monkeypatch):
@@ -30,11 +30,11 @@ def test_one_interpreter_per_round_feeds_the_cold_and_the_warm_row(monkeypatch):
         return {"load": 1.5, "cold": 3.0 + n, "cold_construct": 2.0, "warm": 0.25 + n, "warm_construct": 0.125}
 
     monkeypatch.setattr(startup, "_measure", fake)
-    cold, warm = startup.startup_configs()[2:4]  # spawn
+    cold, warm = startup.startup_configs()[4:6]  # spawn
     assert [cold.measure().seconds for _ in range(2)] == [4.0, 5.0]
     first = warm.measure()
     assert (first.seconds, warm.measure().seconds) == (1.25, 2.25)
-    assert first.how == "second collector of the interpreter; construction 0.12 s; load 1.5"
+    assert first.how == "second collector of the interpreter; 'spawn'; construction 0.12 s; load 1.5"
     assert runs == ["spawn", "spawn"]  # the warm rows reused the cold runs
     assert warm.measure().seconds == 3.25 and runs == ["spawn"] * 3  # nothing pending: a run of its own
 

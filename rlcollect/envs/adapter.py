@@ -226,9 +226,10 @@ def as_env(env: Any) -> EnvBase:
     if isinstance(env, str):
         return GymEnv(env)
     if isinstance(env, gym.vector.VectorEnv):  # before gym.Env: an EnvPool pool is both
-        from rlcollect.envs.vector import wrap_vector_env
+        from rlcollect.envs.envpool import EnvPoolEnv, is_envpool
+        from rlcollect.envs.vector import VectorEnv
 
-        return wrap_vector_env(env)
+        return EnvPoolEnv(env) if is_envpool(env) else VectorEnv(env)  # EnvPoolEnv can reseed its pool
     if isinstance(env, gym.Env):
         return GymEnv(env)
     return TensorDictEnvAdapter(env)

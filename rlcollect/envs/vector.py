@@ -310,11 +310,3 @@ class VectorEnv(EnvBase):
         mode = getattr(self, "autoreset_mode", None)
         return (f"{type(self).__name__}({type(getattr(self, 'env', None)).__name__}, batch_size={list(self.batch_size)}, "
                 f"autoreset_mode={getattr(mode, 'name', None)})")
-
-
-def wrap_vector_env(env: gym.vector.VectorEnv) -> VectorEnv:
-    """The rlcollect env of a gymnasium vector env: ``EnvPoolEnv`` for an EnvPool pool,
-    ``VectorEnv`` otherwise (what a collector does with a vector env it is given)."""
-    from rlcollect.envs.envpool import EnvPoolEnv, is_envpool
-
-    return EnvPoolEnv(env) if is_envpool(env) else VectorEnv(env)

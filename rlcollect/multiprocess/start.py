@@ -1,17 +1,32 @@
-"""How worker processes start: the accepted start methods, the default, and the fork server that
-rlcollect prepares so that a worker starts warm.
+"""How worker processes start: the accepted start methods, what the default picks, and the fork
+server that rlcollect prepares so that a worker starts warm.
 
-The default is "forkserver" with torch, tensordict, gymnasium and rlcollect's worker code
-preloaded: the first collector of a program starts multiprocessing's fork server (a fresh
-interpreter, started with exec: nothing of the main process's threads or CUDA state comes
-with it), which imports those modules once; every worker is then a fork of that server, so it
-starts with them imported. The trade-offs of each method are in docs/multiprocess.md
-("Start methods").
+``mp_start_method=None`` (the default) picks, when the collector is built:
+
+- "fork" where it is safe: on Linux, when CUDA is not initialised in this process and no other
+  thread runs in it (a lock another thread holds at the fork would stay locked forever in the
+  worker). rlcollect's own lock-free watchdog thread (in a worker that runs a nested collector)
+  does not count. A forked worker starts in a fraction of a second: it has everything imported;
+- "forkserver" otherwise, with torch, tensordict, gymnasium and rlcollect's worker code preloaded:
+  the first collector of a program starts multiprocessing's fork server (a fresh interpreter,
+  started with exec: nothing of the main process's threads or CUDA state comes with it), which
+  imports those modules once; every worker is then a fork of that server.
+
+The trade-offs of each method are in docs/multiprocess.md ("Start methods").
 
 Example:
-    >>> from rlcollect.multiprocess.start import resolve_start_method
-    >>> resolve_start_method(None), resolve_start_method("spawn")
-    ('forkserver', 'spawn')
+    >>> import threading
+    >>> from rlcollect.multiprocess.start import fork_unsafe_reason, resolve_start_method
+    >>> resolve_start_method("spawn")
+    'spawn'
+    >>> resolve_start_method(None) == ("forkserver" if fork_unsafe_reason() else "fork")
+    True
+    >>> stop = threading.Event()
+    >>> thread = threading.Thread(target=stop.wait, name="my-thread")
+    >>> thread.start()
+    >>> "'my-thread'" in fork_unsafe_reason(), resolve_start_method(None)
+    (True, 'forkserver')
+    >>> stop.set(); thread.join()
 """
 
 from __future__ import annotations
@@ -25,8 +40,12 @@ from typing import Any
 logger = logging.getLogger("rlcollect")
 
 START_METHODS = ("spawn", "fork", "forkserver")
-#: What ``mp_start_method=None`` (the default) means.
+#: What ``mp_start_method=None`` (the default) means where "fork" is not safe.
 DEFAULT_START_METHOD = "forkserver"
+#: rlcollect's own threads that hold no lock a forked worker could need (a worker's watchdog
+#: polls its parent's pid and sleeps): they do not make "fork" unsafe. Neither does
+#: multiprocessing's own resource sharer thread (see ``_fork_safe``).
+FORK_SAFE_THREADS = frozenset({"rlcollect-watchdog"})
 #: What the fork server imports before it forks the first worker: what every worker imports
 #: anyway. A module that is not installed is skipped (multiprocessing ignores its ImportError).
 #: The main module is deliberately not in the list (Python's own default preloads it): each
@@ -41,14 +60,47 @@ _noted = False
 
 
 def resolve_start_method(value: Any) -> str:
-    """The start method ``mp_start_method=value`` means: ``None`` is the default
-    ("forkserver"); anything else must be one of ``START_METHODS`` (``ValueError`` otherwise)."""
+    """The start method ``mp_start_method=value`` means: ``None`` (the default) is "fork" where
+    ``fork_unsafe_reason()`` finds nothing against it and "forkserver" otherwise; anything else
+    must be one of ``START_METHODS`` (``ValueError`` otherwise)."""
     if value is None:
-        return DEFAULT_START_METHOD
+        reason = fork_unsafe_reason()
+        if reason is not None:
+            logger.debug("rlcollect: workers start from the fork server, not with 'fork': %s", reason)
+            return DEFAULT_START_METHOD
+        return "fork"
     if not isinstance(value, str) or value not in START_METHODS:
-        raise ValueError(f"mp_start_method must be None (the default, {DEFAULT_START_METHOD!r}) or one of "
-                         f"{START_METHODS}, got {value!r}")
+        raise ValueError(f"mp_start_method must be None (the default: 'fork' where it is safe, else "
+                         f"{DEFAULT_START_METHOD!r}) or one of {START_METHODS}, got {value!r}")
     return value
+
+
+def fork_unsafe_reason() -> str | None:
+    """Why forking this process now is not safe, or ``None`` when it is: not Linux (or no "fork"
+    there), CUDA initialised, a call from another thread than the main one, or another thread
+    alive (other than ``FORK_SAFE_THREADS``). Threads that a C extension starts without Python
+    (torch's intra-op pool, which torch re-creates in a forked child) are not seen and need not be."""
+    if not sys.platform.startswith("linux") or "fork" not in multiprocessing.get_all_start_methods():
+        return f"'fork' is not the safe choice on {sys.platform}"
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "CUDA is initialised in this process"
+    if threading.current_thread() is not threading.main_thread():
+        return f"the collector is built in a thread other than the main one ({threading.current_thread().name!r})"
+    others = sorted(t.name for t in threading.enumerate() if t is not threading.current_thread() and not _fork_safe(t))
+    if others:
+        return f"another thread runs in this process ({', '.join(map(repr, others[:3]))})"
+    return None
+
+
+def _fork_safe(thread: threading.Thread) -> bool:
+    """rlcollect's lock-free threads, and multiprocessing's resource sharer (which serves file
+    descriptors sent to other processes and which multiprocessing itself resets in a forked
+    child: its after-fork hook re-creates its lock and drops its listener)."""
+    if thread.name in FORK_SAFE_THREADS:
+        return True
+    sharer = sys.modules.get("multiprocessing.resource_sharer")
+    return sharer is not None and thread is getattr(sharer._resource_sharer, "_thread", None)
 
 
 def check_fork_is_safe(method: str, devices: list, policy: Any) -> None:
@@ -65,7 +117,7 @@ def check_fork_is_safe(method: str, devices: list, policy: Any) -> None:
         raise ValueError(
             f"mp_start_method='fork' cannot be used here: CUDA is already initialised in this process and the "
             f"workers would use it ({wanted[0]}), which a forked process cannot. Leave mp_start_method at its "
-            f"default ({DEFAULT_START_METHOD!r}) or pass 'spawn'")
+            f"default (which then picks {DEFAULT_START_METHOD!r}) or pass 'spawn'")
 
 
 def check_not_bootstrapping() -> None:

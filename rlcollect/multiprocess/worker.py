@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing.util
 import os
+import random
 import signal
 import sys
 import threading
@@ -69,6 +70,16 @@ def _unlink_then_die(signum: int, frame: Any) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+def _fresh_random_state() -> None:
+    """Seed torch's, numpy's and Python's global generators from the OS, as a fresh interpreter
+    does: a forked worker (from the main process or the fork server) starts with its parent's
+    states, so every worker would otherwise draw the same random numbers (the same exploration
+    noise in a stochastic policy). ``set_seed`` then gives each worker a reproducible stream."""
+    torch.seed()
+    np.random.seed()
+    random.seed()
+
+
 def worker_main(index: int, payload: bytes, conn: Any, parent_pid: int, num_threads: int,
                 environ: dict[str, str] | None = None) -> None:
     """Entry point of a worker process (the target of ``multiprocessing.Process``).
@@ -82,6 +93,7 @@ def worker_main(index: int, payload: bytes, conn: Any, parent_pid: int, num_thre
         os.environ.update(environ)
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True, name="rlcollect-watchdog").start()
     torch.set_num_threads(num_threads)
+    _fresh_random_state()
     _context._worker_index = index
     try:
         spec = cloudpickle.loads(payload)

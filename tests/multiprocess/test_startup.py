@@ -1,5 +1,5 @@
-"""Issue 16.7: the default start method ("forkserver" with torch and rlcollect preloaded) and what
-it must keep working: env factories defined in a test module, lambdas and closures, the main
+"""Issue 16.7: the default start method ("fork" where it is safe, else "forkserver" with torch and
+rlcollect preloaded) and what it must keep working: env factories defined in a test module, lambdas and closures, the main
 process's environment, scripts without the ``__main__`` guard, "fork" after CUDA, and a fork
 server that somebody else started. Start-up speed is measured by ``python -m bench --only
 start-up`` (bench/startup.py), not asserted here."""
@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from multiprocessing import forkserver
 
 import pytest
@@ -42,9 +43,21 @@ def _first_obs(batch) -> list:
     return batch["observation"][..., 0].tolist()
 
 
+@pytest.fixture
+def another_thread():
+    """A thread of the program's own (this suite's leak checker runs one as well): the default
+    start method must not fork while it runs."""
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, name="programs-own-thread", daemon=True)
+    thread.start()
+    yield thread
+    stop.set()
+    thread.join()
+
+
 # -- the default ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("cls", [MultiSyncCollector, MultiAsyncCollector], ids=lambda c: c.__name__)
-def test_default_is_a_preloaded_fork_server(make_multi, cls):
+def test_default_with_another_thread_is_a_preloaded_fork_server(make_multi, cls, another_thread):
     collector = make_multi(cls, counting5, num_workers=2, frames_per_batch=4, mp_start_method=DEFAULT)
     assert collector.mp_start_method == start.DEFAULT_START_METHOD == "forkserver"
     assert collector._pool.context.get_start_method() == "forkserver"
@@ -63,13 +76,82 @@ def test_default_is_a_preloaded_fork_server(make_multi, cls):
         assert _first_obs(batch) == [0, 1, 2, 3]
 
 
-def test_none_means_the_default_and_bad_values_are_refused():
+def test_none_means_the_default_and_bad_values_are_refused(another_thread):
     assert start.resolve_start_method(None) == "forkserver"
     for method in ("spawn", "fork", "forkserver"):
         assert start.resolve_start_method(method) == method
-    with pytest.raises(ValueError, match=r"mp_start_method must be None \(the default, 'forkserver'\) or one of "
-                                         r"\('spawn', 'fork', 'forkserver'\), got 'Spawn'"):
+    with pytest.raises(ValueError, match=r"mp_start_method must be None \(the default: 'fork' where it is safe, else "
+                                         r"'forkserver'\) or one of \('spawn', 'fork', 'forkserver'\), got 'Spawn'"):
         MultiSyncCollector(counting5, num_workers=1, frames_per_batch=4, mp_start_method="Spawn")
+
+
+def _only_this_thread(monkeypatch, *others: str) -> None:
+    threads = [threading.current_thread()] + [threading.Thread(name=name) for name in others]
+    monkeypatch.setattr(start.threading, "enumerate", lambda: threads)
+
+
+def test_the_default_forks_only_where_it_is_safe(monkeypatch):
+    _only_this_thread(monkeypatch)
+    assert start.fork_unsafe_reason() is None and start.resolve_start_method(None) == "fork"
+    _only_this_thread(monkeypatch, "rlcollect-watchdog")  # a worker's own watchdog holds no lock
+    assert start.resolve_start_method(None) == "fork"
+    _only_this_thread(monkeypatch, "tqdm-monitor", "SummaryWriter", "x", "y")
+    assert start.fork_unsafe_reason() == "another thread runs in this process ('SummaryWriter', 'tqdm-monitor', 'x')"
+    assert start.resolve_start_method(None) == "forkserver"
+    _only_this_thread(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert start.fork_unsafe_reason() == "CUDA is initialised in this process"
+    assert start.resolve_start_method(None) == "forkserver"
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(start.sys, "platform", "darwin")
+    assert start.fork_unsafe_reason() == "'fork' is not the safe choice on darwin"
+
+
+def test_the_default_from_another_thread_is_the_fork_server():
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append((start.fork_unsafe_reason(), start.resolve_start_method(None))),
+                              name="builder")
+    thread.start()
+    thread.join()
+    assert seen == [("the collector is built in a thread other than the main one ('builder')", "forkserver")]
+
+
+FORKING_SCRIPT = textwrap.dedent("""
+    import functools, os, threading
+    from rlcollect import CountingEnv, MultiAsyncCollector, MultiSyncCollector
+
+    def ppids(collector):
+        out = []
+        for pid in collector._pool.pids():
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                out.append(int(f.read().rsplit(b")", 1)[-1].split()[1]) == os.getpid())
+        return out
+
+    if __name__ == "__main__":
+        env = functools.partial(CountingEnv, max_steps=5)
+        for cls in (MultiSyncCollector, MultiAsyncCollector):
+            with cls(env, num_workers=2, frames_per_batch=4, total_frames=8) as collector:
+                batch = next(iter(collector))
+                print(cls.__name__, collector.mp_start_method, ppids(collector), batch["observation"].shape[:-1])
+        stop = threading.Event()
+        threading.Thread(target=stop.wait, daemon=True).start()
+        with MultiSyncCollector(env, num_workers=2, frames_per_batch=4, total_frames=4) as collector:
+            print("with a thread", collector.mp_start_method, ppids(collector))
+        stop.set()
+""")
+
+
+def test_a_script_without_threads_forks_its_workers(tmp_path):
+    """What a training script gets: no other thread, no CUDA -> each worker is a fork of the main
+    process (its parent), which starts it in a fraction of a second; once the script runs a thread
+    of its own, the next collector uses the fork server instead."""
+    proc = _run(tmp_path, FORKING_SCRIPT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines() == [
+        "MultiSyncCollector fork [True, True] torch.Size([2, 2])",
+        "MultiAsyncCollector fork [True, True] torch.Size([4])",
+        "with a thread forkserver [False, False]",
+    ]
 
 
 def test_env_factory_defined_in_a_test_module(make_multi):
@@ -86,7 +168,7 @@ def test_lambda_and_closure_env_factories(make_multi):
     assert _first_obs(next(collector)) == [[0, 1, 2, 3, 4, 0], [0, 1, 2, 0, 1, 2]]
 
 
-def test_workers_see_the_environment_of_now_not_of_the_server_launch(make_multi, monkeypatch):
+def test_workers_see_the_environment_of_now_not_of_the_server_launch(make_multi, monkeypatch, another_thread):
     # The fork server runs already (launched by this collector or an earlier one) ...
     make_multi(MultiSyncCollector, counting5, num_workers=1, frames_per_batch=2, mp_start_method=DEFAULT)
     assert forkserver._forkserver._forkserver_pid is not None
@@ -137,7 +219,8 @@ UNGUARDED = textwrap.dedent("""
     import functools
     from rlcollect import CountingEnv, MultiSyncCollector
 
-    collector = MultiSyncCollector(functools.partial(CountingEnv, max_steps=5), num_workers=2, frames_per_batch=4)
+    collector = MultiSyncCollector(functools.partial(CountingEnv, max_steps=5), num_workers=2, frames_per_batch=4,
+                                   mp_start_method=METHOD)
     print("built", flush=True)
     collector.shutdown()
 """)
@@ -150,10 +233,10 @@ def _run(tmp_path, source: str) -> subprocess.CompletedProcess:
                           cwd=tmp_path, start_new_session=True)
 
 
-def test_a_script_without_the_main_guard_fails_clearly(tmp_path):
+def test_a_script_without_the_main_guard_fails_clearly_with_the_fork_server(tmp_path):
     """Each worker imports the main module, as with "spawn", which builds a collector again:
     refused there before anything starts, reported here."""
-    proc = _run(tmp_path, UNGUARDED)
+    proc = _run(tmp_path, UNGUARDED.replace("METHOD", "'forkserver'"))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "built" not in proc.stdout
     assert "builds a collector at import time. Guard the code that builds the collector with " \
@@ -161,6 +244,13 @@ def test_a_script_without_the_main_guard_fails_clearly(tmp_path):
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("rlcollect.errors.WorkerError: worker "), last
     assert "exited with code 1 before it was ready" in last
+
+
+def test_a_script_without_the_main_guard_works_where_the_default_forks(tmp_path):
+    """A forked worker does not import the main module: nothing runs twice."""
+    proc = _run(tmp_path, UNGUARDED.replace("METHOD", "None"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout == "built\n"
 
 
 def test_the_check_runs_before_any_process_starts(monkeypatch):
@@ -181,7 +271,8 @@ DYING_SERVER = textwrap.dedent("""
         multiprocessing.set_forkserver_preload(["explodes"])  # the program's own list: kept
         from rlcollect import CountingEnv, MultiSyncCollector
 
-        MultiSyncCollector(functools.partial(CountingEnv, max_steps=5), num_workers=2, frames_per_batch=4)
+        MultiSyncCollector(functools.partial(CountingEnv, max_steps=5), num_workers=2, frames_per_batch=4,
+                           mp_start_method="forkserver")
 """)
 
 
@@ -202,7 +293,7 @@ BLOCKING_SERVER = textwrap.dedent("""
         from rlcollect import CountingEnv, MultiSyncCollector
 
         MultiSyncCollector(functools.partial(CountingEnv, max_steps=5), num_workers=2, frames_per_batch=4,
-                           start_timeout=3)
+                           mp_start_method="forkserver", start_timeout=3)
 """)
 
 

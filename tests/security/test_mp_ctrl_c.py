@@ -177,10 +177,10 @@ def test_cli_collect_ctrl_c_prints_one_line_and_exits_130():
     try:
         deadline = time.monotonic() + 120
         while True:  # collecting once both workers have mapped their shared batch slots
-            # spawned workers, or (the default start method) forks of the fork server, which is a child of proc
-            workers = [p for p in _descendants(proc.pid) if "spawn_main" in _cmdline(p)
-                       or ("forkserver" in _cmdline(p) and _stat(p) and int(_stat(p)[1]) != proc.pid)]
-            if len(workers) == 2 and all(_maps_shared_slots(p) for p in workers):
+            # whatever the default start method picked (forks of the main process or of the fork
+            # server, or spawned interpreters): the processes below proc that map the batch slots
+            workers = [p for p in _descendants(proc.pid) if _maps_shared_slots(p)]
+            if len(workers) == 2:
                 break
             assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read().decode()[-2000:]
             time.sleep(0.05)

@@ -87,7 +87,7 @@ def _wait_for(predicate, timeout: float, what: str, proc) -> None:
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("phase", ["imports", "construct", "collect"])
-@pytest.mark.parametrize("method", ["default", "spawn", "forkserver", "fork"])  # default: forkserver
+@pytest.mark.parametrize("method", ["default", "spawn", "forkserver", "fork"])  # default: "fork" in this script
 def test_workers_die_with_the_main_process(method, phase, tmp_path):
     proc = subprocess.Popen([sys.executable, str(SCRIPT), method, phase, str(tmp_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
@@ -95,7 +95,7 @@ def test_workers_die_with_the_main_process(method, phase, tmp_path):
     try:
         _wait_for(lambda: proc.stdout.readline().startswith(b"building"), 120, "the script's imports", proc)
         if phase == "imports":
-            if method in ("forkserver", "default"):  # the server imports its preload list (torch) first
+            if method == "forkserver":  # the server imports its preload list (torch) first
                 _wait_for(lambda: any("forkserver" in _cmdline(p) for p in _descendants(proc.pid)), 60,
                           "the fork server", proc)
             else:
@@ -106,7 +106,7 @@ def test_workers_die_with_the_main_process(method, phase, tmp_path):
             _wait_for(lambda: proc.stdout.readline().startswith(b"collecting"), 120, "collection", proc)
             time.sleep(0.3)
         tree = _descendants(proc.pid)
-        if phase != "imports" or method not in ("forkserver", "default"):
+        if phase != "imports" or method != "forkserver":
             assert _workers(proc.pid), "no worker process to watch"
         if phase == "imports" and method == "spawn":
             assert not list(tmp_path.glob("ctor.*"))
