@@ -4,7 +4,6 @@ batches of experience."""
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import math
 import os
@@ -17,6 +16,7 @@ import torch
 
 from rlcollect._context import worker_index
 from rlcollect.config import CollectorConfig, check_policy_sources, check_replay_buffer, check_weight_updater
+from rlcollect.collector_state import check_state, load_all_or_nothing
 from rlcollect.data import TRAJ_ID_BLOCK, BatchBuffer, deliver, fresh_batch
 from rlcollect.envs.adapter import make_env
 from rlcollect.freerun import BackgroundLoop
@@ -27,7 +27,7 @@ from rlcollect.rollout import Rollout
 from rlcollect import torchrl_args
 from rlcollect.base import CollectorBase
 from rlcollect.torchrl_args import version_tracker
-from rlcollect.weights.local import LocalWeights, module_device, place_env
+from rlcollect.weights.local import LocalWeights, acting_policy, place_env
 from rlcollect.weights.models import delegate_to_updater, make_weight_updater, update_targets
 from rlcollect.weights.schemes import validate_schemes
 
@@ -35,8 +35,6 @@ if TYPE_CHECKING:
     from tensordict import TensorDict
 
 logger = logging.getLogger("rlcollect")
-
-_STATE_KEYS = ("frames", "iter", "rollout", "env", "policy", "policy_version", "torch_rng")
 
 
 class Collector(CollectorBase):
@@ -174,16 +172,7 @@ class Collector(CollectorBase):
             raise RuntimeError(
                 f"set_truncated=True needs an env with a 'truncated' entry; {type(env).__name__} has none"
             )
-        self.policy = policy_factory() if policy_factory is not None else policy
-        self._weight_source = policy if policy_factory is not None else None
-        device = cfg.policy_device_or_default
-        if device is not None and has_weights(self.policy) and module_device(self.policy) != device:
-            # As torchrl: the policy acts on policy_device. The user's own module is not moved:
-            # a copy is, and update_policy_weights_() copies from the user's module.
-            if policy_factory is None:
-                self._weight_source = self.policy
-                self.policy = copy.deepcopy(self.policy)
-            self.policy = self.policy.to(device)
+        self.policy, self._weight_source = acting_policy(policy, policy_factory, cfg.policy_device_or_default)
         self._runner = make_runner(
             self.policy,
             list(env.obs_layout),
@@ -310,7 +299,8 @@ class Collector(CollectorBase):
         cfg = self.config
         if cfg.reset_at_each_iter:
             self._rollout.needs_reset = True
-        with self._profiler.scope(self._iter), self._rng_scope(), exploration_scope(cfg.exploration_type), torch.no_grad():
+        with self._profiler.scope(self._iter), self._rng_scope(), exploration_scope(cfg.exploration_type), \
+                torch.no_grad():
             steps = self._rollout.fill(buf, random=random, version=self._version, stop=stop)
         self._step_times.add(self._rollout.step_seconds[:steps])
         frames = steps * self.layout.rows
@@ -580,41 +570,9 @@ class Collector(CollectorBase):
         """Restore a ``state_dict()``; the collector continues the saved stream. A malformed
         state raises (KeyError/ValueError/TypeError) and leaves the collector as it was."""
         self._check_open()
-        if not isinstance(state, dict):
-            raise TypeError(f"load_state_dict expects the dict state_dict() returned, got {type(state).__name__}")
-        missing = [k for k in _STATE_KEYS if k not in state]
-        if missing:
-            raise KeyError(f"Collector.load_state_dict: missing keys {missing}; expected {list(_STATE_KEYS)}")
-        self._rollout.check_state_dict(state["rollout"])
         # Everything that can fail is checked before anything is changed.
-        try:
-            frames, iters, version = (int(state[k]) for k in ("frames", "iter", "policy_version"))
-        except (TypeError, ValueError) as err:
-            raise ValueError(
-                "Collector.load_state_dict: frames, iter and policy_version must be ints, got "
-                f"{state['frames']!r}, {state['iter']!r}, {state['policy_version']!r}"
-            ) from err
-        torch_rng = state["torch_rng"]
-        if torch_rng is not None and not (isinstance(torch_rng, torch.Tensor) and torch_rng.dtype == torch.uint8):
-            raise TypeError(
-                f"Collector.load_state_dict: torch_rng must be None or a torch RNG state (uint8 tensor), got {torch_rng!r}"
-            )
-        module = self._runner.module
-        # Cloned: module.state_dict() aliases the live tensors, and a load that fails half-way
-        # (a size mismatch) has already copied the entries that fitted.
-        backup = {k: v.clone() for k, v in module.state_dict().items()} if has_weights(module) else None
-        env_backup = self.env.state_dict()
-        try:
-            if state["policy"] is not None:
-                if module is None:
-                    raise ValueError("the state holds policy weights but this collector's policy has none")
-                load_weights(module, state["policy"])
-            self.env.load_state_dict(state["env"])
-        except Exception:
-            if backup is not None:
-                load_weights(module, backup)
-            self.env.load_state_dict(env_backup)
-            raise
+        frames, iters, version, torch_rng = check_state(state, self._rollout.check_state_dict)
+        load_all_or_nothing(self._runner.module, self.env, state["policy"], state["env"])
         self._rollout.load_state_dict(state["rollout"])
         self._frames, self._iter, self._version = frames, iters, version
         self._torch_rng = None if torch_rng is None else torch_rng.clone()

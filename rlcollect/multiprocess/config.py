@@ -6,10 +6,11 @@ Example:
     >>> cfg = MultiConfig(sync=True, create_env_fn="CartPole-v1", num_workers=2, frames_per_batch=20)
     >>> cfg.num_workers, cfg.worker_frames, cfg.frames_per_batch, cfg.cat_results
     (2, [10, 10], 20, 'stack')
-    >>> MultiConfig(sync=False, create_env_fn="CartPole-v1", num_workers=2, frames_per_batch=20, cat_results=0)
+    >>> MultiConfig(sync=False, create_env_fn="CartPole-v1", num_workers=2, frames_per_batch=20,
+    ...             cat_results=0)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: cat_results must be None or 'stack' for MultiAsyncCollector (it yields one worker's batch at a time), got 0
+    ValueError: cat_results must be None or 'stack' for MultiAsyncCollector (...), got 0
 """
 
 from __future__ import annotations
@@ -207,7 +208,8 @@ class MultiConfig:
         self.env_kwargs = per_member("create_env_kwargs", self.create_env_kwargs, n, "worker")
         self.factories = per_member("policy_factory", self.policy_factory, n, "worker")
         self.devices = {name: per_member(name, getattr(self, name), n, "worker") for name in PER_WORKER_ARGS}
-        if self.total_frames > 0 and isinstance(self.frames_per_batch, int) and self.total_frames % self.frames_per_batch:
+        per_batch = self.frames_per_batch
+        if self.total_frames > 0 and isinstance(per_batch, int) and self.total_frames % per_batch:
             torchrl_args.warn(f"total_frames={self.total_frames} is not a multiple of frames_per_batch="
                               f"{self.frames_per_batch}: the last batch overshoots", stacklevel=_USER)
 

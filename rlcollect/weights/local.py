@@ -4,6 +4,7 @@ models its ``update_policy_weights_`` / ``get_model`` / ``set_weights`` reach, a
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -87,6 +88,21 @@ class LocalWeights:
             raise ValueError(f"weight_sync_schemes[{model_id!r}] names a {type(module).__name__} without parameters "
                              "or buffers in the worker's collector")
         return module
+
+
+def acting_policy(policy: Any, policy_factory: Any, device: torch.device | None) -> tuple[Any, Any]:
+    """The policy a ``Collector`` acts with, and the module its ``update_policy_weights_()``
+    copies from (None: none to copy from): the factory's policy (``policy`` is then the source),
+    or ``policy`` itself; a module with weights elsewhere than ``device`` acts as a copy there
+    (as torchrl: the user's own module is not moved, the copy takes its weights on update)."""
+    acting = policy_factory() if policy_factory is not None else policy
+    source = policy if policy_factory is not None else None
+    if device is not None and has_weights(acting) and module_device(acting) != device:
+        if policy_factory is None:
+            source = acting
+            acting = copy.deepcopy(acting)
+        acting = acting.to(device)
+    return acting, source
 
 
 def module_device(module: torch.nn.Module) -> torch.device | None:
