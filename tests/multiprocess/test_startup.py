@@ -1,8 +1,8 @@
 """Issue 16.7: the default start method ("fork" where it is safe, else "forkserver" with torch and
-rlcollect preloaded) and what it must keep working: env factories defined in a test module, lambdas and closures, the main
-process's environment, scripts without the ``__main__`` guard, "fork" after CUDA, and a fork
-server that somebody else started. Start-up speed is measured by ``python -m bench --only
-start-up`` (bench/startup.py), not asserted here."""
+rlcollect preloaded) and what it must keep working: env factories defined in a test module, lambdas
+and closures, the main process's environment, scripts without the ``__main__`` guard, "fork" after
+CUDA, and a fork server that somebody else started. Start-up speed is measured by
+``python -m bench --only start-up`` (bench/startup.py), not asserted here."""
 
 from __future__ import annotations
 
@@ -109,8 +109,8 @@ def test_the_default_forks_only_where_it_is_safe(monkeypatch):
 
 def test_the_default_from_another_thread_is_the_fork_server():
     seen = []
-    thread = threading.Thread(target=lambda: seen.append((start.fork_unsafe_reason(), start.resolve_start_method(None))),
-                              name="builder")
+    thread = threading.Thread(
+        target=lambda: seen.append((start.fork_unsafe_reason(), start.resolve_start_method(None))), name="builder")
     thread.start()
     thread.join()
     assert seen == [("the collector is built in a thread other than the main one ('builder')", "forkserver")]

@@ -118,7 +118,8 @@ def test_workers_die_with_the_main_process(method, phase, tmp_path):
             time.sleep(0.02)
             alive = {p for p in alive if _alive(p)}
         late = {p: _cmdline(p)[:120] for p in alive}
-        assert not late, f"{method}/{phase}: still alive {BOUND_S + POLL_MARGIN_S} s after the main process died: {late}"
+        assert not late, (
+            f"{method}/{phase}: still alive {BOUND_S + POLL_MARGIN_S} s after the main process died: {late}")
     finally:
         if proc.poll() is None:
             proc.kill()
