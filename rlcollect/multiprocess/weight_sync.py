@@ -140,11 +140,11 @@ class WorkerWeights:
                                f"in the workers ({err}); pass its weights") from None
 
     def _model_targets(self, weights: Any, worker_ids: Any) -> dict[int, Any]:
-        ids = self.worker_ids(worker_ids)
+        ids, n = self.worker_ids(worker_ids), self.num_workers
         if isinstance(weights, dict) and weights and all(isinstance(k, int) for k in weights):
-            bad = [i for i in weights if not 0 <= i < self.num_workers]
+            bad = [i for i in weights if not 0 <= i < n]
             if bad:
-                raise ValueError(f"per-worker weights name workers {bad}; worker indices are in [0, {self.num_workers})")
+                raise ValueError(f"per-worker weights name workers {bad}; worker indices are in [0, {n})")
             return {i: w for i, w in weights.items() if i in ids}
         as_state_dict(weights)  # a clear TypeError now rather than in the middle of sending
         return {i: weights for i in ids}
