@@ -80,7 +80,7 @@ class Args:
 
 def make_env(env_id: str = "CartPole-v1") -> TransformedEnv:
     """A torchrl env: CartPole with an index action and the episode return as `"episode_reward"`.
-    Module level, so that it pickles to the workers ("spawn")."""
+    Module level, so that it pickles to the workers by reference."""
     return TransformedEnv(GymEnv(env_id, categorical_action_encoding=True), RewardSum())
 
 
@@ -216,7 +216,7 @@ def write_curve(history: list[dict], args: Args) -> None:
     print(f"learning curve: {out} (data: {out.with_suffix('.csv')})")
 
 
-if __name__ == "__main__":  # the guard matters: workers re-import this file ("spawn")
+if __name__ == "__main__":  # the guard matters: with the fork server or "spawn", workers import this file
     args = parse_args()
     history = train(args)
     summarize(history, args)
