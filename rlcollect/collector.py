@@ -140,7 +140,8 @@ class Collector(CollectorBase):
         self._schemes = validate_schemes(weight_sync_schemes)
         check_weight_updater(weight_updater, weight_sync_schemes)
         if policy_factory is not None and not callable(policy_factory):
-            raise TypeError(f"policy_factory must be a callable returning the policy, got {type(policy_factory).__name__}")
+            raise TypeError("policy_factory must be a callable returning the policy, got "
+                            f"{type(policy_factory).__name__}")
         check_policy_sources(policy, policy_factory is not None, self._schemes)
         check_replay_buffer(replay_buffer)
         self.replay_buffer = replay_buffer
@@ -310,7 +311,8 @@ class Collector(CollectorBase):
         return frames
 
     # -- profiling ---------------------------------------------------------------------------
-    def enable_profile(self, path: str | os.PathLike = "rlcollect_trace.json", *, rollouts=(0,), **profiler_kwargs) -> None:
+    def enable_profile(self, path: str | os.PathLike = "rlcollect_trace.json", *, rollouts=(0,),
+                       **profiler_kwargs) -> None:
         """Record a torch.profiler trace of the chosen rollouts (batch indices counted from the
         next one) and write it as a Chrome trace to ``path`` (``path`` gets ``.N`` appended
         before the extension when several rollouts are profiled).

@@ -40,7 +40,8 @@ def device_arg(name: str, value: Any) -> torch.device | None:
     try:
         return torch.device(value)
     except (RuntimeError, TypeError) as err:
-        raise ValueError(f"{name} must be a torch device or a device string like 'cpu' or 'cuda:0', got {value!r}") from err
+        raise ValueError(f"{name} must be a torch device or a device string like 'cpu' or 'cuda:0', "
+                         f"got {value!r}") from err
 
 
 def callable_or_none(name: str, value: Any) -> Callable | None:

@@ -139,8 +139,8 @@ class MultiCollectorBase(CollectorBase):
         self._stats = WorkerStats(n)
         self._iterator: Iterator | None = None
         try:
-            self._pool = WorkerPool(start.get_context(self.mp_start_method), payloads, num_sub_threads, self.worker_timeout,
-                                    self.start_timeout)
+            self._pool = WorkerPool(start.get_context(self.mp_start_method), payloads, num_sub_threads,
+                                    self.worker_timeout, self.start_timeout)
         except BaseException:
             torch.set_num_threads(self._previous_threads)  # no shutdown() will run to restore it
             raise
@@ -179,13 +179,15 @@ class MultiCollectorBase(CollectorBase):
         needed = sum(self._slots_per_worker * slot_bytes(layout) for layout in self.layouts)
         check_free_space(needed, f"the batch slots of {self.num_workers} workers ({self._slots_per_worker} each)")
         self._slots = [[allocate_slot(layout) for _ in range(self._slots_per_worker)] for layout in self.layouts]
-        self._buffers = [[slot_buffer(flat, layout) for flat in slots] for slots, layout in zip(self._slots, self.layouts)]
+        self._buffers = [[slot_buffer(flat, layout) for flat in slots]
+                         for slots, layout in zip(self._slots, self.layouts)]
 
     def _attach_worker(self, index: int) -> None:
         self._pool.attach(index, self._slots[index], self._stops[index], self._weights.store_for(index))
 
     # -- delivery -------------------------------------------------------------------------------
-    def _deliver(self, batch: TensorDict, stacked_workers: bool = False, worker: int | None = None) -> TensorDict | None:
+    def _deliver(self, batch: TensorDict, stacked_workers: bool = False,
+                 worker: int | None = None) -> TensorDict | None:
         storing = self._storing_device if worker is None else self._storing_devices[worker]
         return deliver(batch, storing_device=storing, split_trajs=self.split_trajs,
                        postproc=self.postproc, replay_buffer=self.replay_buffer, extend_buffer=self.extend_buffer,
@@ -535,7 +537,8 @@ class MultiCollectorBase(CollectorBase):
                                    restarts=self._restart.counts, replay_buffer=self.replay_buffer)
 
     # -- observability ------------------------------------------------------------------------------
-    def enable_profile(self, path: str = "rlcollect_trace.json", *, rollouts=(0,), workers=(0,), **profiler_kwargs) -> None:
+    def enable_profile(self, path: str = "rlcollect_trace.json", *, rollouts=(0,), workers=(0,),
+                       **profiler_kwargs) -> None:
         """Record torch.profiler traces of the chosen rollouts inside the chosen workers; worker
         ``i`` writes ``<path stem>.worker<i><ext>`` (see ``Collector.enable_profile``)."""
         root, ext = os.path.splitext(os.fspath(path))

@@ -319,7 +319,8 @@ class WorkerPool:
                     continue
                 dead.move(WorkerState.FAILED)
                 hint = "" if dead.info else _STARTUP_HINT
-                raise WorkerError(f"worker {dead.index} {_describe_death(dead)}{hint}", dead.index, dead.process.exitcode)
+                raise WorkerError(f"worker {dead.index} {_describe_death(dead)}{hint}", dead.index,
+                                  dead.process.exitcode)
         return out
 
     # -- requests ---------------------------------------------------------------------------
@@ -353,7 +354,8 @@ class WorkerPool:
         handle.hung = True
         handle.move(WorkerState.FAILED)
         command = handle.pending[0] if handle.pending else "?"
-        return WorkerError(f"worker {index} did not answer {command!r} within {seconds} s (worker_timeout)", index, None)
+        return WorkerError(f"worker {index} did not answer {command!r} within {seconds} s (worker_timeout)",
+                           index, None)
 
     def request(self, index: int, command: str, *args: Any, timeout: float | None = None) -> Any:
         """Send a command and wait for its reply (earlier replies must have been read)."""

@@ -7,7 +7,8 @@ import functools
 
 import numpy as np
 import pytest
-from mp_helpers import BLOCK, POLICY_VERSION, START, TRAJ_IDS, WORKER_ID, ValuePolicy, assert_gone, check_counting_stream, rows_of
+from mp_helpers import (BLOCK, POLICY_VERSION, START, TRAJ_IDS, WORKER_ID, ValuePolicy, assert_gone,
+                        check_counting_stream, rows_of)
 
 from rlcollect import FaultyEnv, MultiAsyncCollector, MultiSyncCollector, WorkerError
 
