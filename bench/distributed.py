@@ -97,7 +97,8 @@ def auth_cost(repeats: int = 20000) -> dict[str, float]:
     out = {}
     for name, payload, fields, n in (
             ("ready notice", b"", dict(seq=1, slot=0, frames=1000, version=3, seconds=0.01), repeats),
-            ("1 MB command", os.urandom(1 << 20), dict(id=1, name="load_state_dict", args={}), max(20, repeats // 200))):
+            ("1 MB command", os.urandom(1 << 20), dict(id=1, name="load_state_dict", args={}),
+             max(20, repeats // 200))):
         kind = "ready" if "seq" in fields else "command"
         start = time.perf_counter()
         for i in range(n):
@@ -143,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{mode} {policy}: torchrl", file=sys.stderr, flush=True)
                 theirs = torchrl_rate(args.torchrl_python, mode, policy, args.seconds)
             results.append({"mode": mode, "policy": policy, **best, "torchrl": theirs})
-    header = "| config | Multi{Sync,Async} 2 workers fps | Distributed 2 nodes fps | ratio | torchrl Distributed fps | ours / torchrl |"
+    header = ("| config | Multi{Sync,Async} 2 workers fps | Distributed 2 nodes fps | ratio "
+              "| torchrl Distributed fps | ours / torchrl |")
     print(header)
     print("|---|---:|---:|---:|---:|---:|")
     for r in results:

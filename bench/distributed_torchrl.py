@@ -65,8 +65,8 @@ def measure(mode: str, policy: str, nodes: int, frames_per_batch: int, seconds: 
     from torchrl.collectors.distributed import DistributedCollector
 
     collector = DistributedCollector(
-        [make_env] * nodes, make_policy(policy), frames_per_batch=frames_per_batch, total_frames=10**12, sync=mode == "sync",
-        launcher="mp", tcp_port=free_port(),
+        [make_env] * nodes, make_policy(policy), frames_per_batch=frames_per_batch, total_frames=10**12,
+        sync=mode == "sync", launcher="mp", tcp_port=free_port(),
     )
     try:
         batches = iter(collector)

@@ -120,7 +120,7 @@ def at_once(loop: Callable[[float], Rate], processes: int, seconds: float) -> Ra
         child.start()
     try:
         total = 0.0
-        for (receive, send), child in zip(pipes, children):
+        for receive, send in pipes:
             send.close()
             if not receive.poll(60 + 2 * seconds):
                 raise RuntimeError(f"a bare loop process did not report within {60 + 2 * seconds:g} s")

@@ -172,7 +172,8 @@ def child(name: str, seconds: float, warmup: float, batch_steps: int) -> dict:
             new = next(batches)  # the user still holds ``batch`` while this one is collected
             # Held at the peak: the previous batch (still the user's during next()), the new one,
             # and the slots in flight.
-            peak_held = max(peak_held, sum({**_storages(batch), **_storages(new)}.values()) + _in_flight_bytes(collector))
+            held_now = sum({**_storages(batch), **_storages(new)}.values()) + _in_flight_bytes(collector)
+            peak_held = max(peak_held, held_now)
             batch = new
             del new
             count += 1
@@ -288,7 +289,8 @@ def main(argv=None) -> int:
             continue
         print(f"  {name:12s} {r['fps']:9,.0f} {of_bare:>7s} {_mb(r['peak'])} {_mb(r['peak_held'])} {r['ratio']:5.2f} | "
               f"{_mb(r['rss'])} {_mb(r['anon'])} {_mb(r['shm'])} {_mb(r['held'])} {r['steady_ratio']:5.2f}")
-    print(f"  (one batch: {_mb(results[names[0]].get('batch_bytes', 0)).strip()})" if "batch_bytes" in results[names[0]] else "")
+    first = results[names[0]]
+    print(f"  (one batch: {_mb(first.get('batch_bytes', 0)).strip()})" if "batch_bytes" in first else "")
     sync = results.get("MultiSync", {})
     if sync.get("in_collect") is not None:
         print(f"MultiSync profile: {sync['in_collect']:.1%} of the run inside the collect round (the rest is the main "

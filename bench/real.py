@@ -147,7 +147,8 @@ def measure(text: str, seconds: float) -> dict:
         return {"steps_per_s": rate.frames_per_s, "how": rate.how, **_memory(before, {})}
     if runner == "bare-at-once":
         rate = at_once(functools.partial(bare_loop, workload.name, ENVS_PER_WORKER, use_policy), WORKERS, seconds)
-        return {"steps_per_s": rate.frames_per_s, "how": f"{WORKERS} processes × {ENVS_PER_WORKER} envs, bare loops at once",
+        return {"steps_per_s": rate.frames_per_s,
+                "how": f"{WORKERS} processes × {ENVS_PER_WORKER} envs, bare loops at once",
                 **_memory(before, {})}
     if runner in ("collector", "multisync", "multiasync"):
         return _collector(workload, runner, use_policy, seconds, before)
@@ -224,7 +225,8 @@ def _vector(workload: Workload, runner: str, use_policy: bool, seconds: float, b
         venv = envpool.make_gymnasium(workload.envpool_id, num_envs=ENVS, num_threads=threads, seed=0,
                                       **workload.envpool_kwargs)
         first, _ = venv.reset()
-        space, how = venv.action_space, f"envpool.make_gymnasium({workload.envpool_id!r}, num_envs={ENVS}, num_threads={threads})"
+        space = venv.action_space
+        how = f"envpool.make_gymnasium({workload.envpool_id!r}, num_envs={ENVS}, num_threads={threads})"
     try:
         rate, extra = _vector_loop(venv, space, ENVS, policy, seconds, first, how)
         return {"steps_per_s": rate.frames_per_s, "how": how, **_memory(before, extra)}
@@ -279,9 +281,9 @@ def workload_config(name: str, use_policy: bool) -> WorkloadConfig:
             side="torchrl", ideal=AT_ONCE, delivers_batches=True),
     )
     policy_name = workload.policy_name if use_policy else "random"
-    return WorkloadConfig(f"{name} {policy_name}, {WORKERS} workers x {ENVS_PER_WORKER} envs ({ENVS} envs in a vector env)",
-                          workload.title,
-                          workload.frames_per_step, rows, budget=BUDGET)
+    return WorkloadConfig(
+        f"{name} {policy_name}, {WORKERS} workers x {ENVS_PER_WORKER} envs ({ENVS} envs in a vector env)",
+        workload.title, workload.frames_per_step, rows, budget=BUDGET)
 
 
 #: The envpool row's label (``WorkloadResult.vs_envpool`` finds it by its key).

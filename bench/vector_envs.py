@@ -86,7 +86,8 @@ def main(argv=None) -> int:
         "ale vector raw": lambda: bare(lambda n: AtariVectorEnv("pong", n, num_threads=th), k, s),
         "VectorEnv(AtariVectorEnv) in Collector": lambda: collected(
             lambda: VectorEnv(AtariVectorEnv("pong", k, num_threads=th)), k, s),
-        "GymEnv(AtariPreprocessing+FrameStack) in Collector": lambda: collected(lambda: GymEnv(gym_pong, num_envs=k), k, s),
+        "GymEnv(AtariPreprocessing+FrameStack) in Collector": lambda: collected(
+            lambda: GymEnv(gym_pong, num_envs=k), k, s),
     }
     best = dict.fromkeys(configs, 0.0)
     for _ in range(args.rounds):

@@ -71,14 +71,16 @@ class Workload:
 
 WORKLOADS = {
     "Pong": Workload(
-        "Pong", "ALE/Pong-v5 + AtariPreprocessing + FrameStack(4)", make_pong, "nature_cnn", "Nature-CNN", "nature-cnn", 4,
+        "Pong", "ALE/Pong-v5 + AtariPreprocessing + FrameStack(4)", make_pong,
+        "nature_cnn", "Nature-CNN", "nature-cnn", 4,
         # EnvPool's defaults are the same preprocessing: frameskip 4, 84x84 grey, 4 stacked, 30 no-ops,
         # no sticky actions; episodic_life and reward_clip are off by default as in gymnasium.
         # FIRE at reset is EnvPool's own addition: off, as in gymnasium.
         "Pong-v5", {"use_fire_reset": False}, 32, ("ale_py",),
     ),
     "HalfCheetah": Workload(
-        "HalfCheetah", "HalfCheetah-v5", make_halfcheetah, "cheetah_mlp", "MLP 2x64", "tanh-mlp", 1, "HalfCheetah-v5", {},
+        "HalfCheetah", "HalfCheetah-v5", make_halfcheetah,
+        "cheetah_mlp", "MLP 2x64", "tanh-mlp", 1, "HalfCheetah-v5", {},
         128,
         ("mujoco",),
     ),

@@ -88,7 +88,7 @@ class EpsilonGreedy(nn.Module):
     """The acting policy, run by the workers: a Q-network and an exploration rate.
 
     `epsilon` is a registered buffer, so it travels with the weights on every
-    `update_policy_weights_()`. Defined at module level so that it pickles ("spawn" workers).
+    `update_policy_weights_()`. Defined at module level so that it pickles by reference.
     """
 
     def __init__(self, obs_dim: int, n_actions: int, hidden: int):
@@ -277,7 +277,7 @@ def write_curve(history: list[dict], args: Args) -> None:
     print(f"learning curve: {out} (data: {out.with_suffix('.csv')})")
 
 
-if __name__ == "__main__":  # the guard matters: workers re-import this file ("spawn")
+if __name__ == "__main__":  # the guard matters: with the fork server or "spawn", workers import this file
     args = parse_args()
     history = train(args)
     summarize(history)

@@ -93,7 +93,7 @@ class Agent(nn.Module):
 
     This module is what runs in the workers: `forward` samples an action (the value head travels
     with the weights but only the learner uses it). It is defined at module level so that it
-    pickles (workers are started with "spawn").
+    pickles by reference (workers may be started from a fresh interpreter).
     """
 
     def __init__(self, n_actions: int):
@@ -344,7 +344,7 @@ def write_curve(history: list[dict], args: Args) -> None:
     print(f"learning curve: {out} (data: {out.with_suffix('.csv')})")
 
 
-if __name__ == "__main__":  # the guard matters: workers re-import this file ("spawn")
+if __name__ == "__main__":  # the guard matters: with the fork server or "spawn", workers import this file
     args = parse_args()
     history = train(args, log=CsvLog(Path(args.out).with_suffix(".csv")))
     summarize(history, args)

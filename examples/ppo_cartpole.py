@@ -91,7 +91,7 @@ def mlp(in_dim: int, out_dim: int, hidden: int, out_std: float) -> nn.Sequential
 class Actor(nn.Module):
     """The policy. This module is what runs in the workers: `forward` samples an action.
 
-    It is defined at module level so that it pickles (workers are started with "spawn").
+    It is defined at module level so that it pickles by reference (workers may be started from a fresh interpreter).
     """
 
     def __init__(self, obs_dim: int, n_actions: int, hidden: int):
@@ -276,7 +276,8 @@ def summarize(history: list[dict], args: Args) -> None:
     print(f"done: {last['frames']:,d} frames in {last['elapsed_s']:.1f} s ({last['fps']:,.0f} fps)")
     reached = next((row for row in history if row["mean_return"] >= args.target_return), None)
     if reached:
-        print(f"mean return >= {args.target_return:g} first at {reached['frames']:,d} frames ({reached['elapsed_s']:.1f} s)")
+        print(f"mean return >= {args.target_return:g} first at {reached['frames']:,d} frames "
+              f"({reached['elapsed_s']:.1f} s)")
         below = [i for i, row in enumerate(history) if row["mean_return"] < args.target_return]  # NaN: no episode ended
         if not below or below[-1] + 1 < len(history):
             stays = history[below[-1] + 1] if below else history[0]
@@ -284,7 +285,10 @@ def summarize(history: list[dict], args: Args) -> None:
     else:
         print(f"mean return never reached {args.target_return:g}")
     tail = [row["mean_return"] for row in history[-5:] if not math.isnan(row["mean_return"])]
-    print(f"mean return over the last 5 batches: {np.mean(tail):.1f}" if tail else "no episode ended in the last 5 batches")
+    if tail:
+        print(f"mean return over the last 5 batches: {np.mean(tail):.1f}")
+    else:
+        print("no episode ended in the last 5 batches")
 
 
 def write_curve(history: list[dict], args: Args) -> None:
@@ -311,7 +315,7 @@ def write_curve(history: list[dict], args: Args) -> None:
     print(f"learning curve: {out} (data: {out.with_suffix('.csv')})")
 
 
-if __name__ == "__main__":  # the guard matters: workers re-import this file ("spawn")
+if __name__ == "__main__":  # the guard matters: with the fork server or "spawn", workers import this file
     args = parse_args()
     history = train(args)
     summarize(history, args)

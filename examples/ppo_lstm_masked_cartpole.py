@@ -221,7 +221,8 @@ def ppo_update(agent, optimizer, data: dict[str, torch.Tensor], args: Args) -> d
     steps = 0
     for _ in range(args.epochs):
         for idx in torch.randperm(chunks).chunk(args.minibatches):
-            logits, value, _ = agent.replay(data["observation"][idx], data["start"][idx], data["h0"][idx], data["c0"][idx])
+            logits, value, _ = agent.replay(data["observation"][idx], data["start"][idx],
+                                            data["h0"][idx], data["c0"][idx])
             dist = Categorical(logits=logits)
             log_prob = dist.log_prob(data["action"][idx])
             log_ratio = log_prob - data["log_prob"][idx]
@@ -355,13 +356,17 @@ def summarize(history: list[dict], args: Args) -> None:
     print(f"largest carry error (replayed vs stored LSTM state): {max(r['carry_error'] for r in history):.1e}")
     reached = next((row for row in history if row["mean_return"] >= args.target_return), None)
     if reached:
-        print(f"mean return >= {args.target_return:g} first at {reached['frames']:,d} frames ({reached['elapsed_s']:.1f} s)")
+        print(f"mean return >= {args.target_return:g} first at {reached['frames']:,d} frames "
+              f"({reached['elapsed_s']:.1f} s)")
     else:
         print(f"mean return never reached {args.target_return:g}")
     best = max((row["mean_return"] for row in history if not math.isnan(row["mean_return"])), default=float("nan"))
     print(f"best batch mean return: {best:.1f}")
     tail = [row["mean_return"] for row in history[-5:] if not math.isnan(row["mean_return"])]
-    print(f"mean return over the last 5 batches: {np.mean(tail):.1f}" if tail else "no episode ended in the last 5 batches")
+    if tail:
+        print(f"mean return over the last 5 batches: {np.mean(tail):.1f}")
+    else:
+        print("no episode ended in the last 5 batches")
 
 
 def write_curve(history: list[dict], args: Args) -> None:
@@ -389,7 +394,7 @@ def write_curve(history: list[dict], args: Args) -> None:
     print(f"learning curve: {out} (data: {out.with_suffix('.csv')})")
 
 
-if __name__ == "__main__":  # the guard matters: workers re-import this file ("spawn")
+if __name__ == "__main__":  # the guard matters: with the fork server or "spawn", workers import this file
     args = parse_args()
     history = train(args)
     summarize(history, args)

@@ -119,7 +119,7 @@ class Actor(nn.Module):
     """The policy. This module is what runs in the workers: `forward` samples an action from a
     diagonal Gaussian (state-dependent mean, learned state-independent log-std).
 
-    It is defined at module level so that it pickles (workers are started with "spawn").
+    It is defined at module level so that it pickles by reference (workers may be started from a fresh interpreter).
     """
 
     def __init__(self, obs_dim: int, act_dim: int, hidden: int):
@@ -388,7 +388,7 @@ def write_curve(history: list[dict], args: Args) -> None:
     print(f"learning curve: {out} (data: {out.with_suffix('.csv')})")
 
 
-if __name__ == "__main__":  # the guard matters: workers re-import this file ("spawn")
+if __name__ == "__main__":  # the guard matters: with the fork server or "spawn", workers import this file
     args = parse_args()
     history = train(args, log=CsvLog(Path(args.out).with_suffix(".csv")))
     summarize(history, args)

@@ -80,7 +80,7 @@ class Args:
 
 def make_env(env_id: str = "CartPole-v1") -> TransformedEnv:
     """A torchrl env: CartPole with an index action and the episode return as `"episode_reward"`.
-    Module level, so that it pickles to the workers ("spawn")."""
+    Module level, so that it pickles to the workers by reference."""
     return TransformedEnv(GymEnv(env_id, categorical_action_encoding=True), RewardSum())
 
 
@@ -101,7 +101,8 @@ def train(args: Args) -> list[dict]:
     advantage_module = GAE(gamma=args.gamma, lmbda=args.gae_lambda, value_network=critic, average_gae=True)
     loss_module = ClipPPOLoss(actor, critic, clip_epsilon=args.clip_coef, entropy_coeff=args.ent_coef)
     optimizer = torch.optim.Adam(loss_module.parameters(), lr=args.learning_rate)
-    scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, 1.0, 0.0, total_iters=args.total_frames // args.frames_per_batch)
+    scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, 1.0, 0.0,
+                                                  total_iters=args.total_frames // args.frames_per_batch)
     replay_buffer = ReplayBuffer(storage=LazyTensorStorage(args.frames_per_batch),
                                  sampler=SamplerWithoutReplacement(), batch_size=args.minibatch_size)
     start = time.perf_counter()  # the clock includes starting the workers
@@ -180,11 +181,15 @@ def summarize(history: list[dict], args: Args) -> None:
     print(f"done: {last['frames']:,d} frames in {last['elapsed_s']:.1f} s ({last['fps']:,.0f} fps)")
     reached = next((row for row in history if row["mean_return"] >= args.target_return), None)
     if reached:
-        print(f"mean return >= {args.target_return:g} first at {reached['frames']:,d} frames ({reached['elapsed_s']:.1f} s)")
+        print(f"mean return >= {args.target_return:g} first at {reached['frames']:,d} frames "
+              f"({reached['elapsed_s']:.1f} s)")
     else:
         print(f"mean return never reached {args.target_return:g}")
     tail = [row["mean_return"] for row in history[-5:] if not math.isnan(row["mean_return"])]
-    print(f"mean return over the last 5 batches: {np.mean(tail):.1f}" if tail else "no episode ended in the last 5 batches")
+    if tail:
+        print(f"mean return over the last 5 batches: {np.mean(tail):.1f}")
+    else:
+        print("no episode ended in the last 5 batches")
 
 
 def write_curve(history: list[dict], args: Args) -> None:
@@ -211,7 +216,7 @@ def write_curve(history: list[dict], args: Args) -> None:
     print(f"learning curve: {out} (data: {out.with_suffix('.csv')})")
 
 
-if __name__ == "__main__":  # the guard matters: workers re-import this file ("spawn")
+if __name__ == "__main__":  # the guard matters: with the fork server or "spawn", workers import this file
     args = parse_args()
     history = train(args)
     summarize(history, args)

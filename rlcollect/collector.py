@@ -4,28 +4,31 @@ batches of experience."""
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import math
 import os
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rlcollect._context import worker_index
-from rlcollect.config import CollectorConfig
+from rlcollect.config import CollectorConfig, check_policy_sources, check_replay_buffer, check_weight_updater
+from rlcollect.collector_state import check_state, load_all_or_nothing
 from rlcollect.data import TRAJ_ID_BLOCK, BatchBuffer, deliver, fresh_batch
 from rlcollect.envs.adapter import make_env
 from rlcollect.freerun import BackgroundLoop
 from rlcollect.metrics import BatchClock, StepTimes, batch_meta, policy_lag, stats_keys, worker_keys
+from rlcollect.profiling import RolloutProfiler
 from rlcollect.policy import exploration_scope, has_weights, load_weights, make_runner
 from rlcollect.rollout import Rollout
 from rlcollect import torchrl_args
-from rlcollect.torchrl_args import TorchrlMethods, version_tracker
-from rlcollect.weights.local import LocalWeights, module_device, place_env
-from rlcollect.weights.models import make_weight_updater
+from rlcollect.base import CollectorBase
+from rlcollect.torchrl_args import version_tracker
+from rlcollect.weights.local import LocalWeights, acting_policy, place_env
+from rlcollect.weights.models import delegate_to_updater, make_weight_updater, update_targets
 from rlcollect.weights.schemes import validate_schemes
 
 if TYPE_CHECKING:
@@ -33,10 +36,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("rlcollect")
 
-_STATE_KEYS = ("frames", "iter", "rollout", "env", "policy", "policy_version", "torch_rng")
 
-
-class Collector(TorchrlMethods, LocalWeights):
+class Collector(CollectorBase):
     """Collect experience from one env with a policy, in this process.
 
     Args:
@@ -137,18 +138,12 @@ class Collector(TorchrlMethods, LocalWeights):
             worker_idx=worker_idx,
         )
         self._schemes = validate_schemes(weight_sync_schemes)
-        if weight_updater is not None and weight_sync_schemes is not None:
-            raise ValueError("give weight_sync_schemes or weight_updater, not both (as in torchrl)")
+        check_weight_updater(weight_updater, weight_sync_schemes)
         if policy_factory is not None and not callable(policy_factory):
-            raise TypeError(f"policy_factory must be a callable returning the policy, got {type(policy_factory).__name__}")
-        if policy_factory is not None and policy is not None and "policy" not in self._schemes:
-            raise ValueError(
-                "policy and policy_factory were both given but weight_sync_schemes has no 'policy' scheme: "
-                "pass weight_sync_schemes={'policy': SharedMemWeightSyncScheme()} (policy is then only the "
-                "source of weights), or give just one of policy / policy_factory"
-            )
-        if replay_buffer is not None and not callable(getattr(replay_buffer, "extend", None)):
-            raise TypeError(f"replay_buffer must have an extend() method, got {type(replay_buffer).__name__}")
+            raise TypeError("policy_factory must be a callable returning the policy, got "
+                            f"{type(policy_factory).__name__}")
+        check_policy_sources(policy, policy_factory is not None, self._schemes)
+        check_replay_buffer(replay_buffer)
         self.replay_buffer = replay_buffer
         if cfg.total_frames > 0 and cfg.total_frames % cfg.frames_per_batch:
             torchrl_args.warn(
@@ -162,7 +157,9 @@ class Collector(TorchrlMethods, LocalWeights):
         try:
             place_env(self.env, cfg.env_device)
             self._setup(policy, policy_factory, traj_id_start)
-            self._check_models()
+            self._weights = LocalWeights(self._runner.module, self.policy, self._weight_source, self._schemes,
+                                         weakref.ref(self))
+            self._weights.check_models()
             self._in_updater = False
             self.weight_updater = make_weight_updater(weight_updater, self)
         except BaseException:
@@ -176,16 +173,7 @@ class Collector(TorchrlMethods, LocalWeights):
             raise RuntimeError(
                 f"set_truncated=True needs an env with a 'truncated' entry; {type(env).__name__} has none"
             )
-        self.policy = policy_factory() if policy_factory is not None else policy
-        self._weight_source = policy if policy_factory is not None else None
-        device = cfg.policy_device_or_default
-        if device is not None and has_weights(self.policy) and module_device(self.policy) != device:
-            # As torchrl: the policy acts on policy_device. The user's own module is not moved:
-            # a copy is, and update_policy_weights_() copies from the user's module.
-            if policy_factory is None:
-                self._weight_source = self.policy
-                self.policy = copy.deepcopy(self.policy)
-            self.policy = self.policy.to(device)
+        self.policy, self._weight_source = acting_policy(policy, policy_factory, cfg.policy_device_or_default)
         self._runner = make_runner(
             self.policy,
             list(env.obs_layout),
@@ -225,7 +213,7 @@ class Collector(TorchrlMethods, LocalWeights):
         self._version = 0
         self._torch_rng: torch.Tensor | None = None
         self._iterator: Iterator | None = None
-        self._profile: dict | None = None
+        self._profiler = RolloutProfiler()
         self._started_at: float | None = None
         self._last_batch_s = 0.0
         self._loop: BackgroundLoop | None = None
@@ -234,25 +222,18 @@ class Collector(TorchrlMethods, LocalWeights):
         self._lag = (0.0, 0)
         self._wait = BatchClock()  # stays at zero: this process steps the env itself
 
-    # -- iteration ---------------------------------------------------------------------------
-    def __iter__(self) -> Iterator[TensorDict | None]:
-        self._check_open()
+    # -- iteration (rlcollect/base.py) ---------------------------------------------------------
+    def _check_iterable(self) -> None:
         if self._loop is not None:
             raise RuntimeError("this collector is running free (start()); it cannot be iterated until async_shutdown()")
-        while self.total_frames < 0 or self._frames < self.total_frames:
-            yield self._next_batch()
 
-    def __next__(self) -> TensorDict | None:
-        if self._iterator is None:
-            self._iterator = iter(self)
-        return next(self._iterator)
-
-    def __len__(self) -> int:
-        if self.total_frames < 0:
-            raise TypeError("an endless collector (total_frames=-1) has no len()")
+    def _batch_frames(self) -> int:
         # A batch holds layout.frames (frames_per_batch rounded up to whole env rows): count
         # the batches iteration actually yields.
-        return math.ceil(self.total_frames / self.layout.frames)
+        return self.layout.frames
+
+    def _name_when_closed(self) -> str:
+        return "collector"
 
     @property
     def frames(self) -> int:
@@ -264,10 +245,6 @@ class Collector(TorchrlMethods, LocalWeights):
         if worker_idx not in (None, 0):
             raise ValueError(f"a single-process Collector has only worker 0; got worker_idx={worker_idx!r}")
         return self.layout.frames
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise RuntimeError("this collector has been shut down")
 
     @contextlib.contextmanager
     def _rng_scope(self) -> Iterator[None]:
@@ -299,21 +276,32 @@ class Collector(TorchrlMethods, LocalWeights):
         if in_place and self._buffer is None:
             self._buffer = BatchBuffer(self.layout)
         buf = self._buffer if in_place else fresh_batch(self.layout)
-        self._collect_into(buf, random=self._random_now())
+        self.collect_into(buf, random=self._random_now())
         self._lag = policy_lag(self._version, [self._batch_meta(timing=False)])
         batch = buf.td
         self._last_batch_s = time.perf_counter() - start
         return deliver(batch, storing_device=cfg.storing_device_or_default, split_trajs=cfg.split_trajs,
                        postproc=cfg.postproc, replay_buffer=self.replay_buffer, extend_buffer=cfg.extend_buffer)
 
-    def _collect_into(self, buf: BatchBuffer, random: bool = False, stop=None) -> int:
-        """Fill ``buf`` with the next batch (in place); returns the valid frames written.
-        This is what a worker process calls to write straight into shared memory."""
+    def collect_into(self, buf: BatchBuffer, random: bool = False, stop: Any = None) -> int:
+        """Fill ``buf`` (a ``BatchBuffer`` of ``layout``) with the next batch, in place; returns
+        the valid frames written. ``random``: act randomly; ``stop``: a one-element array that,
+        once set non-zero, ends the batch after the current step. This is what a worker process
+        or a distributed node calls to write straight into shared memory (rlcollect/source.py).
+
+        Example:
+            >>> from rlcollect.data import BatchBuffer
+            >>> c = Collector("CartPole-v1", frames_per_batch=10)
+            >>> c.collect_into(BatchBuffer(c.layout))
+            10
+            >>> c.shutdown()
+        """
         self._check_open()
         cfg = self.config
         if cfg.reset_at_each_iter:
             self._rollout.needs_reset = True
-        with self._maybe_profile(), self._rng_scope(), exploration_scope(cfg.exploration_type), torch.no_grad():
+        with self._profiler.scope(self._iter), self._rng_scope(), exploration_scope(cfg.exploration_type), \
+                torch.no_grad():
             steps = self._rollout.fill(buf, random=random, version=self._version, stop=stop)
         self._step_times.add(self._rollout.step_seconds[:steps])
         frames = steps * self.layout.rows
@@ -323,7 +311,8 @@ class Collector(TorchrlMethods, LocalWeights):
         return frames
 
     # -- profiling ---------------------------------------------------------------------------
-    def enable_profile(self, path: str | os.PathLike = "rlcollect_trace.json", *, rollouts=(0,), **profiler_kwargs) -> None:
+    def enable_profile(self, path: str | os.PathLike = "rlcollect_trace.json", *, rollouts=(0,),
+                       **profiler_kwargs) -> None:
         """Record a torch.profiler trace of the chosen rollouts (batch indices counted from the
         next one) and write it as a Chrome trace to ``path`` (``path`` gets ``.N`` appended
         before the extension when several rollouts are profiled).
@@ -333,31 +322,7 @@ class Collector(TorchrlMethods, LocalWeights):
             >>> c.enable_profile("/tmp/trace.json")
             >>> _ = list(c); c.shutdown()
         """
-        rollouts = sorted({int(r) for r in rollouts})
-        if not rollouts or rollouts[0] < 0:
-            raise ValueError(f"rollouts must be non-negative batch indices, got {rollouts!r}")
-        self._profile = {"path": os.fspath(path), "at": {self._iter + r for r in rollouts}, "kwargs": profiler_kwargs,
-                         "many": len(rollouts) > 1}
-
-    @contextlib.contextmanager
-    def _maybe_profile(self) -> Iterator[None]:
-        prof, index = self._profile, self._iter
-        if prof is None or index not in prof["at"]:
-            yield
-            return
-        from torch.profiler import profile
-
-        with profile(**prof["kwargs"]) as p:
-            yield
-        path = prof["path"]
-        if prof["many"]:
-            root, ext = os.path.splitext(path)
-            path = f"{root}.{index}{ext or '.json'}"
-        p.export_chrome_trace(path)
-        logger.info("rlcollect: wrote profiler trace of batch %d to %s", index, path)
-        prof["at"].discard(index)
-        if not prof["at"]:
-            self._profile = None
+        self._profiler.enable(path, rollouts, profiler_kwargs, next_index=self._iter)
 
     # -- control -----------------------------------------------------------------------------
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
@@ -474,15 +439,113 @@ class Collector(TorchrlMethods, LocalWeights):
         """Stop running free, then shut down. Re-raises an error the background loop hit."""
         self.shutdown(timeout)
 
-    def __enter__(self) -> Collector:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.shutdown()
-
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.shutdown()
+
+    # -- weights (rlcollect/weights/local.py) ------------------------------------------------
+    def update_policy_weights_(self, policy_or_weights: Any = None, *, weights: Any = None, policy: Any = None,
+                               worker_ids: Any = None, model_id: str | None = None,
+                               weights_dict: dict | None = None) -> None:
+        """Load new weights into the acting policy (or another model of ``weight_sync_schemes``)
+        and bump the policy version.
+
+        The weights (positionally, ``weights=`` or ``policy=``) may be None (taken from
+        ``policy`` when the acting copy came from ``policy_factory``; otherwise the acting
+        policy is the user's own module and only the version moves), an ``nn.Module``, a
+        TensorDict of parameters or a state dict. ``model_id`` names the model (default
+        ``"policy"``; others must be keys of ``weight_sync_schemes``); ``weights_dict=
+        {model_id: weights}`` updates several at once with one version. With ``weight_updater``
+        the call goes to it (torchrl's legacy path: no ``model_id`` / ``weights_dict``).
+
+        Example:
+            >>> import torch
+            >>> from rlcollect import Collector, CountingEnv
+            >>> class Policy(torch.nn.Module):
+            ...     def __init__(self):
+            ...         super().__init__()
+            ...         self.w = torch.nn.Parameter(torch.zeros(1))
+            ...     def forward(self, observation):
+            ...         return (observation[..., 0] * self.w[0] > 0).long()
+            >>> from rlcollect import Collector
+            >>> c = Collector(CountingEnv(), Policy(), frames_per_batch=10)
+            >>> c.update_policy_weights_(weights={"w": torch.ones(1)})
+            >>> c.policy_version
+            1
+        """
+        self._check_open()
+        if delegate_to_updater(self, policy_or_weights, weights=weights, policy=policy, model_id=model_id,
+                               weights_dict=weights_dict, worker_ids=worker_ids,
+                               hint="; use weight_sync_schemes for several models"):
+            return
+        targets = update_targets(policy_or_weights, weights=weights, policy=policy, model_id=model_id,
+                                 weights_dict=weights_dict)
+        loads = self._weights.plan(targets, worker_ids)
+        if not loads:
+            return
+        with self._quiet():  # never between two steps of a running batch
+            self._weights.load(loads)
+            self._version += 1
+
+    def get_model(self, model_id: str) -> Any:
+        """The model ``model_id`` names: ``"policy"`` is the acting policy, anything else an
+        attribute path from this collector (``"policy.module[0]"``, ``"env.some_module"``).
+
+        Example:
+            >>> import torch
+            >>> from rlcollect import Collector, CountingEnv
+            >>> class Policy(torch.nn.Module):
+            ...     def __init__(self):
+            ...         super().__init__()
+            ...         self.head = torch.nn.Linear(1, 1)
+            ...     def forward(self, observation):
+            ...         return (self.head(observation)[..., 0] > 0).long()
+            >>> c = Collector(CountingEnv(), Policy(), frames_per_batch=4)
+            >>> type(c.get_model("policy.head")).__name__
+            'Linear'
+        """
+        return self._weights.get_model(model_id)
+
+    def get_cached_weights(self, model_id: str) -> Any:
+        """Cached shared-memory weights of ``model_id``: None here (a single-process collector
+        acts with the module itself; torchrl returns None too when it caches nothing)."""
+        return None
+
+    @property
+    def weight_spec(self) -> dict | None:
+        """Names, shapes and dtypes of the acting policy's parameters and buffers (None: none)."""
+        return self._weights.spec
+
+    def weights_module(self, model_id: str = "policy") -> torch.nn.Module | None:
+        """The module that acts for ``model_id`` (``"policy"``: the acting policy; else an
+        attribute path from this collector, which must have parameters or buffers)."""
+        return self._weights.module(model_id)
+
+    def set_weights(self, state: Any, version: int, model_id: str = "policy") -> None:
+        """Load ``state`` (None: the module was written in place) into ``weights_module(model_id)``
+        and act with version ``version`` from the next batch (a worker's or node's call: the
+        version is its owner's number, not a bump).
+
+        Example:
+            >>> import torch
+            >>> from rlcollect import Collector, CountingEnv
+            >>> class Policy(torch.nn.Module):
+            ...     def __init__(self):
+            ...         super().__init__()
+            ...         self.w = torch.nn.Parameter(torch.zeros(1))
+            ...     def forward(self, observation):
+            ...         return (observation[..., 0] * self.w[0] > 0).long()
+            >>> c = Collector(CountingEnv(), Policy(), frames_per_batch=10)
+            >>> c.set_weights({"w": torch.ones(1)}, version=7)
+            >>> c.policy_version, c.weights_module().w.item()
+            (7, 1.0)
+        """
+        self._check_open()
+        module = self.weights_module(model_id)
+        with self._quiet():
+            if state is not None:
+                load_weights(module, state)
+            self._version = version
 
     # -- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -509,41 +572,9 @@ class Collector(TorchrlMethods, LocalWeights):
         """Restore a ``state_dict()``; the collector continues the saved stream. A malformed
         state raises (KeyError/ValueError/TypeError) and leaves the collector as it was."""
         self._check_open()
-        if not isinstance(state, dict):
-            raise TypeError(f"load_state_dict expects the dict state_dict() returned, got {type(state).__name__}")
-        missing = [k for k in _STATE_KEYS if k not in state]
-        if missing:
-            raise KeyError(f"Collector.load_state_dict: missing keys {missing}; expected {list(_STATE_KEYS)}")
-        self._rollout.check_state_dict(state["rollout"])
         # Everything that can fail is checked before anything is changed.
-        try:
-            frames, iters, version = (int(state[k]) for k in ("frames", "iter", "policy_version"))
-        except (TypeError, ValueError) as err:
-            raise ValueError(
-                "Collector.load_state_dict: frames, iter and policy_version must be ints, got "
-                f"{state['frames']!r}, {state['iter']!r}, {state['policy_version']!r}"
-            ) from err
-        torch_rng = state["torch_rng"]
-        if torch_rng is not None and not (isinstance(torch_rng, torch.Tensor) and torch_rng.dtype == torch.uint8):
-            raise TypeError(
-                f"Collector.load_state_dict: torch_rng must be None or a torch RNG state (uint8 tensor), got {torch_rng!r}"
-            )
-        module = self._runner.module
-        # Cloned: module.state_dict() aliases the live tensors, and a load that fails half-way
-        # (a size mismatch) has already copied the entries that fitted.
-        backup = {k: v.clone() for k, v in module.state_dict().items()} if has_weights(module) else None
-        env_backup = self.env.state_dict()
-        try:
-            if state["policy"] is not None:
-                if module is None:
-                    raise ValueError("the state holds policy weights but this collector's policy has none")
-                load_weights(module, state["policy"])
-            self.env.load_state_dict(state["env"])
-        except Exception:
-            if backup is not None:
-                load_weights(module, backup)
-            self.env.load_state_dict(env_backup)
-            raise
+        frames, iters, version, torch_rng = check_state(state, self._rollout.check_state_dict)
+        load_all_or_nothing(self._runner.module, self.env, state["policy"], state["env"])
         self._rollout.load_state_dict(state["rollout"])
         self._frames, self._iter, self._version = frames, iters, version
         self._torch_rng = None if torch_rng is None else torch_rng.clone()
@@ -572,8 +603,21 @@ class Collector(TorchrlMethods, LocalWeights):
                           replay_buffer_write_count=getattr(self.replay_buffer, "write_count", None),
                           lag=self._lag, wait=self._wait)
 
+    def batch_info(self) -> dict:
+        """The last batch filled, for the collector this one fills batches for (a worker's or
+        a node's): its frames, their policy versions and the env-step latency
+        (``rlcollect.metrics.batch_meta``)."""
+        return self._batch_meta()
+
+    def getattr_env(self, name: str) -> Any:
+        """An attribute of the env."""
+        return getattr(self.env, name)
+
+    def getattr_policy(self, name: str) -> Any:
+        """An attribute of the policy."""
+        return getattr(self.policy, name)
+
     def _batch_meta(self, timing: bool = True) -> dict:
-        """The last batch filled, for the collector this one fills batches for (a worker's)."""
         frames, version = self._last_collected
         return batch_meta(frames, version, version, self._step_times.summary() if timing else (None, None))
 

@@ -40,7 +40,8 @@ def device_arg(name: str, value: Any) -> torch.device | None:
     try:
         return torch.device(value)
     except (RuntimeError, TypeError) as err:
-        raise ValueError(f"{name} must be a torch device or a device string like 'cpu' or 'cuda:0', got {value!r}") from err
+        raise ValueError(f"{name} must be a torch device or a device string like 'cpu' or 'cuda:0', "
+                         f"got {value!r}") from err
 
 
 def callable_or_none(name: str, value: Any) -> Callable | None:
@@ -61,6 +62,48 @@ def compile_arg(name: str, value: Any) -> bool | dict | None:
     if value is None or isinstance(value, (bool, dict)):
         return value
     raise TypeError(f"{name} must be a bool or a dict of keyword arguments, got {type(value).__name__}")
+
+
+def per_member(name: str, value: Any, n: int, member: str = "worker") -> list:
+    """One value per worker (or node): ``value`` itself if it is a list or tuple of ``n``
+    values, else ``n`` times ``value``.
+
+    Example:
+        >>> per_member("device", ["cpu", "cpu"], 2), per_member("device", None, 3)
+        (['cpu', 'cpu'], [None, None, None])
+        >>> per_member("device", ["cpu"], 2, "node")
+        Traceback (most recent call last):
+        ...
+        ValueError: device is a per-node list of length 1, but there are 2 nodes
+    """
+    if isinstance(value, (list, tuple)):
+        if len(value) != n:
+            raise ValueError(f"{name} is a per-{member} list of length {len(value)}, but there are {n} {member}s")
+        return list(value)
+    return [value] * n
+
+
+def check_policy_sources(policy: Any, has_factory: bool, schemes: dict,
+                         scheme: str = "SharedMemWeightSyncScheme") -> None:
+    """``policy`` and ``policy_factory`` together need a ``"policy"`` weight-sync scheme: the
+    factory builds the acting policy, ``policy`` is then only the source of its weights
+    (``scheme``: the scheme class the message suggests)."""
+    if has_factory and policy is not None and "policy" not in schemes:
+        raise ValueError(
+            "policy and policy_factory were both given but weight_sync_schemes has no 'policy' scheme: pass "
+            f"weight_sync_schemes={{'policy': {scheme}()}} (policy is then only the source of "
+            "weights), or give just one of policy / policy_factory"
+        )
+
+
+def check_weight_updater(weight_updater: Any, weight_sync_schemes: Any) -> None:
+    if weight_updater is not None and weight_sync_schemes is not None:
+        raise ValueError("give weight_sync_schemes or weight_updater, not both (as in torchrl)")
+
+
+def check_replay_buffer(replay_buffer: Any) -> None:
+    if replay_buffer is not None and not callable(getattr(replay_buffer, "extend", None)):
+        raise TypeError(f"replay_buffer must have an extend() method, got {type(replay_buffer).__name__}")
 
 
 @dataclasses.dataclass

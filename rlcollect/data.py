@@ -92,9 +92,17 @@ class BatchBuffer:
         return self._td
 
 
-def _field_bytes(layout: BatchLayout) -> tuple[list[tuple], int]:
+def field_bytes(layout: BatchLayout) -> tuple[list[tuple], int]:
     """Where each field of ``layout`` lies in one flat block: ``[(key, offset, nbytes, shape,
-    torch dtype)]`` (64-byte aligned), and the block's size."""
+    torch dtype)]`` (64-byte aligned), and the block's size.  The carving shared by the
+    multi-process slots (multiprocess/shm.py) and the distributed transport.
+
+    Example:
+        >>> layout = BatchLayout({"x": ArraySpec((2,), np.dtype(np.float32))}, torch.Size([3]), 4)
+        >>> fields, total = field_bytes(layout)
+        >>> fields[0][:3], total
+        (('x', 0, 96), 128)
+    """
     out, offset = [], 0
     n, t = layout.rows, layout.time
     for key, spec in layout.fields.items():
@@ -107,10 +115,41 @@ def _field_bytes(layout: BatchLayout) -> tuple[list[tuple], int]:
 
 def carve(flat: torch.Tensor, layout: BatchLayout) -> dict[NestedKey, torch.Tensor]:
     """The typed ``(n, T, *feature)`` views of ``layout``'s fields in the flat byte tensor ``flat``."""
-    fields, total = _field_bytes(layout)
+    fields, total = field_bytes(layout)
     if flat.numel() < total:
         raise ValueError(f"the flat block holds {flat.numel()} bytes, the layout needs {total}")
     return {key: flat[off : off + nbytes].view(dtype).view(shape) for key, off, nbytes, shape, dtype in fields}
+
+
+class SlotPart:
+    """Worker ``index``'s share of a stacked slot of ``parts`` workers (what that worker is
+    handed instead of a flat slot; :func:`slot_buffer` carves it)."""
+
+    def __init__(self, flat: torch.Tensor, index: int, parts: int):
+        self.flat, self.index, self.parts = flat, index, parts
+
+    def __reduce__(self):
+        return SlotPart, (self.flat, self.index, self.parts)
+
+
+def stacked_layout(layout: BatchLayout, parts: int) -> BatchLayout:
+    """The layout of a stacked slot: field k is ``parts`` consecutive ``(n, T, ...)`` blocks."""
+    # Stacking along the rows: field k of the stacked layout is parts consecutive (n, T, ...) blocks.
+    return BatchLayout(layout.fields, torch.Size([parts * layout.rows]), layout.time)
+
+
+def stacked_tensors(flat: torch.Tensor, layout: BatchLayout, parts: int) -> dict:
+    """The ``(parts * n, T, *feature)`` views of a stacked slot, by key (fresh tensors each call)."""
+    return slot_buffer(flat, stacked_layout(layout, parts)).tensors
+
+
+def slot_buffer(flat: torch.Tensor | SlotPart, layout: BatchLayout) -> BatchBuffer:
+    """The typed view of a flat slot (or of a worker's part of a stacked one) as a :class:`BatchBuffer`."""
+    if isinstance(flat, SlotPart):
+        rows, i = layout.rows, flat.index
+        stacked = stacked_tensors(flat.flat, layout, flat.parts)
+        return BatchBuffer(layout, tensors={key: t[i * rows:(i + 1) * rows] for key, t in stacked.items()})
+    return BatchBuffer(layout, tensors=carve(flat, layout))
 
 
 def fresh_batch(layout: BatchLayout) -> BatchBuffer:
@@ -126,7 +165,7 @@ def fresh_batch(layout: BatchLayout) -> BatchBuffer:
         >>> fresh_batch(layout).td["x"].sum().item()
         0.0
     """
-    _, total = _field_bytes(layout)
+    _, total = field_bytes(layout)
     if total < MAP_BYTES:
         return BatchBuffer(layout)
     flat = torch.frombuffer(mmap.mmap(-1, total), dtype=torch.uint8)  # the tensors keep the map alive
@@ -269,8 +308,3 @@ def _write_foreign(replay_buffer, batch: TensorDict, extend_buffer: bool, stacke
                     add(step)
                 else:  # a buffer with extend() only gets each step's rows
                     replay_buffer.extend(step)
-
-
-def new_traj_ids(counter: int, count: int) -> tuple[np.ndarray, int]:
-    """``count`` fresh ids starting at ``counter``, and the next counter value."""
-    return np.arange(counter, counter + count, dtype=np.int64), counter + count

@@ -274,12 +274,14 @@ def load_weights(module: torch.nn.Module, weights: Any) -> None:
             from tensordict import TensorDict
 
             own = TensorDict.from_module(module)
-            _check_fits(module, dict(own.flatten_keys(".").items()), dict(weights.flatten_keys(".").items()), partial=True)
+            _check_fits(module, dict(own.flatten_keys(".").items()), dict(weights.flatten_keys(".").items()),
+                        partial=True)
             own.update_(weights)
         elif isinstance(weights, dict):
             _check_fits(module, module.state_dict(), weights, partial=False)
             module.load_state_dict(weights)
         else:
             raise TypeError(
-                f"weights must be None, an nn.Module, a TensorDict of parameters or a state dict, got {type(weights).__name__}"
+                "weights must be None, an nn.Module, a TensorDict of parameters or a state dict, "
+                f"got {type(weights).__name__}"
             )

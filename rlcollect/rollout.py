@@ -451,7 +451,8 @@ class Rollout:
                 raise ValueError(f"rollout state: observation {key!r} has shape {np.shape(value)}, "
                                  f"expected {self._carry[key].shape}")
         if np.shape(state["traj_ids"]) != self.traj_ids.shape:
-            raise ValueError(f"rollout state: traj_ids has shape {np.shape(state['traj_ids'])}, expected {self.traj_ids.shape}")
+            raise ValueError(f"rollout state: traj_ids has shape {np.shape(state['traj_ids'])}, "
+                             f"expected {self.traj_ids.shape}")
         if np.shape(state["step_count"]) != self.step_count.shape:
             raise ValueError(
                 f"rollout state: step_count has shape {np.shape(state['step_count'])}, expected {self.step_count.shape}"

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from rlcollect.base import CollectorBase
+
 _FALSE = {"0", "false", "f", "no", "n", "off"}
 
 
@@ -153,60 +155,6 @@ def chosen_workers(reset_idx: Any, n: int) -> list[int]:
     return [i for i, f in enumerate(flags) if f]
 
 
-class TorchrlMethods:
-    """torchrl's ``next()``, ``increment_version()``, ``get_policy_version()``; each collector
-    defines ``_version`` (an int) and ``__next__``; ``_version_tracker`` is the user's torchrl
-    ``PolicyVersion`` when one was given as ``track_policy_version``."""
-
-    _version_tracker: Any = None
-
-    def next(self) -> Any:
-        """The next batch, or None once ``total_frames`` are collected (torchrl's ``next()``).
-
-        Example:
-            >>> from rlcollect import Collector
-            >>> c = Collector("CartPole-v1", frames_per_batch=10, total_frames=10)
-            >>> c.next().shape, c.next()
-            (torch.Size([10]), None)
-            >>> c.shutdown()
-        """
-        try:
-            return self.__next__()
-        except StopIteration:
-            return None
-
-    def increment_version(self) -> None:
-        """Bump the policy version without sending weights (and a torchrl ``PolicyVersion``
-        given as ``track_policy_version`` with it); weight updates bump it too.
-
-        Example:
-            >>> from rlcollect import Collector
-            >>> c = Collector("CartPole-v1", frames_per_batch=10)
-            >>> c.increment_version(); c.get_policy_version()
-            1
-            >>> c.shutdown()
-        """
-        self._version += 1
-
-    @property
-    def _version(self) -> int:
-        return self.__dict__.get("_version_value", 0)
-
-    @_version.setter
-    def _version(self, value: int) -> None:
-        # Every bump (weight updates included) moves the user's torchrl PolicyVersion too.
-        old = self.__dict__.get("_version_value", 0)
-        self.__dict__["_version_value"] = value
-        tracker = self._version_tracker
-        if tracker is not None:
-            for _ in range(max(0, value - old)):
-                tracker.increment_version()
-
-    @property
-    def policy_version(self) -> int:
-        """The version of the weights acting now (0 until the first update)."""
-        return self._version
-
-    def get_policy_version(self) -> int:
-        """``policy_version`` as a method (torchrl has both)."""
-        return self.policy_version
+#: The old name of ``rlcollect.base.CollectorBase`` (which now holds torchrl's ``next()``,
+#: ``increment_version()`` and ``get_policy_version()``), kept for code that still imports it.
+TorchrlMethods = CollectorBase

@@ -134,7 +134,8 @@ def test_startup_configs_keep_the_fastest_run_of_each_side(monkeypatch):
     assert result.seconds == 2.0 and result.samples == [3.0, 2.0, 4.0]
     assert result.torchrl_seconds == 6.0 and result.vs_torchrl == pytest.approx(1 / 3)
     assert result.target_met is True
-    assert "| start    |        2.00 |      6.00 |         0.33 | ≤ 0.5× torchrl: met |" in suite.format_startup_table([result])
+    table = suite.format_startup_table([result])
+    assert "| start    |        2.00 |      6.00 |         0.33 | ≤ 0.5× torchrl: met |" in table
 
 
 def test_the_suite_lists_the_multi_process_configurations(capsys):
@@ -247,11 +248,13 @@ def test_every_real_row_has_a_key_its_side_understands_and_the_issue_targets():
             else:
                 real.parse_key(row.key)
         by_label = {row.label: row for row in config.rows}
-        sync, asynchronous = by_label["rlcollect MultiSync, 2 workers × 4 envs"], by_label["rlcollect MultiAsync, 2 workers × 4 envs"]
+        sync = by_label["rlcollect MultiSync, 2 workers × 4 envs"]
+        asynchronous = by_label["rlcollect MultiAsync, 2 workers × 4 envs"]
         assert sync.ideal == asynchronous.ideal == real.AT_ONCE
         assert by_label["rlcollect Collector, 8 envs"].ideal == real.BARE
         assert Target("ratio", at_least=0.9) in sync.targets and Target("ratio", at_least=0.95) in asynchronous.targets
-        assert Target("vs_envpool", at_least=1.0) in sync.targets and Target("vs_envpool", at_least=1.0) in asynchronous.targets
+        assert Target("vs_envpool", at_least=1.0) in sync.targets
+        assert Target("vs_envpool", at_least=1.0) in asynchronous.targets
         # The pixel path's memory target is bench.pixels' (it counts the slots in flight); here the
         # memory columns are figures only.
         assert not any(t.column == "rss_of_batch" for t in sync.targets + asynchronous.targets)
@@ -308,7 +311,8 @@ def test_a_real_workload_keeps_each_rows_best_round_and_its_memory(monkeypatch):
 
     def fake_real(key, seconds):
         calls.append((key, seconds))
-        label = {"bare-at-once": "at once", "multisync": "ours", "envpool": "envpool"}.get(real.parse_key(key)["runner"])
+        labels = {"bare-at-once": "at once", "multisync": "ours", "envpool": "envpool"}
+        label = labels.get(real.parse_key(key)["runner"])
         if "sb3" in key:
             return {"skip": "stable-baselines3 (pip install 'rlcollect[bench]') is not installed"}
         if "gym-async" in key:
@@ -365,7 +369,8 @@ def test_the_torchrl_rows_of_a_real_workload_read_its_fps(monkeypatch):
     (result,) = suite.run([_fake_workload()], 1.0, 1, lambda m: None, torchrl_python="py")
     assert seen == ["collector=sync env=Pong fpb=256"]
     theirs = result.rows[-1]
-    assert theirs.steps_per_s == 400.0 and theirs.how == "torchrl MultiSyncCollector" and result.rss_growth(theirs) == 10
+    assert theirs.steps_per_s == 400.0 and theirs.how == "torchrl MultiSyncCollector"
+    assert result.rss_growth(theirs) == 10
 
 
 def test_shm_bytes_counts_a_shared_tensor_once_and_rss_reads_status():

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import gc
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -308,3 +310,16 @@ def test_env_without_truncated_key_works(make_collector):
     assert leaf_keys(batch) == BASE_KEYS
     assert not batch["next", "truncated"].any()
     assert flag(batch, ("next", "done")).tolist() == [[False, True] * 2, [False, False, True, False]]
+
+
+def test_a_dropped_collector_is_freed_at_once():
+    """Its collaborators (weights, profiler) hold no reference back to it: dropping the last
+    reference frees it (and closes its env) without waiting for a garbage collection."""
+    collector = Collector(CountingEnv(), frames_per_batch=4)
+    ref = weakref.ref(collector)
+    gc.disable()
+    try:
+        del collector
+        assert ref() is None
+    finally:
+        gc.enable()

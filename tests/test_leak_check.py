@@ -37,7 +37,8 @@ def test_reports_a_live_child_and_not_a_finished_one(leak_checker):
 
 def test_sees_grandchildren(leak_checker):
     before = leak_checker.Snapshot.take()
-    code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"
+    code = ("import subprocess, sys, time; "
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)")
     parent = subprocess.Popen([sys.executable, "-c", code])
     try:
         leak_checker._wait_until(lambda: len(leak_checker.descendants(parent.pid)) == 1, 10.0)
@@ -287,7 +288,7 @@ def _foreign_process(code: str, tmp_path) -> None:
     """Run ``code`` in a process outside this one's tree (a double fork: it waits until its
     parent has exited) and wait for it to finish."""
     done = tmp_path / "done"
-    script = textwrap.dedent(f"""
+    script = textwrap.dedent("""
         import os, time
         parent = os.getpid()  # read before the fork: the child may run only after we exited
         if os.fork() == 0:

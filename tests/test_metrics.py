@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlcollect import Collector, CountingEnv, SleepEnv, cli, metrics
+from rlcollect import Collector, CountingEnv, SleepEnv, cli
 from rlcollect.metrics import BatchClock, StepTimes, batch_meta, merge_meta, policy_lag
 
 pytestmark = pytest.mark.timeout(120)

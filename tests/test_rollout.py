@@ -65,7 +65,7 @@ def test_every_field_of_a_poisoned_slot_is_written(make_collector, case, random)
     c = make_collector(make_env(), None if policy is None else policy(), frames_per_batch=12, **options)
     buf = poisoned_buffer(c.layout, mask=True)
     for _ in range(2):  # the second batch starts from the carry
-        assert c._collect_into(buf, random=random) == 12
+        assert c.collect_into(buf, random=random) == 12
         assert unwritten(buf) == []
         # the root done family describes states that go on: ended rows were reset
         for name in ("done", "terminated", "truncated"):
@@ -115,13 +115,13 @@ def test_a_preempted_batch_keeps_the_carry(make_collector):
     stop = np.zeros(1, np.uint8)
     c = make_collector(StopAt(stop, 3, max_steps=5, batch_size=[2]), frames_per_batch=12)
     buf = poisoned_buffer(c.layout, mask=True)
-    assert c._collect_into(buf, stop=stop) == 6
+    assert c.collect_into(buf, stop=stop) == 6
     td = buf.td
     assert td["observation"][:, :3, 0].tolist() == [[0, 1, 2]] * 2
     assert td[MASK].tolist() == [[True] * 3 + [False] * 3] * 2
     assert (td[TRAJ_IDS][:, 3:] == -1).all() and (td[TRAJ_IDS][:, :3] >= 0).all()
     stop[0] = 0
-    c._collect_into(buf, stop=stop)
+    c.collect_into(buf, stop=stop)
     assert td["observation"][:, :, 0].tolist() == [[3, 4, 0, 1, 2, 3]] * 2
     assert td["next", "observation"][:, :, 0].tolist() == [[4, 5, 1, 2, 3, 4]] * 2
 

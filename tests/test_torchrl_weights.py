@@ -119,7 +119,8 @@ def test_torchrl_scheme_subclass_is_mapped_and_unknown_torchrl_scheme_rejected()
 def test_collector_several_models_one_version():
     policy = TwoPart()
     c = Collector(CountingEnv, policy, frames_per_batch=4,
-                  weight_sync_schemes={"policy": SharedMemWeightSyncScheme(), "policy.extra": SharedMemWeightSyncScheme()})
+                  weight_sync_schemes={"policy": SharedMemWeightSyncScheme(),
+                                       "policy.extra": SharedMemWeightSyncScheme()})
     try:
         c.update_policy_weights_(weights_dict={"policy.extra": w(2)})
         assert c.policy_version == 1 and actions(next(iter(c))) == [20]
@@ -142,7 +143,8 @@ def test_collector_model_id_must_name_a_module_at_construction():
 
 
 def test_collector_no_scheme_model_is_a_no_op():
-    c = Collector(CountingEnv, TwoPart(), frames_per_batch=4, weight_sync_schemes={"policy.extra": NoWeightSyncScheme()})
+    c = Collector(CountingEnv, TwoPart(), frames_per_batch=4,
+                  weight_sync_schemes={"policy.extra": NoWeightSyncScheme()})
     try:
         c.update_policy_weights_(w(5), model_id="policy.extra")
         assert c.policy_version == 0 and c.get_model("policy.extra").w.item() == 0.0

@@ -156,7 +156,8 @@ class ReplayBuffer(Checkpointing):
             raise ValueError(f"path={str(path)!r} is only used with storage='memmap', got storage={storage!r}")
         if not isinstance(shared, bool):
             raise ValueError(f"shared must be True or False, got {shared!r}")
-        if isinstance(lock_timeout, bool) or not isinstance(lock_timeout, int | float) or not 0 < lock_timeout < math.inf:
+        if (isinstance(lock_timeout, bool) or not isinstance(lock_timeout, int | float)
+                or not 0 < lock_timeout < math.inf):
             raise ValueError(f"lock_timeout must be a positive, finite number of seconds, got {lock_timeout!r}")
         self._lock_timeout = float(lock_timeout)
         self._capacity = int(capacity)

@@ -113,10 +113,7 @@ class Node:
         if flat.numel() != transport.weights_nbytes(self.weight_spec):
             raise ValueError(f"received {flat.numel()} bytes of weights; this node's policy takes "
                              f"{transport.weights_nbytes(self.weight_spec)}")
-        collector = self.collector
-        # Both collector kinds bump their version by one on update: land on rank 0's number.
-        collector._version = args["version"] - 1
-        collector.update_policy_weights_(transport.unpack_weights(flat, self.weight_spec))
+        self.collector.set_weights(transport.unpack_weights(flat, self.weight_spec), args["version"])
 
     def seed(self, args: dict, payload: bytes) -> int:
         return self.collector.set_seed(args["seed"], static_seed=args["static_seed"])
@@ -178,16 +175,16 @@ class Node:
         if self.sends[slot] is not None:  # rank 0 has taken it already: it granted this credit after
             transport.wait(self.sends[slot], self.timeout)
             self.sends[slot] = None
-        version = int(getattr(self.collector, "_version", 0))
+        version = self.collector.policy_version
         started = time.perf_counter()
         try:
-            frames = self.collector._collect_into(self.slots[slot].buffer, random=random)
+            frames = self.collector.collect_into(self.slots[slot].buffer, random=random)
         except Exception as exc:  # noqa: BLE001  (rank 0 re-raises it and shuts down)
             self._fail(exc)
             self.credits.clear()
             return
         self.sends[slot] = self.pg.send([self.slots[slot].flat], P.MASTER_RANK, transport.BATCH_TAG)
-        meta = self.collector._batch_meta()
+        meta = self.collector.batch_info()
         self.store.queue_push(P.INBOX, self.message(
             "ready", seq=self.seq, slot=slot, frames=frames, version=version, seconds=time.perf_counter() - started,
             **{key: meta[key] for key in ("version_min", "version_mean", "step_mean_s", "step_p95_s")}))
@@ -202,16 +199,7 @@ class Node:
 
 def _weight_spec(collector: Any) -> transport.WeightSpec | None:
     """Names, shapes and dtypes of the acting policy's parameters and buffers (None: none)."""
-    from rlcollect.policy import has_weights
-
-    runner = getattr(collector, "_runner", None)
-    if runner is not None:  # a Collector
-        module = runner.module
-        if not has_weights(module):
-            return None
-        return {k: (tuple(v.shape), v.dtype) for k, v in module.state_dict().items()}
-    info = collector._pool.handles[0].info["weights"]  # a multi-process collector: its workers' policy
-    return None if info is None else {k: (tuple(shape), dtype) for k, (shape, dtype) in info.items()}
+    return collector.weight_spec
 
 
 # -- entry point -----------------------------------------------------------------------------------------

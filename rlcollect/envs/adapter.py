@@ -40,7 +40,8 @@ def exposes_state(env: Any) -> bool:
 
 def _leaf_key_ok(key) -> bool:
     parts = (key,) if isinstance(key, str) else key
-    return not any(p.startswith("_") for p in parts) and parts[0] not in _NOT_OBS and parts[0] not in ("next", "collector")
+    return (not any(p.startswith("_") for p in parts)
+            and parts[0] not in _NOT_OBS and parts[0] not in ("next", "collector"))
 
 
 class TensorDictEnvAdapter(EnvBase):
@@ -92,7 +93,8 @@ class TensorDictEnvAdapter(EnvBase):
         nb = self.batch_size
         for key, spec in keys:
             value = td.get(key, None)
-            if isinstance(value, torch.Tensor) and value.shape == nb and spec.shape == (1,) and key not in self.obs_layout:
+            if (isinstance(value, torch.Tensor) and value.shape == nb and spec.shape == (1,)
+                    and key not in self.obs_layout):
                 spec = ArraySpec((), spec.dtype)  # a reward or flag without its trailing 1 (read as such)
             if isinstance(value, torch.Tensor) and tuple(value.shape[: len(nb)]) == tuple(nb):
                 value = value[(0,) * len(nb)] if nb else value  # one row's entry
@@ -134,7 +136,8 @@ class TensorDictEnvAdapter(EnvBase):
 
     def _step_rows(self, action, obs_out, reward, terminated, truncated) -> None:
         td = self._root
-        td.set("action", torch.from_numpy(action).reshape((*self.batch_size, *self.action_layout.shape)).to(self.device))
+        batched = torch.from_numpy(action).reshape((*self.batch_size, *self.action_layout.shape))
+        td.set("action", batched.to(self.device))
         td = self.env.step(td)
         nxt = td.get("next")
         if self._check_step:
@@ -253,7 +256,8 @@ def make_env(create_env_fn: Any, kwargs: dict | None = None) -> EnvBase:
     if callable(create_env_fn):
         return as_env(create_env_fn(**kwargs))
     raise TypeError(
-        f"create_env_fn must be an env, a gymnasium id or a callable returning an env, got {type(create_env_fn).__name__}"
+        "create_env_fn must be an env, a gymnasium id or a callable returning an env, "
+        f"got {type(create_env_fn).__name__}"
     )
 
 

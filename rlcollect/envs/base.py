@@ -92,7 +92,8 @@ def check_output(env: Any, what: str, key: NestedKey, value: Any, spec: ArraySpe
     else:
         array = np.asarray(value) if value is not None else None
         shape, dtype = (None, None) if array is None else (array.shape, array.dtype)
-    ok = dtype is not None and shape == spec.shape and dtype.kind in _ACCEPTED_KINDS.get(spec.dtype.kind, spec.dtype.kind)
+    ok = (dtype is not None and shape == spec.shape
+          and dtype.kind in _ACCEPTED_KINDS.get(spec.dtype.kind, spec.dtype.kind))
     if not ok:
         got = "None" if dtype is None else f"shape {shape} and dtype {dtype}"
         raise ValueError(

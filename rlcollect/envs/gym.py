@@ -198,8 +198,10 @@ class GymEnv(EnvBase):
         if num_envs is not None and (not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1):
             raise ValueError(f"GymEnv: num_envs must be None or a positive int, got {num_envs!r}")
         if not isinstance(categorical_action_encoding, bool):
-            raise ValueError(f"GymEnv: categorical_action_encoding must be True or False, got {categorical_action_encoding!r}")
-        if frame_skip is not None and (not isinstance(frame_skip, int) or isinstance(frame_skip, bool) or frame_skip < 1):
+            raise ValueError(
+                f"GymEnv: categorical_action_encoding must be True or False, got {categorical_action_encoding!r}")
+        if frame_skip is not None and (
+                not isinstance(frame_skip, int) or isinstance(frame_skip, bool) or frame_skip < 1):
             raise ValueError(f"GymEnv: frame_skip must be None or a positive int, got {frame_skip!r}")
         if not isinstance(from_pixels, bool) or not isinstance(pixels_only, bool):
             raise ValueError(f"GymEnv: from_pixels and pixels_only must be bools, got {from_pixels!r}, {pixels_only!r}")
@@ -225,7 +227,8 @@ class GymEnv(EnvBase):
                 raise TypeError(f"GymEnv: the callable must return a gymnasium.Env, got {type(self._envs[0]).__name__}")
             self.env_id = getattr(self._envs[0].spec, "id", None)
         else:
-            raise TypeError(f"GymEnv: env must be a gymnasium id, a gymnasium.Env or a callable, got {type(env).__name__}")
+            raise TypeError(
+                f"GymEnv: env must be a gymnasium id, a gymnasium.Env or a callable, got {type(env).__name__}")
         if from_pixels:
             self._envs = [self._pixel_env(e, pixels_only) for e in self._envs]
         self.frame_skip = frame_skip or 1
@@ -234,7 +237,8 @@ class GymEnv(EnvBase):
         self.observation_space = first.observation_space
         self.action_space = first.action_space
         # a pixels-only env observes the frame alone: its key is "pixels", as in torchrl
-        self.obs_layout = _observation_layout(self.observation_space, ("pixels",) if from_pixels and pixels_only else ())
+        prefix = ("pixels",) if from_pixels and pixels_only else ()
+        self.obs_layout = _observation_layout(self.observation_space, prefix)
         self._one_hot = not categorical_action_encoding and isinstance(self.action_space, gym.spaces.Discrete)
         if self._one_hot:
             self.action_layout = ArraySpec((int(self.action_space.n),), np.dtype(np.int64))
@@ -253,7 +257,8 @@ class GymEnv(EnvBase):
                 f"GymEnv: from_pixels=True needs an env with render_mode='rgb_array', got "
                 f"{getattr(env, 'render_mode', None)!r} (give an id, or make the env with render_mode='rgb_array')"
             )
-        return gym.wrappers.AddRenderObservation(env, render_only=pixels_only, render_key="pixels", obs_key="observation")
+        return gym.wrappers.AddRenderObservation(env, render_only=pixels_only, render_key="pixels",
+                                                 obs_key="observation")
 
     def _actions(self, action: np.ndarray):
         """What gymnasium gets: Python ints for discrete actions (its contains() checks them
@@ -366,7 +371,8 @@ class GymEnv(EnvBase):
         if missing:
             raise KeyError(f"GymEnv.load_state_dict: missing keys {sorted(missing)}")
         if len(state["envs"]) != len(self._envs):
-            raise ValueError(f"GymEnv.load_state_dict: state has {len(state['envs'])} envs, this env has {len(self._envs)}")
+            raise ValueError(
+                f"GymEnv.load_state_dict: state has {len(state['envs'])} envs, this env has {len(self._envs)}")
         envs = [pickle.loads(blob) for blob in state["envs"]]
         for env in self._envs:
             env.close()

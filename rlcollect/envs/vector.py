@@ -104,7 +104,8 @@ class VectorEnv(EnvBase):
         elif callable(env):
             env = env(**make_kwargs)
             if not isinstance(env, gym.vector.VectorEnv):
-                raise TypeError(f"{name}: the callable must return a gymnasium.vector.VectorEnv, got {type(env).__name__}")
+                raise TypeError(
+                    f"{name}: the callable must return a gymnasium.vector.VectorEnv, got {type(env).__name__}")
         else:
             raise TypeError(
                 f"{name}: env must be a gymnasium.vector.VectorEnv, a gymnasium id or a callable returning a "
@@ -292,7 +293,8 @@ class VectorEnv(EnvBase):
             raise KeyError(f"{type(self).__name__}.load_state_dict: missing keys {sorted(missing)}")
         if len(state["envs"]) != self.num_rows:
             raise ValueError(
-                f"{type(self).__name__}.load_state_dict: state has {len(state['envs'])} envs, this env has {self.num_rows}"
+                f"{type(self).__name__}.load_state_dict: state has {len(state['envs'])} envs, "
+                f"this env has {self.num_rows}"
             )
         envs = [pickle.loads(blob) for blob in state["envs"]]
         for env in self.env.envs:
@@ -308,5 +310,6 @@ class VectorEnv(EnvBase):
 
     def __repr__(self) -> str:
         mode = getattr(self, "autoreset_mode", None)
-        return (f"{type(self).__name__}({type(getattr(self, 'env', None)).__name__}, batch_size={list(self.batch_size)}, "
+        inner = type(getattr(self, "env", None)).__name__
+        return (f"{type(self).__name__}({inner}, batch_size={list(self.batch_size)}, "
                 f"autoreset_mode={getattr(mode, 'name', None)})")

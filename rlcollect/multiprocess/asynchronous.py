@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import collections
 import time
-from typing import Any
 
 import torch
 from tensordict import TensorDict
 
 import numpy as np
 
-from rlcollect.data import WORKER_ID, BatchLayout
+from rlcollect.data import WORKER_ID, BatchLayout, slot_buffer
 from rlcollect.envs.base import ArraySpec
 from rlcollect.multiprocess import protocol as P
 from rlcollect.multiprocess import shm
 from rlcollect.multiprocess.base import MultiCollectorBase
-from rlcollect.multiprocess.shm import references, slot_buffer
+from rlcollect.multiprocess.shm import references
 
 
 class MultiAsyncCollector(MultiCollectorBase):
@@ -42,12 +41,6 @@ class MultiAsyncCollector(MultiCollectorBase):
     _sync = False
     _slots_per_worker = 3
 
-    def _check_cat_results(self, value: Any) -> str:
-        if value is None or value == "stack":
-            return "stack"
-        raise ValueError(f"cat_results must be None or 'stack' for MultiAsyncCollector (it yields one worker's "
-                         f"batch at a time), got {value!r}")
-
     def _attach(self) -> None:
         super()._attach()
         self._ready: collections.deque[tuple[int, dict]] = collections.deque()
@@ -62,28 +55,30 @@ class MultiAsyncCollector(MultiCollectorBase):
         self._own_refs = [[references(flat) for flat in slots] for slots in self._slots]
         self._lent: list[set[int]] = [set() for _ in range(self.num_workers)]
 
-    def _arm(self) -> None:
+    def _arm(self, random: bool | None) -> None:
         for i in range(self.num_workers):
             for slot in range(self._slots_per_worker):
                 if slot not in self._lent[i]:
-                    self._collect(i, slot)
+                    self._collect(i, slot, random)
         self._armed = True
 
-    def _reclaim(self) -> None:
+    def _reclaim(self, random: bool | None) -> None:
         """Give the workers back the slots whose batches nothing refers to any more."""
         for i, lent in enumerate(self._lent):
             for slot in list(lent):
                 if references(self._slots[i][slot]) <= self._own_refs[i][slot]:
                     lent.discard(slot)
                     if self._armed:
-                        self._collect(i, slot)
+                        self._collect(i, slot, random)
 
-    def _collect(self, index: int, slot: int, needed_only: bool = True) -> None:
+    def _collect(self, index: int, slot: int, random: bool | None, needed_only: bool = True) -> None:
+        """Have worker ``index`` fill ``slot``, acting randomly when ``random`` (None: when
+        ``init_random_frames`` says so now; a nested collector is told by its worker)."""
         if needed_only and not self._needed():
             return
         if not self._pool.handles[index].pending:
             self._progress[index] = time.monotonic()  # the worker starts working now
-        self._pool.send(index, P.COLLECT, slot, self._random_now())
+        self._pool.send(index, P.COLLECT, slot, self._random_now() if random is None else random)
         self._in_flight[index].add(slot)
 
     def _needed(self) -> bool:
@@ -100,16 +95,16 @@ class MultiAsyncCollector(MultiCollectorBase):
     def _next_batch(self) -> TensorDict | None:
         with self._guard():
             if not self._armed:
-                self._arm()
-            self._reclaim()
+                self._arm(None)
+            self._reclaim(None)
             started = time.perf_counter()
             while not self._ready:
-                self._poll()
-            self._wait.add(time.perf_counter() - started)
+                self._poll(None)
+            self._stats.wait.add(time.perf_counter() - started)
             index, info = self._ready.popleft()
             if self._workers_write:  # the worker put its batch into the replay buffer
                 self._account(index, info, started)
-                self._collect(index, info["slot"])
+                self._collect(index, info["slot"], None)
                 self._iter += 1
                 return None
             slot = info["slot"]
@@ -127,26 +122,27 @@ class MultiAsyncCollector(MultiCollectorBase):
             if lend:
                 self._lent[index].add(slot)
             else:
-                self._collect(index, slot)
+                self._collect(index, slot, None)
         self._iter += 1
         return self._deliver(batch, worker=index)
 
     def _account(self, index: int, info: dict, started: float) -> None:
         self._frames += info["frames"]
-        self._note_batch([(index, info)])
-        self._last_batch_frames = info["frames"]
-        self._last_batch_s = time.perf_counter() - started
+        self._stats.note_batch([(index, info)], self._version)
+        self._stats.last_batch_frames = info["frames"]
+        self._stats.last_batch_s = time.perf_counter() - started
 
     def _push_to(self, index: int) -> None:
-        if self._scheme_backend() == "shared":
+        if self._weights.backend == "shared":
             self.update_policy_weights_()
         else:
             self.update_policy_weights_(worker_ids=[index])
 
-    def _poll(self) -> None:
+    def _poll(self, random: bool | None) -> None:
         """Read every reply that is waiting (workers in rotating order, for fairness), so that
         a failure surfaces at once. A failed worker is restarted when allowed; the batches it
-        was filling are lost and collected anew, the ones it had finished stay queued."""
+        was filling are lost and collected anew (``random``: acting randomly), the ones it had
+        finished stay queued."""
         pool, n = self._pool, self.num_workers
         busy = [i for i in range(n) if pool.handles[i].pending]
         if not busy:
@@ -163,7 +159,7 @@ class MultiAsyncCollector(MultiCollectorBase):
                 if late:
                     raise pool.timed_out(late[0], self.worker_timeout)
         except Exception as err:
-            self._fail(err)
+            self._fail(err, random)
             return
         ready.sort(key=lambda i: (i - self._rotation) % n)
         if ready:
@@ -173,31 +169,27 @@ class MultiAsyncCollector(MultiCollectorBase):
             try:
                 value = pool.receive(index)
             except Exception as err:
-                self._fail(err)
+                self._fail(err, random)
                 continue
             self._progress[index] = time.monotonic()
             if command == P.COLLECT:
                 self._in_flight[index].discard(value["slot"])
                 self._ready.append((index, value))
 
-    def _fail(self, err: Exception) -> None:
+    def _fail(self, err: Exception, random: bool | None) -> None:
         index = getattr(err, "worker_index", None)
         if index is None or not 0 <= index < self.num_workers:
             raise err
         lost = sorted(self._in_flight[index])
         self._in_flight[index].clear()
-        self._recover(index, err)
+        self._restarts.recover(index, err)
         for slot in lost:
-            self._collect(index, slot, needed_only=False)
-
-    def _send_weights(self, index: int, state: dict, version: int, model_id: str = "policy") -> None:
-        # Queued behind the worker's running batches: it applies them between two batches.
-        self._pool.send(index, P.UPDATE_WEIGHTS, state, version, model_id)
+            self._collect(index, slot, random, needed_only=False)
 
     def _quiesce(self) -> None:
         """Collect every reply still owed; finished batches stay queued for delivery."""
         while any(h.pending for h in self._pool.handles):
-            self._poll()
+            self._poll(None)
 
     def _discard_in_flight(self) -> None:
         self._quiesce()
@@ -215,21 +207,21 @@ class MultiAsyncCollector(MultiCollectorBase):
         first = self.layouts[0]
         return BatchLayout({**first.fields, WORKER_ID: ArraySpec((), np.dtype(np.int64))}, first.batch_size, first.time)
 
-    def _collect_into(self, buf, random: bool = False, stop=None) -> int:
-        """Copy the next ready batch straight into ``buf`` (the outer worker's shared slot)."""
+    def collect_into(self, buf, random: bool = False, stop=None) -> int:
+        """Copy the next ready batch straight into ``buf`` (the outer worker's shared slot);
+        ``stop`` is not watched (each inner worker has its own)."""
         with self._guard():
-            self.init_random_frames = self._frames + 1 if random else 0
             if not self._armed:
-                self._arm()
+                self._arm(random)
             started = time.perf_counter()
             while not self._ready:
-                self._poll()
+                self._poll(random)
             index, info = self._ready.popleft()
             for key, tensor in self._buffers[index][info["slot"]].tensors.items():
                 buf.tensors[key].copy_(tensor)
             buf.tensors[WORKER_ID].fill_(index)
             self._account(index, info, started)
-            self._collect(index, info["slot"])
+            self._collect(index, info["slot"], random)
         self._iter += 1
         return info["frames"]
 

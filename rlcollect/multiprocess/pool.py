@@ -5,7 +5,6 @@ bounded shutdown (close -> terminate -> kill) that leaves no process behind.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import os
@@ -16,8 +15,9 @@ from multiprocessing.connection import wait
 from typing import Any
 
 
+from rlcollect.errors import WorkerError
 from rlcollect.multiprocess import protocol as P
-from rlcollect.multiprocess.protocol import WorkerError
+from rlcollect.multiprocess.handle import WorkerHandle, WorkerState
 from rlcollect.multiprocess import start
 from rlcollect.multiprocess.reaper import Reaper
 from rlcollect.multiprocess.worker import worker_main
@@ -68,17 +68,6 @@ def _ctrl_c_deferred():
                 previous(signal.SIGINT, held[0])
 
 
-class _Handle:
-    def __init__(self, index: int, process: Any, conn: Any):
-        self.index = index
-        self.process = process
-        self.conn = conn
-        self.pending: collections.deque[str] = collections.deque()
-        self.info: dict = {}
-        self.hung = False
-        self.failed = False
-
-
 def _stop_process(process: Any, grace: float = 1.0) -> None:
     """Terminate, then kill, then reap ``process``."""
     if process.is_alive():
@@ -89,7 +78,7 @@ def _stop_process(process: Any, grace: float = 1.0) -> None:
     process.join(5.0)
 
 
-def _describe_death(handle: _Handle) -> str:
+def _describe_death(handle: WorkerHandle) -> str:
     handle.process.join(0.5)
     code = handle.process.exitcode
     if code is None:
@@ -122,7 +111,7 @@ class WorkerPool:
         self.worker_timeout = worker_timeout
         self.start_timeout = start_timeout
         self.num_sub_threads = num_sub_threads
-        self.handles: list[_Handle] = []
+        self.handles: list[WorkerHandle] = []
         self.closed = False
         self._server_booting = False  # a fork server this pool launched has not forked a worker yet
         self.reaper = Reaper()  # before the first worker: it ends them if this process dies
@@ -216,11 +205,10 @@ class WorkerPool:
 
     def _register(self, index: int, process: Any, conn: Any) -> None:
         self.reaper.watch(process.pid)
-        handle = _Handle(index, process, conn)
-        if index < len(self.handles):
-            self.handles[index] = handle
+        if index < len(self.handles):  # a restart: the member keeps its handle
+            self.handles[index].replace(process, conn)
         else:
-            self.handles.append(handle)
+            self.handles.append(WorkerHandle(index, process, conn))
 
     def _start_while_server_boots(self, process: Any, index: int, deadline: float) -> None:
         """``process.start()`` in a helper thread while this thread waits, interruptibly and
@@ -256,10 +244,12 @@ class WorkerPool:
         if failure and process.pid is None:
             raise failure[0]
 
-    def restart(self, index: int, payload: bytes) -> None:
+    def restart(self, index: int, payload: bytes, check: Any = None) -> None:
         """Replace worker ``index`` by a new process built from ``payload`` (the old one is
-        killed if it still runs) and wait until it is ready."""
+        killed if it still runs), wait until it is ready (``check(info)`` may refuse what it
+        reports), and attach it as the old one was."""
         old = self.handles[index]
+        old.move(WorkerState.RESTARTING)
         _stop_process(old.process)
         self.reaper.forget(old.process.pid)
         old.conn.close()
@@ -269,18 +259,29 @@ class WorkerPool:
         self._watch_fork_server()  # relaunched if it died meanwhile
         self._spawn(index, payload, deadline)
         self._await_ready([self.handles[index]], deadline)
+        if check is not None:
+            check(self.handles[index].info)
+        if old.attachment is not None:  # (the same handle, now the replacement's)
+            self.attach(index, *old.attachment)
+
+    def attach(self, index: int, *args: Any) -> None:
+        """Hand worker ``index`` its shared slots, stop flag and weight store (``P.ATTACH``);
+        a replacement started by ``restart`` gets the same."""
+        self.request(index, P.ATTACH, *args)
+        self.handles[index].attachment = args
 
     def __len__(self) -> int:
         return len(self.handles)
 
-    def _await_ready(self, handles: list[_Handle], deadline: float) -> None:
+    def _await_ready(self, handles: list[WorkerHandle], deadline: float) -> None:
         waiting = {h.index for h in handles}
         while waiting:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 late = sorted(waiting)
                 for i in late:
-                    self.handles[i].hung = self.handles[i].failed = True  # killed at shutdown, not asked
+                    self.handles[i].hung = True  # killed at shutdown, not asked
+                    self.handles[i].move(WorkerState.FAILED)
                 who = f"worker {late[0]}" if len(late) == 1 else f"workers {late}"
                 raise WorkerError(
                     f"{who} hung during start-up: not ready within start_timeout={self.start_timeout:g} s (the worker "
@@ -290,16 +291,17 @@ class WorkerPool:
                 try:
                     kind, value = handle.conn.recv()
                 except (EOFError, OSError) as err:
-                    handle.failed = True
+                    handle.move(WorkerState.FAILED)
                     raise WorkerError(f"worker {handle.index} {_describe_death(handle)}{_STARTUP_HINT}",
                                       handle.index, handle.process.exitcode) from err
                 if kind == P.ERROR:
-                    handle.failed = True
+                    handle.move(WorkerState.FAILED)
                     raise P.unpack_exception(value, "start-up")
                 handle.info = value
+                handle.move(WorkerState.SERVING)
                 waiting.discard(handle.index)
 
-    def _wait(self, handles: list[_Handle], timeout: float | None) -> list[_Handle]:
+    def _wait(self, handles: list[WorkerHandle], timeout: float | None) -> list[WorkerHandle]:
         """Handles with a message to read; raises ``WorkerError`` if one of them died first."""
         by_conn = {h.conn: h for h in handles}
         by_sentinel = {h.process.sentinel: h for h in handles}
@@ -315,9 +317,10 @@ class WorkerPool:
                     # delivers the reply) instead of reporting "nothing ready".
                     out.append(dead)
                     continue
-                dead.failed = True
+                dead.move(WorkerState.FAILED)
                 hint = "" if dead.info else _STARTUP_HINT
-                raise WorkerError(f"worker {dead.index} {_describe_death(dead)}{hint}", dead.index, dead.process.exitcode)
+                raise WorkerError(f"worker {dead.index} {_describe_death(dead)}{hint}", dead.index,
+                                  dead.process.exitcode)
         return out
 
     # -- requests ---------------------------------------------------------------------------
@@ -326,7 +329,7 @@ class WorkerPool:
         try:
             handle.conn.send((command, args))
         except (BrokenPipeError, ConnectionResetError, EOFError) as err:
-            handle.failed = True
+            handle.move(WorkerState.FAILED)
             raise WorkerError(f"worker {index} {_describe_death(handle)}", index, handle.process.exitcode) from err
         handle.pending.append(command)
 
@@ -338,7 +341,7 @@ class WorkerPool:
         try:
             kind, value = handle.conn.recv()
         except (EOFError, OSError) as err:
-            handle.failed = True
+            handle.move(WorkerState.FAILED)
             raise WorkerError(f"worker {index} {_describe_death(handle)}", index, handle.process.exitcode) from err
         command = handle.pending.popleft()
         if kind == P.ERROR:
@@ -348,9 +351,11 @@ class WorkerPool:
     def timed_out(self, index: int, seconds: float | None) -> WorkerError:
         """Mark worker ``index`` hung and build the error saying so."""
         handle = self.handles[index]
-        handle.hung = handle.failed = True
+        handle.hung = True
+        handle.move(WorkerState.FAILED)
         command = handle.pending[0] if handle.pending else "?"
-        return WorkerError(f"worker {index} did not answer {command!r} within {seconds} s (worker_timeout)", index, None)
+        return WorkerError(f"worker {index} did not answer {command!r} within {seconds} s (worker_timeout)",
+                           index, None)
 
     def request(self, index: int, command: str, *args: Any, timeout: float | None = None) -> Any:
         """Send a command and wait for its reply (earlier replies must have been read)."""
@@ -367,21 +372,11 @@ class WorkerPool:
             return already
         return [h.index for h in self._wait(handles, timeout)]
 
-    def drain(self, index: int, timeout: float = 5.0) -> None:
-        """Read and discard every reply worker ``index`` still owes."""
-        while self.handles[index].pending:
-            try:
-                self.receive(index, timeout)
-            except WorkerError:
-                raise
-            except Exception:  # noqa: BLE001  (a stale reply's error no longer matters)
-                pass
-
     def pids(self) -> list[int]:
         return [h.process.pid for h in self.handles]
 
     def alive(self) -> list[bool]:
-        return [h.process.is_alive() and not h.failed for h in self.handles]
+        return [h.process.is_alive() and h.state is not WorkerState.FAILED for h in self.handles]
 
     # -- shutdown -------------------------------------------------------------------------------
     def shutdown(self, timeout: float = 10.0) -> None:
@@ -409,6 +404,8 @@ class WorkerPool:
                 handle.process.kill()
                 handle.process.join(5.0)
         for handle in self.handles:
+            handle.move(WorkerState.CLOSED)
+            handle.attachment = None  # the shared slots and stores: freed with the collector's
             handle.conn.close()
             try:
                 handle.process.close()

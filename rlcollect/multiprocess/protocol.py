@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import cloudpickle
 
+from rlcollect.errors import WorkerError  # (raised here; imported from here by older code)
+
 # Commands a worker understands (see worker.py for the handlers).
 ATTACH = "attach"  # receive the shared batch buffers
 COLLECT = "collect"  # fill a batch slot; reply with its info
@@ -31,25 +33,6 @@ PAUSE = "pause"  # sent to a worker running free: ends it (the run_free reply co
 CLOSE = "close"
 
 OK, ERROR, READY = "ok", "error", "ready"
-
-
-class WorkerError(RuntimeError):
-    """A worker process died, hung past ``worker_timeout``, or failed in a way that cannot be
-    re-raised as the original exception type.
-
-    Attributes: ``worker_index``, ``exitcode`` (None if the process is still alive),
-    ``worker_traceback`` (the worker's formatted traceback, when there is one).
-    """
-
-    def __init__(self, message: str, worker_index: int | None = None, exitcode: int | None = None,
-                 worker_traceback: str | None = None):
-        super().__init__(message)
-        self.worker_index = worker_index
-        self.exitcode = exitcode
-        self.worker_traceback = worker_traceback
-
-    def __reduce__(self):
-        return (WorkerError, (self.args[0], self.worker_index, self.exitcode, self.worker_traceback))
 
 
 @dataclass

@@ -8,11 +8,17 @@ worker's ids never collide with the old one's.
 from __future__ import annotations
 
 import copy
+import logging
 import os
+from collections.abc import Callable
+from typing import Any
 
 import cloudpickle
 
 from rlcollect.data import TRAJ_ID_BLOCK
+from rlcollect.errors import WorkerError
+
+logger = logging.getLogger("rlcollect")
 
 FAILURE_POLICIES = ("raise", "restart")
 #: Trajectory-id blocks of restarted workers: generation g of worker i uses block
@@ -59,3 +65,48 @@ class RestartPolicy:
         base = self.seeds[index]
         spec["seed"] = (base + 7919 * generation) if base is not None else int.from_bytes(os.urandom(4), "little")
         return cloudpickle.dumps(spec)
+
+
+class WorkerRestarts:
+    """Where a failed worker is replaced (``on_worker_failure="restart"``) or its error re-raised.
+
+    Args:
+        policy: the ``RestartPolicy`` (counts, seeds, the workers' specs).
+        pool: the ``WorkerPool``; its ``restart`` starts the replacement and attaches it to the
+            shared slots the old worker had.
+        layouts: the batch layout each worker reported; a replacement must report the same.
+        single: whether the workers run a ``Collector`` (a replacement then gets a fresh block
+            of trajectory ids).
+        after: called with the worker's index once the replacement is attached (to send it the
+            current weights, say).
+    """
+
+    def __init__(self, policy: RestartPolicy, pool: Any, layouts: list, single: bool,
+                 after: Callable[[int], None] | None = None):
+        self.policy, self.pool, self.layouts, self.single, self.after = policy, pool, layouts, single, after
+
+    def recover(self, index: int, error: BaseException) -> None:
+        """Replace failed worker ``index`` or re-raise ``error``.
+
+        The replacement is built from the same spec with a fresh seed and trajectory-id block,
+        gets the same shared slots and the current weights and version before collecting."""
+        policy = self.policy
+        if not policy.allows(index):
+            if policy.mode == "restart":
+                raise WorkerError(
+                    f"worker {index} failed again after {policy.counts[index]} restarts "
+                    f"(max_worker_restarts={policy.max_restarts}): {type(error).__name__}: {error}",
+                    index, getattr(error, "exitcode", None), getattr(error, "worker_traceback", None),
+                ) from error
+            raise error
+        count = policy.record(index)
+        logger.warning("restarting worker %d (restart %d of %d) after: %s",
+                       index, count, policy.max_restarts, str(error).splitlines()[0])
+        self.pool.restart(index, policy.payload(index, self.single),
+                          check=lambda info: self._check_layout(index, info))
+        if self.after is not None:
+            self.after(index)
+
+    def _check_layout(self, index: int, info: dict) -> None:
+        if info["layout"] != self.layouts[index]:
+            raise WorkerError(f"restarted worker {index} reports a different batch layout", index)

@@ -1,14 +1,16 @@
 """Shared-memory batch slots: where a batch crosses the process boundary.
 
 Each slot is one flat shared-memory byte tensor (one file descriptor, not one per field),
-carved into the typed ``(n, T, *feature)`` arrays of a :class:`BatchLayout`.  The main process
+carved (rlcollect/data.py) into the typed ``(n, T, *feature)`` arrays of a :class:`BatchLayout`.
+This module allocates them (once, before collecting) and tells when nothing refers to one any
+more.  The main process
 allocates the slots once from the layout a worker reports; the worker writes a batch into a
 slot and only sends a short "ready" reply.
 
 A *stacked* slot holds the batches of ``parts`` workers with the same layout field by field:
 field ``k`` is one ``(parts, n, T, *feature)`` block, and worker ``i`` writes the ``i``-th
 ``(n, T, *feature)`` of each (it is handed a :class:`SlotPart`). The stacked batch is then a
-view of the slot (:func:`stacked_tensors`): nothing is copied to gather it.
+view of the slot (``data.stacked_tensors``): nothing is copied to gather it.
 """
 
 from __future__ import annotations
@@ -19,8 +21,15 @@ import re
 
 import torch
 
-from rlcollect.data import BatchBuffer, BatchLayout, _field_bytes, carve
+from rlcollect.data import BatchLayout, SlotPart, field_bytes, slot_buffer, stacked_layout, stacked_tensors
 
+__all__ = ["SHM_DIR", "POISON", "allocate_slot", "allocate_stacked", "can_count_references", "check_free_space",
+           "references", "slot_bytes",
+           # carved in rlcollect/data.py; imported from here by older code (distributed/transport.py)
+           "SlotPart", "slot_buffer", "stacked_tensors", "_field_bytes"]
+
+#: The carving's old name, which distributed/transport.py imports from here (data.field_bytes).
+_field_bytes = field_bytes
 #: Where torch's shared memory lives (``shm_open``); its free space is checked before allocating.
 SHM_DIR = "/dev/shm"
 _TORCH_SHM_FILE = re.compile(r"for file </?(torch_\d+_\d+_\d+)>")
@@ -30,7 +39,7 @@ POISON = 0xA5
 
 def slot_bytes(layout: BatchLayout) -> int:
     """The size of one slot of ``layout`` in bytes."""
-    return _field_bytes(layout)[1]
+    return field_bytes(layout)[1]
 
 
 def _human(nbytes: int) -> str:
@@ -93,7 +102,7 @@ def check_free_space(needed: int, what: str) -> None:
 
 def allocate_slot(layout: BatchLayout) -> torch.Tensor:
     """One flat shared-memory slot big enough for a batch of ``layout``."""
-    _, total = _field_bytes(layout)
+    _, total = field_bytes(layout)
     try:
         flat = torch.empty(total, dtype=torch.uint8).share_memory_()
     except RuntimeError as err:
@@ -111,36 +120,6 @@ def allocate_slot(layout: BatchLayout) -> torch.Tensor:
     return flat
 
 
-class SlotPart:
-    """Worker ``index``'s share of a stacked slot of ``parts`` workers (what that worker is
-    handed instead of a flat slot; :func:`slot_buffer` carves it)."""
-
-    def __init__(self, flat: torch.Tensor, index: int, parts: int):
-        self.flat, self.index, self.parts = flat, index, parts
-
-    def __reduce__(self):
-        return SlotPart, (self.flat, self.index, self.parts)
-
-
 def allocate_stacked(layout: BatchLayout, parts: int) -> torch.Tensor:
     """One flat shared-memory slot for the batches of ``parts`` workers of ``layout``, stacked."""
-    return allocate_slot(_stacked_layout(layout, parts))
-
-
-def _stacked_layout(layout: BatchLayout, parts: int) -> BatchLayout:
-    # Stacking along the rows: field k of the stacked layout is parts consecutive (n, T, ...) blocks.
-    return BatchLayout(layout.fields, torch.Size([parts * layout.rows]), layout.time)
-
-
-def stacked_tensors(flat: torch.Tensor, layout: BatchLayout, parts: int) -> dict:
-    """The ``(parts * n, T, *feature)`` views of a stacked slot, by key (fresh tensors each call)."""
-    return slot_buffer(flat, _stacked_layout(layout, parts)).tensors
-
-
-def slot_buffer(flat: torch.Tensor | SlotPart, layout: BatchLayout) -> BatchBuffer:
-    """The typed view of a flat slot (or of a worker's part of a stacked one) as a :class:`BatchBuffer`."""
-    if isinstance(flat, SlotPart):
-        rows, i = layout.rows, flat.index
-        stacked = stacked_tensors(flat.flat, layout, flat.parts)
-        return BatchBuffer(layout, tensors={key: t[i * rows:(i + 1) * rows] for key, t in stacked.items()})
-    return BatchBuffer(layout, tensors=carve(flat, layout))
+    return allocate_slot(stacked_layout(layout, parts))

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import sys
 import threading
 from typing import Any
@@ -53,6 +54,10 @@ FORK_SAFE_THREADS = frozenset({"rlcollect-watchdog"})
 #: a variable read from the environment) runs in the worker rather than in a process that
 #: forks workers.
 PRELOAD = ("numpy", "torch", "tensordict", "gymnasium", "rlcollect.multiprocess.worker", "rlcollect.envs.gym")
+
+#: Imported first by a fork server launched from the main thread: see _server_guard.py.
+SERVER_GUARD = "rlcollect.multiprocess._server_guard"
+PARENT_ENV = "RLCOLLECT_FORK_SERVER_PARENT"
 
 _lock = threading.Lock()
 _launched: set[int] = set()  # fork servers this process launched with PRELOAD in their list
@@ -171,7 +176,19 @@ def start_fork_server() -> tuple[int | None, bool]:
 
     server = _server()
     before = server._forkserver_pid
-    forkserver.ensure_running()
+    with _lock:
+        # The guard, first in the list, ties the server's life to the thread that launches it
+        # (PR_SET_PDEATHSIG): only to the main thread, which lives as long as the program does.
+        # The list is read only when the server is launched.
+        modules = [m for m in server._preload_modules if m != SERVER_GUARD]
+        if threading.current_thread() is threading.main_thread():
+            modules.insert(0, SERVER_GUARD)
+        server.set_forkserver_preload(modules)
+        os.environ[PARENT_ENV] = str(os.getpid())
+        try:
+            forkserver.ensure_running()
+        finally:
+            os.environ.pop(PARENT_ENV, None)
     pid = server._forkserver_pid
     launched = pid is not None and pid != before
     if launched and all(m in server._preload_modules for m in PRELOAD):

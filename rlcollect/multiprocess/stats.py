@@ -1,60 +1,76 @@
 """The statistics of the multi-process collectors: what each batch's worker replies tell
-(frames, versions, env-step latency; rlcollect/metrics.py) and ``stats()``."""
+(frames, versions, env-step latency; rlcollect/metrics.py), gathered for ``stats()``."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
-from rlcollect.metrics import batch_meta, merge_meta, policy_lag, stats_keys, worker_keys
+from rlcollect.metrics import BatchClock, batch_meta, merge_meta, policy_lag, stats_keys, worker_keys
 
 
 class WorkerStats:
-    """Mixin of ``MultiCollectorBase``: per-batch accounting of the workers' replies and ``stats()``."""
+    """Per-worker accounting of one multi-process collector's batches.
 
-    def _note_batch(self, parts: list[tuple[int, dict]]) -> None:
+    Example:
+        >>> stats = WorkerStats(2)
+        >>> meta = batch_meta(4, 1, 1, (0.001, 0.002))
+        >>> stats.note_batch([(0, {"frames": 4, "version": 1, "meta": meta})], version=1)
+        >>> stats.worker_frames, stats.worker_versions, stats.lag
+        ([4, 0], [1, 0], (0.0, 0))
+    """
+
+    def __init__(self, num_workers: int):
+        self.num_workers = num_workers
+        self.worker_frames = [0] * num_workers
+        self.worker_versions = [0] * num_workers
+        self.worker_steps: list[tuple[float | None, float | None]] = [(None, None)] * num_workers  # env-step mean, p95
+        self.lag = (0.0, 0)  # policy lag of the last batch delivered: mean, max
+        self.last_meta = batch_meta(0, 0, 0.0, (None, None))  # the last batch, for an outer collector
+        self.wait = BatchClock()  # the main process blocked waiting for the workers' batches
+        self.dropped = 0
+        self.started_at = time.perf_counter()
+        self.last_batch_s = 0.0
+        self.last_batch_frames = 0
+
+    def note_batch(self, parts: list[tuple[int, dict]], version: int) -> None:
         """Account for the worker replies ``(worker, info)`` one batch is made of: per-worker
-        frames, versions and env-step latency, and the batch's policy lag."""
+        frames, versions and env-step latency, and the batch's policy lag behind ``version``."""
         metas = []
         for i, info in parts:
-            meta = info["meta"]
-            self._worker_frames[i] += info["frames"]
-            self._worker_versions[i] = info["version"]
-            self._worker_steps[i] = (meta["step_mean_s"], meta["step_p95_s"])
-            metas.append(meta)
-        self._last_meta = merge_meta(metas)
-        self._lag = policy_lag(self._version, metas)
+            self.note_worker(i, info)
+            metas.append(info["meta"])
+        self.last_meta = merge_meta(metas)
+        self.lag = policy_lag(version, metas)
 
-    def _batch_meta(self) -> dict:
+    def note_worker(self, index: int, info: dict) -> None:
+        """A reply of worker ``index`` (a batch, or what it wrote while running free)."""
+        meta = info["meta"]
+        self.worker_frames[index] += info["frames"]
+        self.worker_versions[index] = info["version"]
+        self.worker_steps[index] = (meta["step_mean_s"], meta["step_p95_s"])
+
+    def note_pushed(self, workers: Any, version: int) -> None:
+        """Weights ``version`` went to ``workers``."""
+        for i in workers:
+            self.worker_versions[i] = version
+
+    def batch_info(self) -> dict:
         """The last batch filled for an outer collector (this one nested in a worker or node):
         its frames' versions, and the env-step latency over every worker (the mean of their
         means, the largest of their p95s)."""
-        steps = merge_meta([batch_meta(0, 0, 0.0, step) for step in self._worker_steps])
-        return {**self._last_meta, "step_mean_s": steps["step_mean_s"], "step_p95_s": steps["step_p95_s"]}
+        steps = merge_meta([batch_meta(0, 0, 0.0, step) for step in self.worker_steps])
+        return {**self.last_meta, "step_mean_s": steps["step_mean_s"], "step_p95_s": steps["step_p95_s"]}
 
-    def stats(self) -> dict[str, Any]:
-        """JSON-serialisable statistics: frames, rates, per-worker frames, liveness, restarts,
-        versions and env-step latency, the last batch's policy lag, time blocked waiting for the
-        workers (docs/observability.md defines every key).
-
-        Example:
-            >>> from rlcollect import MultiSyncCollector
-            >>> with MultiSyncCollector("CartPole-v1", num_workers=2, frames_per_batch=20, total_frames=20) as c:
-            ...     _ = list(c)
-            ...     s = c.stats()
-            >>> s["frames"], s["policy_lag_mean"], [w["env_step_p95_s"] > 0 for w in s["workers"]]
-            (20, 0.0, [True, True])
-        """
-        if self._running_free and not self._closed:
-            with self._guard():
-                self._check_running_free()
-        elapsed = time.perf_counter() - self._started_at
-        alive = self._pool.alive() if self._pool is not None and not self._closed else [False] * self.num_workers
-        workers = [worker_keys(i, frames=self._worker_frames[i], alive=alive[i], restarts=self._restart.counts[i],
-                               version=self._worker_versions[i], step=self._worker_steps[i])
+    def summary(self, *, frames: int, batches: int, version: int, alive: list[bool], restarts: list[int],
+                replay_buffer: Any) -> dict[str, Any]:
+        """``stats()``'s dict (docs/observability.md defines every key)."""
+        elapsed = time.perf_counter() - self.started_at
+        workers = [worker_keys(i, frames=self.worker_frames[i], alive=alive[i], restarts=restarts[i],
+                               version=self.worker_versions[i], step=self.worker_steps[i])
                    for i in range(self.num_workers)]
         return stats_keys(
-            frames=self._frames, batches=self._iter, elapsed=elapsed,
-            recent_fps=self._last_batch_frames / self._last_batch_s if self._last_batch_s else 0.0,
-            version=self._version, workers=workers, restarts=sum(self._restart.counts), dropped_frames=self._dropped,
-            replay_buffer_write_count=getattr(self.replay_buffer, "write_count", None), lag=self._lag, wait=self._wait)
+            frames=frames, batches=batches, elapsed=elapsed,
+            recent_fps=self.last_batch_frames / self.last_batch_s if self.last_batch_s else 0.0,
+            version=version, workers=workers, restarts=sum(restarts), dropped_frames=self.dropped,
+            replay_buffer_write_count=getattr(replay_buffer, "write_count", None), lag=self.lag, wait=self.wait)

@@ -15,18 +15,16 @@ from __future__ import annotations
 import gc
 import math
 import time
-from typing import Any
 
 import torch
 from tensordict import TensorDict
 
-from rlcollect.data import MASK, BatchBuffer, BatchLayout
+from rlcollect.data import MASK, BatchBuffer, BatchLayout, SlotPart, slot_buffer, stacked_tensors
 from rlcollect.metrics import policy_lag
 from rlcollect.multiprocess import protocol as P
 from rlcollect.multiprocess.base import MultiCollectorBase
 from rlcollect.multiprocess import shm
-from rlcollect.multiprocess.shm import (SlotPart, allocate_stacked, check_free_space, references, slot_buffer,
-                                        slot_bytes, stacked_tensors)
+from rlcollect.multiprocess.shm import allocate_stacked, check_free_space, references, slot_bytes
 
 #: Stacked slots kept: the batch the user holds while the next one is collected, and that one.
 STACKED_SLOTS = 2
@@ -59,13 +57,6 @@ class MultiSyncCollector(MultiCollectorBase):
 
     _sync = True
     _slots_per_worker = 1
-
-    def _check_cat_results(self, value: Any) -> str | int:
-        if value is None:
-            return "stack"
-        if value == "stack" or (isinstance(value, int) and not isinstance(value, bool)):
-            return value  # an int dim is checked against the workers' batch dims once they report them
-        raise ValueError(f"cat_results must be 'stack' or an int dim of the workers' batches (0, -1, ...), got {value!r}")
 
     def _allocate_slots(self) -> None:
         self._check_layouts()  # before anything is allocated
@@ -148,30 +139,30 @@ class MultiSyncCollector(MultiCollectorBase):
             if self.update_at_each_batch and self._weight_source is not None:
                 self.update_policy_weights_()
             started = time.perf_counter()
-            infos = self._collect_all()
-            self._wait.add(time.perf_counter() - started)
+            infos = self._collect_all(self._random_now())
+            self._stats.wait.add(time.perf_counter() - started)
             if self._workers_write:  # the workers put their parts into the replay buffer
                 self._account(infos)
-                self._last_batch_s = time.perf_counter() - started
+                self._stats.last_batch_s = time.perf_counter() - started
                 self._iter += 1
                 return None
             batch = self._gather(infos)
-            self._last_batch_s = time.perf_counter() - started
+            self._stats.last_batch_s = time.perf_counter() - started
         self._iter += 1
         return self._deliver(batch, stacked_workers=self.cat_results == "stack")
 
     def _account(self, infos: list[dict]) -> int:
         valid = sum(info["frames"] for info in infos)
-        self._note_batch(list(enumerate(infos)))
+        self._stats.note_batch(list(enumerate(infos)), self._version)
         self._frames += valid
-        self._last_batch_frames = valid
+        self._stats.last_batch_frames = valid
         return valid
 
-    def _collect_all(self) -> list[dict]:
-        """One batch from every worker. A worker that fails is restarted (when allowed) and its
-        share is collected again, so a batch never mixes frames from before and after."""
+    def _collect_all(self, random: bool) -> list[dict]:
+        """One batch from every worker (acting randomly when ``random``). A worker that fails is
+        restarted (when allowed) and its share is collected again, so a batch never mixes
+        frames from before and after."""
         pool, n = self._pool, self.num_workers
-        random = self._random_now()
         if self._stacked:
             self._pick_set()
         for stop in self._stops:
@@ -204,7 +195,7 @@ class MultiSyncCollector(MultiCollectorBase):
                 index = getattr(err, "worker_index", None)
                 if index not in waiting:
                     raise
-                self._recover(index, err)
+                self._restarts.recover(index, err)
                 start(index)
             if self.preemptive_threshold is not None and n - len(waiting) >= need:
                 for i in waiting:
@@ -233,12 +224,12 @@ class MultiSyncCollector(MultiCollectorBase):
                 if self._cat_dim != -1:
                     keep = min(steps)
                     dropped = valid - sum(keep * lay.rows for lay in self.layouts)
-                    self._dropped += dropped  # counted out: only delivered frames count
+                    self._stats.dropped += dropped  # counted out: only delivered frames count
                     self._frames -= dropped
-                    self._last_batch_frames -= dropped
+                    self._stats.last_batch_frames -= dropped
                     steps = [keep] * len(steps)
                     # the lag over the frames delivered: the first `keep` steps of each worker
-                    self._lag = policy_lag(self._version, [{**info["meta"], "frames": keep * lay.rows}
+                    self._stats.lag = policy_lag(self._version, [{**info["meta"], "frames": keep * lay.rows}
                                                            for info, lay in zip(infos, self.layouts)])
                 tds = [td[..., :s] for td, s in zip(tds, steps)]
                 tds = [td.exclude(MASK) for td in tds]
@@ -259,17 +250,17 @@ class MultiSyncCollector(MultiCollectorBase):
         first = self.layouts[0]
         return BatchLayout(dict(first.fields), (self.num_workers, *first.batch_size), first.time)
 
-    def _collect_into(self, buf, random: bool = False, stop=None) -> int:
-        """Collect one stacked batch straight into ``buf`` (the outer worker's shared slot)."""
+    def collect_into(self, buf, random: bool = False, stop=None) -> int:
+        """Collect one stacked batch straight into ``buf`` (the outer worker's shared slot);
+        ``stop`` is not watched (each inner worker has its own)."""
         with self._guard():
-            self.init_random_frames = self._frames + 1 if random else 0
-            infos = self._collect_all()
+            infos = self._collect_all(random)
             rows = self.layouts[0].rows
             for i, buffers in enumerate(self._buffers):
                 for key, tensor in buffers[self._set].tensors.items():
                     buf.tensors[key][i * rows:(i + 1) * rows].copy_(tensor)
             valid = sum(info["frames"] for info in infos)
-            self._note_batch(list(enumerate(infos)))
+            self._stats.note_batch(list(enumerate(infos)), self._version)
         self._frames += valid
         self._iter += 1
         return valid

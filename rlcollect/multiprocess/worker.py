@@ -23,11 +23,9 @@ import torch.multiprocessing  # noqa: F401  (registers the shared-memory tensor 
 
 from rlcollect import _context
 from rlcollect._pids import pid_alive
-from rlcollect.data import MASK, BatchLayout, deliver
+from rlcollect.data import MASK, BatchLayout, deliver, slot_buffer
 from rlcollect.envs.base import ArraySpec
 from rlcollect.multiprocess import protocol as P
-from rlcollect.multiprocess.shm import slot_buffer
-from rlcollect.policy import has_weights, load_weights
 
 _WATCHDOG_PERIOD_S = 0.1
 
@@ -127,9 +125,8 @@ class _Worker:
         self.collector = cls(spec["create_env_fn"], spec["policy"], **spec["kwargs"])
         if spec.get("seed") is not None:  # a restarted worker starts from a fresh seed
             self.collector.set_seed(spec["seed"])
-        # A nested multi-process collector is driven through its public weight API.
-        self.nested = not hasattr(self.collector, "_runner")
-        self.module = self.collector.policy if self.nested else self.collector._runner.module
+        # Driven only through rlcollect/source.py's BatchSource calls: a Collector, or a nested
+        # multi-process collector.
         self.version = 0
         self.model_version = 0  # the last version of a model other than "policy" (weight_sync_schemes)
         fields = dict(self.collector.layout.fields)
@@ -161,26 +158,20 @@ class _Worker:
         }
 
     def describe(self) -> dict:
-        weights = None
-        if has_weights(self.module):
-            weights = {k: (tuple(v.shape), v.dtype) for k, v in self.module.state_dict().items()}
-        return {"layout": self.layout, "pid": os.getpid(), "weights": weights}
+        return {"layout": self.layout, "pid": os.getpid(), "weights": self.collector.weight_spec}
 
     def _pull_weights(self) -> None:
         if self.weights is not None:
-            version = self.weights.read_into(self.module, self.version)
+            version = self.weights.read_into(self.collector.weights_module(), self.version)
             if version != self.version:
-                self._adopt(version)
+                self.version = version
+                self._adopt(None, version)
 
-    def _adopt(self, version: int) -> None:
-        """The module now holds weights ``version``: make the inner collector act with them."""
-        self.version = version
-        version = max(version, self.model_version)  # an extra model may have moved it further
-        if self.nested:
-            self.collector._version = version - 1  # its update bumps the version by one
-            self.collector.update_policy_weights_()
-        else:
-            self.collector._version = version
+    def _adopt(self, state: dict | None, version: int) -> None:
+        """Make the inner collector act with the policy weights ``state`` (None: read into its
+        module in place), version ``version``."""
+        # an extra model may have moved the version further
+        self.collector.set_weights(state, max(version, self.model_version))
 
     # -- handlers ------------------------------------------------------------------------------
     def attach(self, flats: list, stop: torch.Tensor | None, weights: Any) -> None:
@@ -193,32 +184,20 @@ class _Worker:
     def enable_profile(self, path: str, rollouts: tuple, profiler_kwargs: dict) -> None:
         self.collector.enable_profile(path, rollouts=rollouts, **profiler_kwargs)
 
-    def _model(self, model_id: str) -> torch.nn.Module:
-        if model_id == "policy":
-            return self.module
-        if self.nested:
-            raise ValueError(f"model_id {model_id!r}: a nested multi-process collector updates only 'policy'")
-        from rlcollect.weights.models import resolve_model
-
-        module = resolve_model(self.collector, model_id)
-        if not has_weights(module):
-            raise ValueError(f"weight_sync_schemes[{model_id!r}] names a {type(module).__name__} without parameters "
-                             "or buffers in the worker's collector")
-        return module
-
     def get_weights(self, model_id: str = "policy") -> dict:
-        return {k: v.detach().cpu().numpy() for k, v in self._model(model_id).state_dict().items()}
+        module = self.collector.weights_module(model_id)
+        return {k: v.detach().cpu().numpy() for k, v in module.state_dict().items()}
 
     def collect(self, slot: int, random: bool) -> dict:
         self._pull_weights()
-        version = self.collector._version
+        version = self.collector.policy_version
         started = time.perf_counter()
-        frames = self.collector._collect_into(self.slots[slot], random=random, stop=self.stop)
+        frames = self.collector.collect_into(self.slots[slot], random=random, stop=self.stop)
         if self.replay_buffer is not None:
             self._write(self.slots[slot], frames)
         # meta (rlcollect/metrics.py): the frames' versions and the env-step latency, for stats()
         return {"slot": slot, "frames": frames, "version": version, "seconds": time.perf_counter() - started,
-                "meta": self.collector._batch_meta()}
+                "meta": self.collector.batch_info()}
 
     def _write(self, buffer: Any, frames: int) -> None:
         """Put a collected batch into the replay buffer (postproc first; only valid frames)."""
@@ -242,8 +221,8 @@ class _Worker:
             batches += 1
             frames += info["frames"]
         self._deferred.append(self.conn.recv())
-        return {"batches": batches, "frames": frames, "version": self.collector._version,
-                "meta": self.collector._batch_meta()}
+        return {"batches": batches, "frames": frames, "version": self.collector.policy_version,
+                "meta": self.collector.batch_info()}
 
     def pause(self) -> None:
         """Nothing to do: a paused worker is one that is not running free."""
@@ -253,22 +232,21 @@ class _Worker:
             # The shared store was written before this message was sent: apply it first, so
             # that it cannot overwrite this newer update of a part of the policy afterwards.
             self._pull_weights()
-        load_weights(self._model(model_id), {k: torch.from_numpy(v) for k, v in state.items()})
+        tensors = {k: torch.from_numpy(v) for k, v in state.items()}
         if model_id == "policy":
-            self._adopt(version)
+            self._adopt(tensors, version)
+            self.version = version
         else:
             # Not self.version: that tracks the shared policy store, which may hold this version
             # too and must still be read before the next batch.
+            self.collector.set_weights(tensors, max(self.collector.policy_version, version), model_id)
             self.model_version = version
-            self.collector._version = max(self.collector._version, version)
 
     def getattr_policy(self, name: str) -> Any:
         return getattr(self.collector.policy, name)
 
     def getattr_env(self, name: str) -> Any:
-        if self.nested:
-            return self.collector.getattr_env(name)
-        return getattr(self.collector.env, name)
+        return self.collector.getattr_env(name)
 
     # -- loop ------------------------------------------------------------------------------------
     def serve(self) -> None:

@@ -1,116 +1,108 @@
-"""Weights and devices of the single-process ``Collector``: torchrl's forms of
-``update_policy_weights_``, several models, ``get_model``, ``get_cached_weights``, and
+"""Weights and devices of the single-process ``Collector``: the acting policy and the other
+models its ``update_policy_weights_`` / ``get_model`` / ``set_weights`` reach, and
 ``env_device``."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
 
 from rlcollect.policy import has_weights, load_weights
-from rlcollect.weights.models import UnknownModelError, delegate_to_updater, resolve_model, update_targets
+from rlcollect.weights.models import UnknownModelError, resolve_model
 
 
 class LocalWeights:
-    """Mixin of ``Collector``: its weight methods (the policy acts in this process)."""
+    """The weights of a single-process ``Collector``: the acting policy and the other models
+    of ``weight_sync_schemes``.
 
-    def _check_models(self) -> None:
+    Args:
+        acting: the module the policy acts with (None: no module, a random policy say).
+        policy: the collector's ``policy`` (what ``get_model("policy")`` gives without ``acting``).
+        weight_source: the module ``update_policy_weights_()`` copies from (None: the acting
+            module is the user's own, so there is nothing to copy).
+        schemes: the validated ``weight_sync_schemes``.
+        models: where model ids (``"policy.head"``, ``"env.x"``) are looked up: a weak reference
+            to the collector, the root of the user's attribute paths.
+    """
+
+    def __init__(self, acting: torch.nn.Module | None, policy: Any, weight_source: Any, schemes: dict, models: Any):
+        self.acting, self.policy, self.weight_source, self.schemes, self.models = (
+            acting, policy, weight_source, schemes, models)
+
+    def check_models(self) -> None:
         """Every model id of ``weight_sync_schemes`` must name a module with weights, now."""
-        for mid in self._schemes:
+        for mid in self.schemes:
             if mid != "policy":
                 module = self.get_model(mid)
                 if not isinstance(module, torch.nn.Module):
                     raise ValueError(f"weight_sync_schemes[{mid!r}] names a {type(module).__name__}, not an nn.Module")
 
-    def update_policy_weights_(self, policy_or_weights: Any = None, *, weights: Any = None, policy: Any = None,
-                               worker_ids: Any = None, model_id: str | None = None,
-                               weights_dict: dict | None = None) -> None:
-        """Load new weights into the acting policy (or another model of ``weight_sync_schemes``)
-        and bump the policy version.
-
-        The weights (positionally, ``weights=`` or ``policy=``) may be None (taken from
-        ``policy`` when the acting copy came from ``policy_factory``; otherwise the acting
-        policy is the user's own module and only the version moves), an ``nn.Module``, a
-        TensorDict of parameters or a state dict. ``model_id`` names the model (default
-        ``"policy"``; others must be keys of ``weight_sync_schemes``); ``weights_dict=
-        {model_id: weights}`` updates several at once with one version. With ``weight_updater``
-        the call goes to it (torchrl's legacy path: no ``model_id`` / ``weights_dict``).
-
-        Example:
-            >>> import torch
-            >>> from rlcollect import Collector, CountingEnv
-            >>> class Policy(torch.nn.Module):
-            ...     def __init__(self):
-            ...         super().__init__()
-            ...         self.w = torch.nn.Parameter(torch.zeros(1))
-            ...     def forward(self, observation):
-            ...         return (observation[..., 0] * self.w[0] > 0).long()
-            >>> from rlcollect import Collector
-            >>> c = Collector(CountingEnv(), Policy(), frames_per_batch=10)
-            >>> c.update_policy_weights_(weights={"w": torch.ones(1)})
-            >>> c.policy_version
-            1
-        """
-        self._check_open()
-        if delegate_to_updater(self, policy_or_weights, weights=weights, policy=policy, model_id=model_id,
-                               weights_dict=weights_dict, worker_ids=worker_ids,
-                               hint="; use weight_sync_schemes for several models"):
-            return
-        targets = update_targets(policy_or_weights, weights=weights, policy=policy, model_id=model_id,
-                                 weights_dict=weights_dict)
+    def plan(self, targets: dict[str, Any], worker_ids: Any) -> list[tuple[torch.nn.Module, Any]]:
+        """``[(module, weights or None)]`` for ``targets`` (``{model_id: weights or None}``),
+        everything checked before anything is loaded."""
         if worker_ids not in (None, 0, [0], (0,)):
             raise ValueError(f"a single-process Collector has only worker 0; got worker_ids={worker_ids!r}")
         loads = []
         for mid, source in targets.items():
-            scheme = self._schemes.get(mid)
+            scheme = self.schemes.get(mid)
             if mid != "policy" and scheme is None:
                 raise UnknownModelError(f"model_id {mid!r} is not in weight_sync_schemes; registered: "
-                                        f"{sorted(set(self._schemes) | {'policy'})}")
+                                        f"{sorted(set(self.schemes) | {'policy'})}")
             if scheme is not None and not scheme.delivers:
                 continue
-            module = self.get_model(mid) if mid != "policy" else self._runner.module
+            module = self.get_model(mid) if mid != "policy" else self.acting
             if not has_weights(module):
                 raise RuntimeError(
                     f"update_policy_weights_: the model {mid!r} ({type(module).__name__}) has no parameters or "
                     "buffers, so there are no weights to update"
                 )
             if source is None and mid == "policy":
-                source = self._weight_source
+                source = self.weight_source
             loads.append((module, source))
-        if not loads:
-            return
-        with self._quiet():  # never between two steps of a running batch
-            for module, source in loads:
-                if source is not None:
-                    load_weights(module, source)
-            self._version += 1
+        return loads
+
+    @staticmethod
+    def load(loads: list[tuple[torch.nn.Module, Any]]) -> None:
+        for module, source in loads:
+            if source is not None:
+                load_weights(module, source)
 
     def get_model(self, model_id: str) -> Any:
-        """The model ``model_id`` names: ``"policy"`` is the acting policy, anything else an
-        attribute path from this collector (``"policy.module[0]"``, ``"env.some_module"``).
-
-        Example:
-            >>> import torch
-            >>> from rlcollect import Collector, CountingEnv
-            >>> class Policy(torch.nn.Module):
-            ...     def __init__(self):
-            ...         super().__init__()
-            ...         self.head = torch.nn.Linear(1, 1)
-            ...     def forward(self, observation):
-            ...         return (self.head(observation)[..., 0] > 0).long()
-            >>> c = Collector(CountingEnv(), Policy(), frames_per_batch=4)
-            >>> type(c.get_model("policy.head")).__name__
-            'Linear'
-        """
         if model_id == "policy":
-            return self._runner.module if self._runner.module is not None else self.policy
-        return resolve_model(self, model_id)
+            return self.acting if self.acting is not None else self.policy
+        return resolve_model(self.models(), model_id)
 
-    def get_cached_weights(self, model_id: str) -> Any:
-        """Cached shared-memory weights of ``model_id``: None here (a single-process collector
-        acts with the module itself; torchrl returns None too when it caches nothing)."""
-        return None
+    @property
+    def spec(self) -> dict | None:
+        if not has_weights(self.acting):
+            return None
+        return {k: (tuple(v.shape), v.dtype) for k, v in self.acting.state_dict().items()}
+
+    def module(self, model_id: str = "policy") -> torch.nn.Module | None:
+        if model_id == "policy":
+            return self.acting
+        module = resolve_model(self.models(), model_id)
+        if not has_weights(module):
+            raise ValueError(f"weight_sync_schemes[{model_id!r}] names a {type(module).__name__} without parameters "
+                             "or buffers in the worker's collector")
+        return module
+
+
+def acting_policy(policy: Any, policy_factory: Any, device: torch.device | None) -> tuple[Any, Any]:
+    """The policy a ``Collector`` acts with, and the module its ``update_policy_weights_()``
+    copies from (None: none to copy from): the factory's policy (``policy`` is then the source),
+    or ``policy`` itself; a module with weights elsewhere than ``device`` acts as a copy there
+    (as torchrl: the user's own module is not moved, the copy takes its weights on update)."""
+    acting = policy_factory() if policy_factory is not None else policy
+    source = policy if policy_factory is not None else None
+    if device is not None and has_weights(acting) and module_device(acting) != device:
+        if policy_factory is None:
+            source = acting
+            acting = copy.deepcopy(acting)
+        acting = acting.to(device)
+    return acting, source
 
 
 def module_device(module: torch.nn.Module) -> torch.device | None:

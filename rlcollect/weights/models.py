@@ -49,7 +49,8 @@ def resolve_model(context: Any, model_id: str) -> Any:
                 try:
                     key = ast.literal_eval(raw.strip())
                 except (ValueError, SyntaxError) as err:
-                    raise ValueError(f"model_id {model_id!r}: subscript [{raw}] must be an int or a quoted string") from err
+                    raise ValueError(
+                        f"model_id {model_id!r}: subscript [{raw}] must be an int or a quoted string") from err
                 obj = obj[key]
         except (AttributeError, KeyError, IndexError, TypeError) as err:
             raise UnknownModelError(f"model_id {model_id!r} names nothing in {type(context).__name__} "

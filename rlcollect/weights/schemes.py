@@ -125,7 +125,8 @@ def validate_schemes(value: Any) -> dict[str, WeightSyncScheme]:
     out = {}
     for key, scheme in value.items():
         if isinstance(scheme, str) and scheme not in BACKENDS:
-            raise ValueError(f"weight_sync_schemes[{key!r}]: unknown backend {scheme!r}; accepted: {', '.join(BACKENDS)}")
+            raise ValueError(
+                f"weight_sync_schemes[{key!r}]: unknown backend {scheme!r}; accepted: {', '.join(BACKENDS)}")
         if isinstance(scheme, str):
             scheme = WeightSyncScheme.from_backend(scheme)
         if not isinstance(scheme, (str, WeightSyncScheme)):

@@ -47,7 +47,8 @@ def main(phase: str, storage: str) -> None:
         start = rb.write_count
         while rb.write_count < start + 20_000:  # both writers are in their loop
             time.sleep(0.01)
-    info = {"path": rb.path, "reaper": rb._reaper.process.pid if getattr(rb, "_reaper", None) else None, "writers": [w.pid for w in writers]}
+    reaper = rb._reaper.process.pid if getattr(rb, "_reaper", None) else None
+    info = {"path": rb.path, "reaper": reaper, "writers": [w.pid for w in writers]}
     print(json.dumps(info), flush=True)
     while True:
         if phase == "writing":

@@ -249,7 +249,8 @@ def test_dict_observation_becomes_nested_keys():
 
 
 def test_tuple_observation_goes_under_observation():
-    space = spaces.Tuple((spaces.Box(-5, 5, (2,), np.float64), spaces.Discrete(3), spaces.Dict({"a": spaces.Discrete(9)})))
+    space = spaces.Tuple((spaces.Box(-5, 5, (2,), np.float64), spaces.Discrete(3),
+                          spaces.Dict({"a": spaces.Discrete(9)})))
     env = GymEnv(SpaceEnv(observation_space=space, obs_fn=lambda t: (np.array([t, t + 0.5]), t % 3, {"a": 2 * t})))
     assert env.obs_layout == {
         ("observation", "0"): ArraySpec((2,), np.dtype(np.float32)),

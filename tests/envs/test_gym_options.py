@@ -79,7 +79,8 @@ def test_the_action_shape_hint_points_the_right_way():
     index = TensorDictModule(lambda observation: torch.zeros(observation.shape[:-1], dtype=torch.int64),
                              in_keys=["observation"], out_keys=["action"])
     with pytest.raises(TypeError, match=r"has shape \(\) per env row but the env expects \(3,\).*one-hot encode the "
-                                        r"index \(torch.nn.functional.one_hot\(index, 3\)\).*categorical_action_encoding=True"):
+                                        r"index \(torch.nn.functional.one_hot\(index, 3\)\)"
+                                        r".*categorical_action_encoding=True"):
         Collector(GymEnv(Recorder(), categorical_action_encoding=False), policy=index, frames_per_batch=4)
     logits = TensorDictModule(lambda observation: torch.zeros(*observation.shape[:-1], 3, dtype=torch.int64),
                               in_keys=["observation"], out_keys=["action"])

@@ -101,7 +101,8 @@ def test_ale_vector_env_matches_one_env_pools(ale_vector, max_frames):
 
     env = VectorEnv(ale_vector("breakout", K, **ALE_KWARGS))
     assert env.autoreset_mode.name == "NEXT_STEP" and env.obs_layout["observation"].shape == (4, 42, 42)
-    collector = Collector(env, policy=None, frames_per_batch=K * T, total_frames=K * T * 2, max_frames_per_traj=max_frames)
+    collector = Collector(env, policy=None, frames_per_batch=K * T, total_frames=K * T * 2,
+                          max_frames_per_traj=max_frames)
     collector.set_seed(SEED)
     batch = collect(collector)
     ref = pool_reference(make_one, batch["action"].numpy(), SEED, max_frames)

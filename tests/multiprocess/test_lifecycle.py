@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import weakref
 
 import pytest
 import torch
@@ -72,6 +73,22 @@ def test_garbage_collection_ends_the_workers(cls):
     del collector
     gc.collect()
     assert not wait_gone(pids, 5.0), "the workers of a garbage-collected collector are still alive"
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+def test_a_dropped_collector_is_freed_at_once(cls):
+    """Its collaborators (weights, restarts, statistics) hold no reference back to it: dropping
+    the last reference frees it and ends the workers without waiting for a garbage collection."""
+    collector = cls(counting5, num_workers=2, frames_per_batch=4, mp_start_method=START)
+    pids = collector._pool.pids()
+    ref = weakref.ref(collector)
+    gc.disable()
+    try:
+        del collector
+        assert ref() is None, gc.get_referrers(ref())
+    finally:
+        gc.enable()
+    assert not wait_gone(pids, 5.0), "the workers of a freed collector are still alive"
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)

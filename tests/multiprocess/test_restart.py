@@ -7,7 +7,8 @@ import functools
 
 import numpy as np
 import pytest
-from mp_helpers import BLOCK, POLICY_VERSION, START, TRAJ_IDS, WORKER_ID, ValuePolicy, assert_gone, check_counting_stream, rows_of
+from mp_helpers import (BLOCK, POLICY_VERSION, START, TRAJ_IDS, WORKER_ID, ValuePolicy, assert_gone,
+                        check_counting_stream, rows_of)
 
 from rlcollect import FaultyEnv, MultiAsyncCollector, MultiSyncCollector, WorkerError
 
@@ -127,3 +128,28 @@ def test_async_hang_is_caught_while_the_other_worker_keeps_delivering(tmp_path):
                 break
         assert [w["restarts"] for w in collector.stats()["workers"]] == [1, 0]
         assert from_worker1 > 10, "worker 1 kept delivering while worker 0 hung"
+
+
+def test_a_restarted_worker_keeps_its_handle_through_each_state(tmp_path):
+    """The pool's member is one WorkerHandle across restarts (serving -> failed -> restarting ->
+    starting -> serving, a new incarnation), re-attached to the same slots; closed at shutdown."""
+    from rlcollect.multiprocess.handle import WorkerState
+
+    collector = MultiSyncCollector(transient(tmp_path, "kill"), ValuePolicy(w=1), num_workers=2, frames_per_batch=20,
+                                   on_worker_failure="restart", mp_start_method=START)
+    handles = list(collector._pool.handles)
+    attached = handles[1].attachment
+    pids = collector._pool.pids()
+    try:
+        assert [h.state for h in handles] == [WorkerState.SERVING] * 2
+        for _ in range(3):
+            next(collector)
+        assert collector._pool.handles == handles  # the same objects
+        assert [h.incarnation for h in handles] == [0, 1]
+        assert [h.state for h in handles] == [WorkerState.SERVING] * 2
+        assert handles[1].attachment is not None and handles[1].attachment[0] is attached[0]
+        pids += collector._pool.pids()[1:]
+    finally:
+        collector.shutdown()
+    assert [h.state for h in handles] == [WorkerState.CLOSED] * 2
+    assert_gone(pids)

@@ -1,18 +1,20 @@
 """Issue 16.7: the default start method ("fork" where it is safe, else "forkserver" with torch and
-rlcollect preloaded) and what it must keep working: env factories defined in a test module, lambdas and closures, the main
-process's environment, scripts without the ``__main__`` guard, "fork" after CUDA, and a fork
-server that somebody else started. Start-up speed is measured by ``python -m bench --only
-start-up`` (bench/startup.py), not asserted here."""
+rlcollect preloaded) and what it must keep working: env factories defined in a test module, lambdas
+and closures, the main process's environment, scripts without the ``__main__`` guard, "fork" after
+CUDA, and a fork server that somebody else started. Start-up speed is measured by
+``python -m bench --only start-up`` (bench/startup.py), not asserted here."""
 
 from __future__ import annotations
 
 import logging
 import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 from multiprocessing import forkserver
 
 import pytest
@@ -65,6 +67,7 @@ def test_default_with_another_thread_is_a_preloaded_fork_server(make_multi, cls,
     # The workers are forks of the one fork server, whose preload list has rlcollect's modules ...
     assert [_ppid(pid) for pid in collector._pool.pids()] == [server, server]
     assert set(start.PRELOAD) <= set(forkserver._forkserver._preload_modules)
+    assert forkserver._forkserver._preload_modules[0] == start.SERVER_GUARD  # launched from the main thread
     # ... and which has imported torch (its shared library is mapped) before forking them.
     with open(f"/proc/{server}/maps") as f:
         assert "libtorch_cpu" in f.read()
@@ -109,8 +112,8 @@ def test_the_default_forks_only_where_it_is_safe(monkeypatch):
 
 def test_the_default_from_another_thread_is_the_fork_server():
     seen = []
-    thread = threading.Thread(target=lambda: seen.append((start.fork_unsafe_reason(), start.resolve_start_method(None))),
-                              name="builder")
+    thread = threading.Thread(
+        target=lambda: seen.append((start.fork_unsafe_reason(), start.resolve_start_method(None))), name="builder")
     thread.start()
     thread.join()
     assert seen == [("the collector is built in a thread other than the main one ('builder')", "forkserver")]
@@ -242,7 +245,7 @@ def test_a_script_without_the_main_guard_fails_clearly_with_the_fork_server(tmp_
     assert "builds a collector at import time. Guard the code that builds the collector with " \
            "`if __name__ == '__main__':`" in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("rlcollect.multiprocess.protocol.WorkerError: worker "), last
+    assert last.startswith("rlcollect.errors.WorkerError: worker "), last
     assert "exited with code 1 before it was ready" in last
 
 
@@ -282,7 +285,7 @@ def test_a_fork_server_that_dies_while_preloading_is_reported(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "RuntimeError: explodes at import, on purpose" in proc.stderr  # the server's own traceback
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("rlcollect.multiprocess.protocol.WorkerError: worker 0 could not be started: "
+    assert last.startswith("rlcollect.errors.WorkerError: worker 0 could not be started: "
                            "multiprocessing's fork server exited before forking it"), last
 
 
@@ -304,6 +307,66 @@ def test_a_fork_server_that_blocks_while_preloading_is_bounded_by_start_timeout(
     proc = _run(tmp_path, BLOCKING_SERVER)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
-    assert last == ("rlcollect.multiprocess.protocol.WorkerError: worker 0 hung during start-up: multiprocessing's "
+    assert last == ("rlcollect.errors.WorkerError: worker 0 hung during start-up: multiprocessing's "
                     "fork server did not finish importing its preload list within start_timeout=3 s (a module of the "
                     "list blocks at import?); the fork server was killed"), last
+
+
+# -- the fork server's guard: it dies with the process that launched it ------------------------------
+GUARDED_CHILD = textwrap.dedent("""
+    import os, subprocess, sys
+    env = dict(os.environ, RLCOLLECT_FORK_SERVER_PARENT=str(os.getpid()))
+    code = "import rlcollect.multiprocess._server_guard, time; print('armed', flush=True); time.sleep(100)"
+    child = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE)
+    assert child.stdout.readline() == b"armed\\n"
+    print(child.pid, flush=True)
+    child.wait()
+""")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] in (b"Z", b"X")
+    except OSError:
+        return True
+
+
+def test_the_server_guard_kills_the_server_when_its_launcher_dies():
+    """What the guard gives a fork server that is still importing torch when the main process is
+    SIGKILLed: the kernel kills it at once (before, it lived until its imports were done)."""
+    proc = subprocess.Popen([sys.executable, "-c", GUARDED_CHILD], stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        child = int(proc.stdout.readline())
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        deadline = time.monotonic() + 1.0
+        while not _gone(child) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _gone(child)
+    finally:
+        proc.kill()
+        proc.wait(10)
+        proc.stdout.close()
+
+
+def test_the_server_guard_exits_when_its_launcher_died_before_it_was_armed():
+    env = dict(os.environ, RLCOLLECT_FORK_SERVER_PARENT="1")  # pid 1 is not this child's parent
+    out = subprocess.run([sys.executable, "-c", "import rlcollect.multiprocess._server_guard; print('alive')"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stdout) == (1, "")
+    env.pop("RLCOLLECT_FORK_SERVER_PARENT")  # a server someone else launched: nothing happens
+    out = subprocess.run([sys.executable, "-c", "import rlcollect.multiprocess._server_guard; print('alive')"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stdout) == (0, "alive\n")
+
+
+def test_a_fork_server_launched_from_another_thread_has_no_guard(monkeypatch):
+    server = forkserver._forkserver
+    monkeypatch.setattr(server, "_preload_modules", [start.SERVER_GUARD, *start.PRELOAD])
+    monkeypatch.setattr(forkserver, "ensure_running", lambda: None)  # nothing is launched here
+    thread = threading.Thread(target=start.start_fork_server)
+    thread.start()
+    thread.join()
+    assert server._preload_modules == list(start.PRELOAD)
+    assert "RLCOLLECT_FORK_SERVER_PARENT" not in os.environ

@@ -13,6 +13,6 @@ if __name__ == "__main__":
     print("building", flush=True)
     with MultiSyncCollector(env, num_workers=2, frames_per_batch=200, mp_start_method=method) as collector:
         print("pids", *collector._pool.pids(), collector._pool.reaper.pid, flush=True)
-        for i, batch in enumerate(collector):
+        for i, _ in enumerate(collector):
             if i == 0:
                 print("collecting", flush=True)

@@ -15,7 +15,6 @@ meanwhile; seen on the shared development machine.  The neighbour reports those 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap

@@ -60,9 +60,10 @@ def _descendants(root: int) -> set[int]:
     return found
 
 
-def _workers(root: int) -> set[int]:
+def _workers(root: int, settle: float = 0.0) -> set[int]:
     """Worker processes below ``root``: everything but the guard, the resource tracker and the
-    fork server itself (its children are workers)."""
+    fork server itself (its children are workers); after ``settle`` seconds, when given."""
+    time.sleep(settle)
     out = set()
     for pid in _descendants(root):
         cmd = _cmdline(pid)
@@ -98,8 +99,8 @@ def test_workers_die_with_the_main_process(method, phase, tmp_path):
             if method == "forkserver":  # the server imports its preload list (torch) first
                 _wait_for(lambda: any("forkserver" in _cmdline(p) for p in _descendants(proc.pid)), 60,
                           "the fork server", proc)
-            else:
-                _wait_for(lambda: len(_workers(proc.pid)) >= 1, 60, "a worker process", proc)
+            else:  # seen twice: a child still between fork and exec (the guard) briefly looks like one
+                _wait_for(lambda: _workers(proc.pid) and _workers(proc.pid, settle=0.05), 60, "a worker process", proc)
         elif phase == "construct":
             _wait_for(lambda: len(list(tmp_path.glob("ctor.*"))) == 2, 120, "both env constructors", proc)
         else:
@@ -107,7 +108,7 @@ def test_workers_die_with_the_main_process(method, phase, tmp_path):
             time.sleep(0.3)
         tree = _descendants(proc.pid)
         if phase != "imports" or method != "forkserver":
-            assert _workers(proc.pid), "no worker process to watch"
+            _wait_for(lambda: _workers(proc.pid), 60, "a worker process to watch", proc)
         if phase == "imports" and method == "spawn":
             assert not list(tmp_path.glob("ctor.*"))
         os.kill(proc.pid, signal.SIGKILL)
@@ -118,7 +119,8 @@ def test_workers_die_with_the_main_process(method, phase, tmp_path):
             time.sleep(0.02)
             alive = {p for p in alive if _alive(p)}
         late = {p: _cmdline(p)[:120] for p in alive}
-        assert not late, f"{method}/{phase}: still alive {BOUND_S + POLL_MARGIN_S} s after the main process died: {late}"
+        assert not late, (
+            f"{method}/{phase}: still alive {BOUND_S + POLL_MARGIN_S} s after the main process died: {late}")
     finally:
         if proc.poll() is None:
             proc.kill()

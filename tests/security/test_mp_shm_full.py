@@ -81,7 +81,7 @@ def test_tiny_dev_shm_clear_error_nothing_left(case):
     is untouched)."""
     started = time.monotonic()
     out = subprocess.run(
-        ["unshare", "-m", "sh", "-c", f'mount -t tmpfs -o size=1M tmpfs /dev/shm && exec "$0" "$1" "$2"',
+        ["unshare", "-m", "sh", "-c", 'mount -t tmpfs -o size=1M tmpfs /dev/shm && exec "$0" "$1" "$2"',
          sys.executable, str(SCRIPT), case],
         capture_output=True, text=True, timeout=150)
     lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
@@ -90,6 +90,7 @@ def test_tiny_dev_shm_clear_error_nothing_left(case):
     if case == "precheck":
         assert "the batch slots of 2 workers" in lines["error"] and "are free" in lines["error"], lines["error"]
     else:
-        assert "a batch slot" in lines["error"] and "the allocation failed (it is full)" in lines["error"], lines["error"]
+        error = lines["error"]
+        assert "a batch slot" in error and "the allocation failed (it is full)" in error, error
     assert lines["left"] == "[]", lines["left"]  # no torch_<pid>_* file, nothing else either
     assert time.monotonic() - started < 150

@@ -1,0 +1,287 @@
+"""The validated options of a multi-process collector, and the spec each worker is started
+from.  Every argument is checked here, in the main process, before any process starts; each
+error names the argument and what is accepted (the shared checks are in rlcollect/config.py).
+
+Example:
+    >>> cfg = MultiConfig(sync=True, create_env_fn="CartPole-v1", num_workers=2, frames_per_batch=20)
+    >>> cfg.num_workers, cfg.worker_frames, cfg.frames_per_batch, cfg.cat_results
+    (2, [10, 10], 20, 'stack')
+    >>> MultiConfig(sync=False, create_env_fn="CartPole-v1", num_workers=2, frames_per_batch=20,
+    ...             cat_results=0)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: cat_results must be None or 'stack' for MultiAsyncCollector (...), got 0
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+from collections.abc import Callable
+from typing import Any
+
+import cloudpickle
+
+from rlcollect import torchrl_args
+from rlcollect.base import CollectorBase
+from rlcollect.collector import Collector
+from rlcollect.config import (CollectorConfig, check_policy_sources, check_replay_buffer, check_weight_updater,
+                              kwargs_arg, optional_positive_int, per_member, positive_int, total_frames_arg)
+from rlcollect.multiprocess import start
+from rlcollect.multiprocess.pool import DEFAULT_START_TIMEOUT_S
+from rlcollect.multiprocess.restart import RestartPolicy
+from rlcollect.policy import as_exploration_type, has_weights
+from rlcollect.torchrl_args import version_tracker
+from rlcollect.weights.schemes import validate_schemes
+
+PER_WORKER_ARGS = ("device", "storing_device", "env_device", "policy_device")
+#: Options forwarded unchanged to each worker's inner collector.
+INNER_OPTIONS = (
+    "max_frames_per_traj", "reset_at_each_iter", "exploration_type", "set_truncated", "trust_policy",
+    "compile_policy", "cudagraph_policy", "no_cuda_sync", "track_policy_version",
+)
+#: The collector classes ``collector_class`` may name by string. The multi-process ones are
+#: built on this package's base module: named by path and imported when first named, so that
+#: nothing here imports the modules that import it.
+_NAMED = {
+    "single": ("rlcollect.collector", "Collector"),
+    "sync": ("rlcollect.multiprocess.sync", "MultiSyncCollector"),
+    "async": ("rlcollect.multiprocess.asynchronous", "MultiAsyncCollector"),
+}
+#: Where warnings point: the user's call (user -> collector __init__ -> MultiConfig __init__ ->
+#: __post_init__ -> a check here).
+_USER = 5
+
+
+def resolve_collector_class(value: Any) -> type:
+    """``collector_class``: a collector class (``Collector``, a multi-process collector, or a
+    subclass), or one of ``"single"``, ``"sync"``, ``"async"``.
+
+    Example:
+        >>> resolve_collector_class("sync").__name__
+        'MultiSyncCollector'
+    """
+    if isinstance(value, str):
+        if value not in _NAMED:
+            raise ValueError(f"collector_class must be a collector class or one of {sorted(_NAMED)}, got {value!r}")
+        module, name = _NAMED[value]
+        return getattr(importlib.import_module(module), name)
+    # A collector that can fill a worker's batch slot (rlcollect/source.py): Collector, the
+    # multi-process ones and their subclasses (not DistributedCollector).
+    if isinstance(value, type) and issubclass(value, CollectorBase) and callable(getattr(value, "collect_into", None)):
+        return value
+    raise ValueError(
+        f"collector_class must be Collector, MultiSyncCollector, MultiAsyncCollector (or a subclass), "
+        f"or one of {sorted(_NAMED)}; got {value!r}"
+    )
+
+
+def _pickled(name: str, value: Any, hint: str) -> None:
+    try:
+        cloudpickle.dumps(value)
+    except Exception as err:
+        raise TypeError(f"{name} cannot be pickled for the worker processes ({err}); {hint}") from err
+
+
+def _shared_buffer(replay_buffer: Any) -> bool:
+    """Whether the workers can write into ``replay_buffer`` themselves (an rlcollect
+    ``ReplayBuffer``); any other object with ``extend()`` is written by the main process."""
+    from rlcollect.buffers.replay import ReplayBuffer
+
+    return isinstance(replay_buffer, ReplayBuffer)
+
+
+def _seconds(name: str, value: Any, accepted: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be {accepted}, got {value!r}")
+    return float(value)
+
+
+def _cat_results(value: Any, sync: bool) -> str | int:
+    if not sync:
+        if value is None or value == "stack":
+            return "stack"
+        raise ValueError(f"cat_results must be None or 'stack' for MultiAsyncCollector (it yields one worker's "
+                         f"batch at a time), got {value!r}")
+    if value is None:
+        return "stack"
+    if value == "stack" or (isinstance(value, int) and not isinstance(value, bool)):
+        return value  # an int dim is checked against the workers' batch dims once they report them
+    raise ValueError(f"cat_results must be 'stack' or an int dim of the workers' batches (0, -1, ...), got {value!r}")
+
+
+@dataclasses.dataclass
+class MultiConfig:
+    """Every option of ``MultiSyncCollector`` (``sync=True``) or ``MultiAsyncCollector``,
+    validated, and what follows from them: one entry per worker (``env_fns``,
+    ``worker_frames``, ``storing_devices``) and the worker specs (``specs``)."""
+
+    sync: bool
+    create_env_fn: Any
+    policy: Any = None
+    num_workers: int | None = None
+    policy_factory: Callable | list | None = None
+    frames_per_batch: int | list[int] = 0
+    total_frames: int = -1
+    device: Any = None
+    storing_device: Any = None
+    env_device: Any = None
+    policy_device: Any = None
+    create_env_kwargs: dict | list | None = None
+    collector_class: Any = Collector
+    preemptive_threshold: float | None = None
+    cat_results: str | int | None = None
+    update_at_each_batch: bool = False
+    num_threads: int | None = None
+    num_sub_threads: int = 1
+    mp_start_method: str | None = None
+    worker_timeout: float | None = None
+    start_timeout: float = DEFAULT_START_TIMEOUT_S
+    on_worker_failure: str = "raise"
+    max_worker_restarts: int = 3
+    init_random_frames: int | None = None
+    postproc: Callable | None = None
+    split_trajs: bool = False
+    return_same_td: bool = False
+    replay_buffer: Any = None
+    extend_buffer: bool = True
+    use_buffers: bool = True
+    weight_sync_schemes: dict | None = None
+    per_worker_weights: bool = False
+    weight_updater: Any = None
+    collector_kwargs: dict | None = None
+    worker_idx: int | None = None
+    reset_when_done: bool = True
+    local_init_rb: bool | None = None
+    inner_options: dict = dataclasses.field(default_factory=dict)
+    owner: str = "MultiSyncCollector"  # the class name errors give
+
+    def __post_init__(self) -> None:
+        unknown = set(self.inner_options) - set(INNER_OPTIONS)
+        if unknown:
+            raise TypeError(f"{self.owner} got unexpected arguments {sorted(unknown)}")
+        inner = self.inner_options = dict(self.inner_options)
+        torchrl_args.check_reset_when_done(self.reset_when_done)
+        self.local_init_rb = torchrl_args.check_local_init_rb(self.local_init_rb)
+        if not isinstance(self.use_buffers, bool):
+            raise TypeError(f"use_buffers must be a bool, got {self.use_buffers!r}")
+        self.version_tracker = None
+        if "track_policy_version" in inner:  # a torchrl PolicyVersion stays here; workers get True
+            inner["track_policy_version"], self.version_tracker = version_tracker(inner["track_policy_version"])
+        if "exploration_type" in inner:  # travels as a plain string
+            inner["exploration_type"] = as_exploration_type(inner["exploration_type"])
+        self._workers()
+        self._options()
+        self.specs = [self._spec(i) for i in range(self.num_workers)]
+
+    def _workers(self) -> None:
+        """The workers and the per-worker lists."""
+        fns, num = self.create_env_fn, self.num_workers
+        if isinstance(fns, (list, tuple)):
+            if not fns:
+                raise ValueError("create_env_fn is an empty list; give one env factory per worker")
+            if num is not None and num != len(fns):
+                raise ValueError(f"num_workers={num} but create_env_fn lists {len(fns)} envs (one per worker)")
+            self.env_fns = list(fns)
+        else:
+            if num is None:
+                raise ValueError("num_workers is required when create_env_fn is not a list (one entry per worker)")
+            self.env_fns = [fns] * positive_int("num_workers", num)
+        n = self.num_workers = len(self.env_fns)
+        self.total_frames = total_frames_arg(self.total_frames)
+        fpb = self.frames_per_batch
+        if isinstance(fpb, (list, tuple)):
+            frames = [positive_int("frames_per_batch", f) for f in per_member("frames_per_batch", fpb, n, "worker")]
+        else:
+            positive_int("frames_per_batch", fpb)
+            if self.sync:
+                if fpb % n:
+                    torchrl_args.warn(f"frames_per_batch={fpb} is not divisible by num_workers={n}: each worker "
+                                      f"collects {math.ceil(fpb / n)} frames", stacklevel=_USER)
+                frames = [math.ceil(fpb / n)] * n
+            else:
+                frames = [fpb] * n
+        # async with one size per worker: a batch is one worker's, so frames_per_batch stays the list
+        self.frames_per_batch = sum(frames) if self.sync else fpb
+        self.worker_frames = frames
+        self.env_kwargs = per_member("create_env_kwargs", self.create_env_kwargs, n, "worker")
+        self.factories = per_member("policy_factory", self.policy_factory, n, "worker")
+        self.devices = {name: per_member(name, getattr(self, name), n, "worker") for name in PER_WORKER_ARGS}
+        per_batch = self.frames_per_batch
+        if self.total_frames > 0 and isinstance(per_batch, int) and self.total_frames % per_batch:
+            torchrl_args.warn(f"total_frames={self.total_frames} is not a multiple of frames_per_batch="
+                              f"{self.frames_per_batch}: the last batch overshoots", stacklevel=_USER)
+
+    def _options(self) -> None:
+        """The options of the collector itself."""
+        p = self.preemptive_threshold
+        if p is not None:
+            if not self.sync:
+                raise ValueError("preemptive_threshold is only supported by MultiSyncCollector (got it for async)")
+            if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+                raise ValueError(f"preemptive_threshold must be a number in [0, 1], got {p!r}")
+        self.cat_results = _cat_results(self.cat_results, self.sync)
+        self.mp_start_method = start.resolve_start_method(self.mp_start_method)
+        RestartPolicy(self.on_worker_failure, self.max_worker_restarts, [])  # validates both arguments
+        if self.worker_timeout is not None:
+            self.worker_timeout = _seconds("worker_timeout", self.worker_timeout,
+                                           "a positive number of seconds or None")
+        self.start_timeout = _seconds("start_timeout", self.start_timeout, "a positive, finite number of seconds "
+                                      f"(default {DEFAULT_START_TIMEOUT_S:g})")
+        optional_positive_int("num_threads", self.num_threads)
+        positive_int("num_sub_threads", self.num_sub_threads)
+        self.collector_class = resolve_collector_class(self.collector_class)
+        self.collector_kwargs = kwargs_arg("collector_kwargs", self.collector_kwargs)
+        if self.collector_class is not Collector and "num_workers" not in self.collector_kwargs:
+            raise ValueError(f"collector_class={self.collector_class.__name__} runs its own workers: give their number "
+                             "with collector_kwargs={'num_workers': K}")
+        self.schemes = validate_schemes(self.weight_sync_schemes)
+        check_weight_updater(self.weight_updater, self.weight_sync_schemes)
+        check_policy_sources(self.policy, any(f is not None for f in self.factories), self.schemes)
+        check_replay_buffer(self.replay_buffer)
+        self.workers_write = _shared_buffer(self.replay_buffer)
+        if self.workers_write:
+            _pickled("postproc", self.postproc, "define it as a module-level function: the workers apply it before "
+                     "writing")
+        self.update_at_each_batch = bool(self.update_at_each_batch)
+        self.per_worker_weights = bool(self.per_worker_weights)
+        self.init_random_frames = torchrl_args.random_frames(self.init_random_frames)
+        self.weight_source = self.policy if has_weights(self.policy) else None
+        self.storing_devices = [self.devices["storing_device"][i] or self.devices["device"][i]
+                                for i in range(self.num_workers)]
+        if self.sync and len({None if d is None else str(d) for d in self.storing_devices}) > 1:
+            raise ValueError(f"storing_device: MultiSyncCollector joins the workers' batches into one, so every worker "
+                             f"must store on the same device; got {[str(d) for d in self.storing_devices]} (use "
+                             "MultiAsyncCollector, which delivers each worker's batch on its own storing_device)")
+
+    def _spec(self, i: int) -> dict:
+        """Worker ``i``'s spec, every part checked (and picklable) before any process starts."""
+        factory, n = self.factories[i], self.num_workers
+        kwargs = {
+            "policy_factory": factory,
+            "frames_per_batch": self.worker_frames[i],
+            "create_env_kwargs": self.env_kwargs[i],
+            "init_random_frames": None,
+            "use_buffers": True,
+            **{name: self.devices[name][i] for name in PER_WORKER_ARGS},
+            **self.inner_options,
+        }
+        # Unique trajectory-id blocks also when this collector is itself nested in a worker.
+        kwargs["worker_idx"] = i if self.worker_idx is None else self.worker_idx * n + i
+        kwargs.update(self.collector_kwargs)
+        if self.collector_class is Collector:
+            CollectorConfig(**{k: v for k, v in kwargs.items() if k in CollectorConfig.__dataclass_fields__})
+        if "policy" in self.schemes and factory is not None and self.policy is not None:
+            kwargs["weight_sync_schemes"] = {"policy": self.schemes["policy"]}
+        sent_policy = None if factory is not None else self.policy
+        _pickled("create_env_fn", self.env_fns[i], "pass a module-level factory function (or a gymnasium id) instead "
+                 "of an object that holds unpicklable state")
+        _pickled("policy", sent_policy, "build it inside the workers with policy_factory=<a function>")
+        return {
+            "collector_class": self.collector_class, "create_env_fn": self.env_fns[i], "policy": sent_policy,
+            "kwargs": kwargs, "preemptive": self.preemptive_threshold is not None,
+            "replay_buffer": self.replay_buffer.share() if self.workers_write else None,
+            "write_options": {"postproc": self.postproc, "split_trajs": self.split_trajs,
+                              "extend_buffer": self.extend_buffer},
+        }
