@@ -76,7 +76,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rlcollect.envs.vector import VectorEnv
     from rlcollect.multiprocess.asynchronous import MultiAsyncCollector
     from rlcollect.multiprocess.factory import MultiCollector
-    from rlcollect.multiprocess.protocol import WorkerError
+    from rlcollect.errors import WorkerError
     from rlcollect.multiprocess.sync import MultiSyncCollector
     from rlcollect.tensorboard import TensorBoardLogger
     from rlcollect.policy import ExplorationType

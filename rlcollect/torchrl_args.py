@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 
-from rlcollect.base import CollectorBase
 
 _FALSE = {"0", "false", "f", "no", "n", "off"}
 
@@ -154,7 +153,3 @@ def chosen_workers(reset_idx: Any, n: int) -> list[int]:
         raise ValueError(f"reset_idx must be None or {n} bools (one per worker), got {reset_idx!r}")
     return [i for i, f in enumerate(flags) if f]
 
-
-#: The old name of ``rlcollect.base.CollectorBase`` (which now holds torchrl's ``next()``,
-#: ``increment_version()`` and ``get_policy_version()``), kept for code that still imports it.
-TorchrlMethods = CollectorBase

@@ -13,7 +13,8 @@ from rlcollect import CountingEnv, GymEnv
 from rlcollect.data import BatchLayout
 from rlcollect.envs import FaultyEnv, InjectedFault
 from rlcollect.envs.base import ArraySpec
-from rlcollect.multiprocess.shm import POISON, allocate_slot, slot_buffer
+from rlcollect.data import slot_buffer
+from rlcollect.multiprocess.shm import POISON, allocate_slot
 from rlcollect.rollout import frame_traj_ids
 
 

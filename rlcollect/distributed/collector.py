@@ -20,6 +20,7 @@ import torch
 from tensordict import TensorDict
 
 from rlcollect import torchrl_args
+from rlcollect.base import CollectorBase
 from rlcollect.collector import Collector
 from rlcollect.data import deliver
 from rlcollect.distributed import protocol as P
@@ -30,8 +31,7 @@ from rlcollect.distributed.pool import NodePool
 from rlcollect.distributed.recovery import Recovery
 from rlcollect.distributed.stats import distributed_stats
 from rlcollect.metrics import BatchClock, batch_meta, policy_lag
-from rlcollect.multiprocess.protocol import WorkerError
-from rlcollect.torchrl_args import TorchrlMethods
+from rlcollect.errors import WorkerError
 from rlcollect.weights.models import UnknownModelError, delegate_to_updater, make_weight_updater, update_targets
 from rlcollect.weights.schemes import NoWeightSyncScheme
 
@@ -41,7 +41,7 @@ logger = logging.getLogger("rlcollect")
 NODE_ID = ("collector", "node_id")
 
 
-class DistributedCollector(TorchrlMethods):
+class DistributedCollector(CollectorBase):
     """Collect on ``num_nodes`` nodes (processes or hosts) joined over torch.distributed.
 
     Each entry of ``create_env_fn`` is one node (rank ``i + 1``; nodes are numbered from 0 in

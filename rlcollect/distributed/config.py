@@ -22,7 +22,7 @@ from rlcollect.data import TRAJ_ID_BLOCK
 from rlcollect.distributed.auth import SECRET_ENV, SecretError, read_secret_file, secret_from_env
 from rlcollect.distributed.launchers import LAUNCHERS, require_submitit
 from rlcollect.distributed.transport import default_host_address, resolve
-from rlcollect.multiprocess.base import resolve_collector_class
+from rlcollect.multiprocess.config import resolve_collector_class
 from rlcollect.policy import as_exploration_type, has_weights
 from rlcollect.weights.schemes import DistributedWeightSyncScheme, NoWeightSyncScheme, validate_schemes
 

@@ -20,7 +20,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlcollect.multiprocess.protocol import WorkerError
+from rlcollect.errors import WorkerError
 
 
 class NodeState(enum.Enum):

@@ -33,7 +33,7 @@ from rlcollect.distributed.handshake import Handshake
 from rlcollect.distributed.heartbeat import Rank0Beat, Silence
 from rlcollect.distributed.launchers import make_launcher
 from rlcollect.distributed.nodes import NodeHandle, NodeState, Rejoin, node_error
-from rlcollect.multiprocess.protocol import WorkerError
+from rlcollect.errors import WorkerError
 
 logger = logging.getLogger("rlcollect")
 

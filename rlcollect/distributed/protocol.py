@@ -263,7 +263,7 @@ def rebuild_error(info: dict, node_index: int, context: str) -> BaseException:
     a message, else ``WorkerError``; the node's traceback is in the message."""
     import sys
 
-    from rlcollect.multiprocess.protocol import WorkerError
+    from rlcollect.errors import WorkerError
 
     type_name, message = str(info.get("type", "?")), str(info.get("message", ""))
     tb = str(info.get("traceback", ""))

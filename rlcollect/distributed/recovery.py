@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rlcollect.distributed.nodes import NodeState
-from rlcollect.multiprocess.protocol import WorkerError
+from rlcollect.errors import WorkerError
 
 logger = logging.getLogger("rlcollect")
 

@@ -28,8 +28,7 @@ from typing import Any
 import torch
 from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
 
-from rlcollect.data import BatchBuffer, BatchLayout, carve
-from rlcollect.multiprocess.shm import _field_bytes
+from rlcollect.data import BatchBuffer, BatchLayout, carve, field_bytes
 from rlcollect.distributed.protocol import MASTER_RANK, pg_prefix
 
 logger = logging.getLogger("rlcollect")
@@ -189,7 +188,7 @@ class FlatBatch:
     def __init__(self, layout: BatchLayout):
         self.layout = layout
         # shm's carving, so that a batch has the same bytes here and in a worker's slot.
-        _, nbytes = _field_bytes(layout)
+        _, nbytes = field_bytes(layout)
         self.flat = torch.zeros(nbytes, dtype=torch.uint8)
         self.buffer = BatchBuffer(layout, tensors=carve(self.flat, layout))
 

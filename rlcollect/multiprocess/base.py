@@ -37,7 +37,6 @@ logger = logging.getLogger("rlcollect")
 
 START_METHODS = start.START_METHODS
 #: (distributed/config.py imports it from here.)
-resolve_collector_class = mpconfig.resolve_collector_class
 
 
 class MultiCollectorBase(CollectorBase):

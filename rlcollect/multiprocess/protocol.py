@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import cloudpickle
 
-from rlcollect.errors import WorkerError  # (raised here; imported from here by older code)
+from rlcollect.errors import WorkerError
 
 # Commands a worker understands (see worker.py for the handlers).
 ATTACH = "attach"  # receive the shared batch buffers

@@ -21,15 +21,11 @@ import re
 
 import torch
 
-from rlcollect.data import BatchLayout, SlotPart, field_bytes, slot_buffer, stacked_layout, stacked_tensors
+from rlcollect.data import BatchLayout, field_bytes, stacked_layout
 
 __all__ = ["SHM_DIR", "POISON", "allocate_slot", "allocate_stacked", "can_count_references", "check_free_space",
-           "references", "slot_bytes",
-           # carved in rlcollect/data.py; imported from here by older code (distributed/transport.py)
-           "SlotPart", "slot_buffer", "stacked_tensors", "_field_bytes"]
+           "references", "slot_bytes"]
 
-#: The carving's old name, which distributed/transport.py imports from here (data.field_bytes).
-_field_bytes = field_bytes
 #: Where torch's shared memory lives (``shm_open``); its free space is checked before allocating.
 SHM_DIR = "/dev/shm"
 _TORCH_SHM_FILE = re.compile(r"for file </?(torch_\d+_\d+_\d+)>")

@@ -16,7 +16,7 @@ from rlcollect.distributed import protocol as P
 from rlcollect.distributed import transport
 from rlcollect.envs.base import ArraySpec
 from rlcollect.envs.testing import InjectedFault
-from rlcollect.multiprocess.protocol import WorkerError
+from rlcollect.errors import WorkerError
 
 
 KEY = b"k" * 32

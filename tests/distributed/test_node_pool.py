@@ -14,7 +14,7 @@ from rlcollect.distributed.handshake import Handshake
 from rlcollect.distributed.nodes import NodeHandle, NodeState, node_error
 from rlcollect.distributed.pool import NodePool
 from rlcollect.distributed.recovery import SEED_STRIDE, Recovery
-from rlcollect.multiprocess.protocol import WorkerError
+from rlcollect.errors import WorkerError
 
 pytestmark = pytest.mark.timeout(30)
 
