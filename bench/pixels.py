@@ -148,9 +148,9 @@ def child(name: str, seconds: float, warmup: float, batch_steps: int) -> dict:
     if name == "MultiSync":
         collect_all = collector._collect_all
 
-        def timed_collect_all():
+        def timed_collect_all(*args, **kwargs):
             started = time.perf_counter()
-            infos = collect_all()
+            infos = collect_all(*args, **kwargs)
             profile.append((time.perf_counter() - started, [info["seconds"] for info in infos]))
             return infos
 
