@@ -17,7 +17,7 @@ VENV_TORCHRL := .venv-torchrl
 PY_TORCHRL := $(VENV_TORCHRL)/bin/python
 STAMP_TORCHRL := $(VENV_TORCHRL)/.installed
 
-.PHONY: install test test-main test-doctest test-torchrl demo bench
+.PHONY: install test lint test-main test-doctest test-torchrl demo bench
 
 install: $(STAMP)
 
@@ -29,7 +29,11 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e '.[test,slurm,examples,atari,mujoco,envpool,tensorboard,bench]'
 	touch $(STAMP)
 
-test: test-main test-torchrl
+test: lint test-main test-torchrl
+
+# ruff, configured in pyproject.toml ([tool.ruff]): the package, tests, benchmarks and examples.
+lint: $(STAMP)
+	$(PY) -m ruff check .
 
 # Every docstring example of the package runs (pytest --doctest-modules); job_bootstrap.py is a
 # script run by path, not a module.
