@@ -8,7 +8,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
-import math
 import time
 import traceback
 import weakref
@@ -214,10 +213,6 @@ class DistributedCollector(CollectorBase):
             self.shutdown()
             raise
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise RuntimeError("this DistributedCollector has been shut down")
-
     def _take(self, msg: P.Message) -> TensorDict:
         """The batch ``msg`` announced, counted."""
         batch = self._pool.take(msg)
@@ -241,15 +236,8 @@ class DistributedCollector(CollectorBase):
             self.shutdown(_shutdown_timeout(err))
             raise
 
-    def __next__(self) -> TensorDict:
-        if self._iterator is None:
-            self._iterator = iter(self)
-        return next(self._iterator)
-
-    def __len__(self) -> int:
-        if self.total_frames < 0:
-            raise TypeError("an endless collector (total_frames=-1) has no len()")
-        return math.ceil(self.total_frames / self.frames_per_batch)
+    def _batch_frames(self) -> int:  # len() (rlcollect/base.py)
+        return self.frames_per_batch
 
     def _next_batch(self) -> TensorDict:
         with self._guard():
@@ -534,9 +522,6 @@ class DistributedCollector(CollectorBase):
             return
         self._finalizer.detach()
         pool.close(timeout)
-
-    def __enter__(self) -> DistributedCollector:
-        return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         self.shutdown(_shutdown_timeout(exc))
