@@ -22,7 +22,8 @@ import os
 import signal
 import sys
 
-PARENT_ENV = "RLCOLLECT_FORK_SERVER_PARENT"
+from rlcollect.multiprocess.start import PARENT_ENV  # start.py sets it around the launch
+
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 

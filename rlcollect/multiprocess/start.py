@@ -57,6 +57,7 @@ PRELOAD = ("numpy", "torch", "tensordict", "gymnasium", "rlcollect.multiprocess.
 
 #: Imported first by a fork server launched from the main thread: see _server_guard.py.
 SERVER_GUARD = "rlcollect.multiprocess._server_guard"
+#: The launching process's pid, for the guard (set only around the launch).
 PARENT_ENV = "RLCOLLECT_FORK_SERVER_PARENT"
 
 _lock = threading.Lock()
