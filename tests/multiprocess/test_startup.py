@@ -14,12 +14,11 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from multiprocessing import forkserver
 
 import pytest
 import torch
-from mp_helpers import BLOCK, DEFAULT, TRAJ_IDS, counting5, descendant_pids, make_multi  # noqa: F401
+from mp_helpers import BLOCK, DEFAULT, TRAJ_IDS, counting5, descendant_pids, make_multi, wait_gone  # noqa: F401
 
 from rlcollect import CountingEnv, MultiAsyncCollector, MultiSyncCollector
 from rlcollect.multiprocess import start
@@ -324,14 +323,6 @@ GUARDED_CHILD = textwrap.dedent("""
 """)
 
 
-def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[-1].split()[0] in (b"Z", b"X")
-    except OSError:
-        return True
-
-
 def test_the_server_guard_kills_the_server_when_its_launcher_dies():
     """What the guard gives a fork server that is still importing torch when the main process is
     SIGKILLed: the kernel kills it at once (before, it lived until its imports were done)."""
@@ -340,10 +331,7 @@ def test_the_server_guard_kills_the_server_when_its_launcher_dies():
         child = int(proc.stdout.readline())
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
-        deadline = time.monotonic() + 1.0
-        while not _gone(child) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert _gone(child)
+        assert wait_gone([child], timeout=1.0) == []
     finally:
         proc.kill()
         proc.wait(10)
