@@ -30,3 +30,9 @@ class WorkerError(RuntimeError):
 
     def __reduce__(self):
         return (WorkerError, (self.args[0], self.worker_index, self.exitcode, self.worker_traceback))
+
+
+class InferenceUnavailable(RuntimeError):
+    """A worker's central inference (``inference="central"``) did not answer: the policy
+    raised in the main process (the collector re-raises that error itself), or the collector
+    is shutting down."""

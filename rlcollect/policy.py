@@ -44,13 +44,20 @@ def as_exploration_type(value: Any) -> str:
     raise ValueError(f"exploration_type must be an ExplorationType ({accepted}) or its name, got {value!r}")
 
 
-def exploration_scope(value: str):
+def exploration_scope(value: str, thread_local: bool = False):
     """The context a rollout runs in. Exploration settings only matter to tensordict modules,
-    so without tensordict loaded in this process there is nothing to set."""
+    so without tensordict loaded in this process there is nothing to set. ``thread_local``:
+    for this thread only (a thread beside the trainer's), where tensordict can (0.15 and
+    later; before, the setting is the process's)."""
     if "tensordict.nn" not in sys.modules:
         return contextlib.nullcontext()
     from tensordict.nn import InteractionType, set_interaction_type
 
+    if thread_local:
+        try:
+            return set_interaction_type(InteractionType(value), thread_local=True)
+        except TypeError:
+            pass
     return set_interaction_type(InteractionType(value))
 
 
@@ -111,6 +118,8 @@ class ModuleRunner:
         if isinstance(out, torch.Tensor):
             return {"action": out}
         if isinstance(out, dict) and "action" in out:
+            if len(out) != len(self.out_keys):  # (learnt on the first call: every key it returns is written)
+                self.out_keys = list(out)
             return out
         raise TypeError(
             f"policy {_describe(self.fn)} returned {type(out).__name__}; a plain module or callable must "

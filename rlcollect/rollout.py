@@ -133,6 +133,11 @@ class Rollout:
         self._step_counts = np.zeros((2, time, rows), np.int64) if max_frames_per_traj is not None else None
         self._random_actions = np.zeros((time, rows, *env.action_layout.shape), env.action_layout.dtype)
         self.step_seconds = [0.0] * time  # how long each env step of the last batch took (a list: cheaper to set)
+        # A runner whose version may move from one call to the next (central inference, whose
+        # weights are the trainer's) has each step's version recorded.
+        self._versions = np.zeros(time, np.int64)
+        self.version_range: tuple[int, float] = (0, 0.0)  # the last batch's frames' (min, mean) version
+        self.last_version = 0  # the version of its last step
         self._outputs: dict[NestedKey, np.ndarray] = {}  # the policy's outputs, by key (on first use)
         self.layout: BatchLayout | None = None
         self._env_keys = list(buffers)  # the observation keys the env writes
@@ -171,6 +176,10 @@ class Rollout:
         for key, array in self._carry.items():
             self._policy_in.arrays[key][...] = array
         return self._policy_in.tensors
+
+    def policy_inputs(self) -> dict[NestedKey, ArraySpec]:
+        """What the policy is called with, per env row: the env's observations and the carried keys."""
+        return {k: ArraySpec(tuple(a.shape[1:]), a.dtype) for k, a in self._policy_in.arrays.items()}
 
     # -- layout ------------------------------------------------------------------------------
     def discover_layout(self, extra: dict[NestedKey, ArraySpec] | None = None) -> BatchLayout:
@@ -282,6 +291,8 @@ class Rollout:
             self.reset_all()
         env, runner, n_time = self.env, self.runner, self.time
         random = random or runner.is_random
+        versioned = not random and getattr(runner, "reports_version", False)
+        versions = self._versions
         obs_items = list(self._obs.items())
         policy_in, policy_tensors = self._policy_in.arrays, self._policy_in.tensors
         carried_out = {out_key for _, out_key in self._carried}
@@ -330,6 +341,8 @@ class Rollout:
                     for key, obs_b, _, _ in direct:
                         policy_in[key][...] = obs_b[:, t]
                     out = runner(policy_tensors)
+                    if versioned:
+                        versions[t] = runner.version
                     for key, array in outputs:
                         array[t] = out[key].detach().cpu().numpy().reshape(array.shape[1:])
                     if action.dtype != action_dtype:
@@ -374,7 +387,13 @@ class Rollout:
                         reset_rows(rows, nxt)
                     step_count[rows] = 0
                     self._new_ids(rows)
-            self._write(buf, t, outputs if not random else None, resets, start_ids, first_new, version)
+            if versioned:
+                self.version_range = (int(versions[:t].min()), float(versions[:t].mean())) if t else (version, version)
+                self.last_version = int(versions[t - 1]) if t else version
+            else:
+                self.version_range, self.last_version = (version, float(version)), version
+            self._write(buf, t, outputs if not random else None, resets, start_ids, first_new,
+                        versions[:t] if versioned else version)
         finally:
             if t:  # the observations at t are the current ones (also after an error)
                 for _, array in obs_items:
@@ -385,9 +404,10 @@ class Rollout:
         return t
 
     def _write(self, buf: BatchBuffer, steps: int, outputs: list | None, resets: list, start_ids: np.ndarray,
-               first_new: int, version: int) -> None:
+               first_new: int, version: int | np.ndarray) -> None:
         """Write the first ``steps`` steps of the staging arrays into ``buf`` (``(n, T, ...)``),
-        and mark the rest invalid. ``outputs`` is None for a random batch."""
+        and mark the rest invalid. ``outputs`` is None for a random batch; ``version``: the
+        batch's policy version, or each step's."""
         arrays = buf.arrays
         n_time = self.time
         if steps:

@@ -23,6 +23,7 @@ from rlcollect.errors import WorkerError
 from rlcollect.multiprocess import config as mpconfig
 from rlcollect.multiprocess import protocol as P
 from rlcollect.freerun import BackgroundLoop
+from rlcollect.inference.central import CentralInference
 from rlcollect.multiprocess.freerun import FreeRunningWorkers
 from rlcollect.multiprocess.weight_sync import WorkerWeights
 from rlcollect.multiprocess import start
@@ -90,9 +91,13 @@ class MultiCollectorBase(CollectorBase):
         worker_idx: int | None = None,
         reset_when_done: bool = True,
         local_init_rb: bool | None = None,
+        inference: str = "worker",
+        env_splits: int | None = None,
+        max_wait_us: float = 0.0,
         **inner_options: Any,
     ):
         self._pool = None
+        self._central: CentralInference | None = None
         self._closed = True
         self.config = cfg = mpconfig.MultiConfig(
             sync=self._sync, owner=type(self).__name__, create_env_fn=create_env_fn, policy=policy,
@@ -107,7 +112,8 @@ class MultiCollectorBase(CollectorBase):
             return_same_td=return_same_td, replay_buffer=replay_buffer, extend_buffer=extend_buffer,
             use_buffers=use_buffers, weight_sync_schemes=weight_sync_schemes, per_worker_weights=per_worker_weights,
             weight_updater=weight_updater, collector_kwargs=collector_kwargs, worker_idx=worker_idx,
-            reset_when_done=reset_when_done, local_init_rb=local_init_rb, inner_options=inner_options)
+            reset_when_done=reset_when_done, local_init_rb=local_init_rb, inference=inference, env_splits=env_splits,
+            max_wait_us=max_wait_us, inner_options=inner_options)
         n = self.num_workers = cfg.num_workers
         self._version_tracker = cfg.version_tracker
         # Batches always cross from the workers through shared-memory slots; use_buffers=False
@@ -137,13 +143,24 @@ class MultiCollectorBase(CollectorBase):
         self._version = 0
         self._stats = WorkerStats(n)
         self._iterator: Iterator | None = None
+        context = start.get_context(self.mp_start_method)
         try:
-            self._pool = WorkerPool(start.get_context(self.mp_start_method), payloads, num_sub_threads,
-                                    self.worker_timeout, self.start_timeout)
+            channels = guard = None
+            if cfg.inference == "central":  # rlcollect/inference/: the policy acts here, for every worker
+                options = cfg.inner_options
+                self._central = CentralInference(
+                    policy, splits=cfg.env_splits, device=cfg.central_device,
+                    exploration_type=options.get("exploration_type", "random"), max_wait_us=cfg.max_wait_us,
+                    compile_policy=options.get("compile_policy"), trust_policy=options.get("trust_policy"))
+                channels, guard = self._central.channels(context), self._central.lock
+            self._pool = WorkerPool(context, payloads, num_sub_threads, self.worker_timeout, self.start_timeout,
+                                    channels=channels, start_guard=guard)
         except BaseException:
             torch.set_num_threads(self._previous_threads)  # no shutdown() will run to restore it
+            if self._central is not None:
+                self._central.close()
             raise
-        self._finalizer = weakref.finalize(self, _shutdown, self._pool, self._previous_threads)
+        self._finalizer = weakref.finalize(self, _shutdown, self._pool, self._previous_threads, self._central)
         self._closed = False
         try:
             self._attach()
@@ -159,12 +176,14 @@ class MultiCollectorBase(CollectorBase):
         build the collaborators that need the started workers."""
         pool = self._pool
         self.layouts = [h.info["layout"] for h in pool.handles]
+        if self._central is not None:
+            self._central.attach([h.info for h in pool.handles])
         self._allocate_slots()
         self._stops = [torch.zeros(1, dtype=torch.uint8).share_memory_() for _ in range(self.num_workers)]
         self._weights = WorkerWeights(pool, self._schemes, self.policy, self._weight_source, self.per_worker_weights,
                                       queued=not self._sync, models=weakref.ref(self))
         self._restarts = WorkerRestarts(self._restart, pool, self.layouts, self.collector_class is Collector,
-                                        after=self._weights.resend)
+                                        after=self._weights.resend, give_up=self._inference_error)
         if self._workers_write:
             self._free = FreeRunningWorkers(pool, self._restarts, self._stats, self.init_random_frames)
         for i in range(self.num_workers):
@@ -182,7 +201,12 @@ class MultiCollectorBase(CollectorBase):
                          for slots, layout in zip(self._slots, self.layouts)]
 
     def _attach_worker(self, index: int) -> None:
-        self._pool.attach(index, self._slots[index], self._stops[index], self._weights.store_for(index))
+        inference = self._central.attachments[index] if self._central is not None else None
+        self._pool.attach(index, self._slots[index], self._stops[index], self._weights.store_for(index), inference)
+
+    def _inference_error(self) -> BaseException | None:
+        """The error central inference's policy raised (a worker waiting for it failed because of it)."""
+        return None if self._central is None else self._central.error
 
     # -- delivery -------------------------------------------------------------------------------
     def _deliver(self, batch: TensorDict, stacked_workers: bool = False,
@@ -231,6 +255,10 @@ class MultiCollectorBase(CollectorBase):
             yield
         except WorkerError:
             self.shutdown()
+            raise
+        except Exception as err:
+            if err is self._inference_error():  # the policy raised in the main process: nothing can go on
+                self.shutdown()
             raise
 
     def _quiesce(self) -> None:
@@ -362,9 +390,25 @@ class MultiCollectorBase(CollectorBase):
             return
         models = update_targets(policy_or_weights, weights=weights, policy=policy, model_id=model_id,
                                 weights_dict=weights_dict)
+        if self._central is not None:
+            self._update_central(models)
+            return
         plan = self._weights.plan(models, worker_ids)
         if plan:
             self._push(plan, lambda: self._version + 1)
+
+    def _update_central(self, models: dict[str, Any]) -> None:
+        """Central inference: the weights are loaded into the acting policy (a no-op when it is
+        the trainer's own, updated in place), the version moves, the next forward uses both."""
+        unknown = sorted(set(models) - {"policy"})
+        if unknown:
+            raise ValueError(f"model_id {unknown[0]!r}: with inference='central' only 'policy' is updated (the "
+                             "workers hold no model)")
+        with self._guard():
+            self._check_free()
+        self._version += 1
+        self._central.update(models["policy"], self._version)
+        self._stats.note_pushed(range(self.num_workers), self._version)
 
     def _push(self, plan: list[tuple[str, dict[int, Any]]], version: Callable[[], int]) -> None:
         """Send ``plan``'s weights with the version ``version()`` returns (asked once a worker
@@ -413,13 +457,13 @@ class MultiCollectorBase(CollectorBase):
     @property
     def weight_spec(self) -> dict | None:
         """Names, shapes and dtypes of the workers' policy parameters and buffers (None: none)."""
-        return self._weights.spec
+        return self._central.weight_spec if self._central is not None else self._weights.spec
 
     def weights_module(self, model_id: str = "policy") -> Any:
         """The main process's ``policy`` (the source of the workers' weights); only ``"policy"``."""
         if model_id != "policy":
             raise ValueError(f"model_id {model_id!r}: a nested multi-process collector updates only 'policy'")
-        return self.policy
+        return self._central.policy if self._central is not None else self.policy
 
     def set_weights(self, state: Any, version: int, model_id: str = "policy") -> None:
         """Have every worker act with ``state`` (None: ``policy``'s weights, as they are now)
@@ -427,6 +471,10 @@ class MultiCollectorBase(CollectorBase):
         worker or node that runs this collector, not a bump)."""
         self._check_open()
         module = self.weights_module(model_id)
+        if self._central is not None:
+            self._central.set_weights(state, version)
+            self._version = version
+            return
         if state is not None and has_weights(module):
             load_weights(module, state)  # the main copy stays the one the workers act with
         plan = self._weights.plan({"policy": state}, None)
@@ -532,8 +580,11 @@ class MultiCollectorBase(CollectorBase):
             with self._guard():
                 self._check_free()
         alive = self._pool.alive() if self._pool is not None and not self._closed else [False] * self.num_workers
-        return self._stats.summary(frames=self._frames, batches=self._iter, version=self._version, alive=alive,
-                                   restarts=self._restart.counts, replay_buffer=self.replay_buffer)
+        out = self._stats.summary(frames=self._frames, batches=self._iter, version=self._version, alive=alive,
+                                  restarts=self._restart.counts, replay_buffer=self.replay_buffer)
+        if self._central is not None:
+            out["inference"] = self._central.stats()
+        return out
 
     # -- observability ------------------------------------------------------------------------------
     def enable_profile(self, path: str = "rlcollect_trace.json", *, rollouts=(0,), workers=(0,),
@@ -582,9 +633,10 @@ class MultiCollectorBase(CollectorBase):
         for stop in getattr(self, "_stops", []):
             stop[0] = 1
         pool, self._pool = self._pool, None
+        central, self._central = self._central, None
         if pool is not None:
             self._finalizer.detach()
-            _shutdown(pool, self._previous_threads, timeout)
+            _shutdown(pool, self._previous_threads, central, timeout)
         self._slots = self._buffers = None
         # The collaborators hold the pool (its handles hold what they were attached with) and
         # the weight stores: shared tensors, each holding a file descriptor until it is freed.
@@ -597,7 +649,9 @@ class MultiCollectorBase(CollectorBase):
             raise loop_error
 
 
-def _shutdown(pool: WorkerPool, threads: int, timeout: float = 10.0) -> None:
+def _shutdown(pool: WorkerPool, threads: int, central: CentralInference | None = None, timeout: float = 10.0) -> None:
+    if central is not None:  # first: a worker waiting for its actions gets an error at once, and exits
+        central.close()
     pool.shutdown(timeout)
     torch.set_num_threads(threads)
 

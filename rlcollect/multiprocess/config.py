@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
+import torch
 
 from rlcollect import torchrl_args
 from rlcollect.base import CollectorBase
@@ -36,6 +37,8 @@ from rlcollect.torchrl_args import version_tracker
 from rlcollect.weights.schemes import validate_schemes
 
 PER_WORKER_ARGS = ("device", "storing_device", "env_device", "policy_device")
+#: ``inference``: each worker runs its own copy of the policy, or the main process runs it for all.
+INFERENCE_MODES = ("worker", "central")
 #: Options forwarded unchanged to each worker's inner collector.
 INNER_OPTIONS = (
     "max_frames_per_traj", "reset_at_each_iter", "exploration_type", "set_truncated", "trust_policy",
@@ -154,6 +157,9 @@ class MultiConfig:
     worker_idx: int | None = None
     reset_when_done: bool = True
     local_init_rb: bool | None = None
+    inference: str = "worker"
+    env_splits: int | None = None
+    max_wait_us: float = 0.0
     inner_options: dict = dataclasses.field(default_factory=dict)
     owner: str = "MultiSyncCollector"  # the class name errors give
 
@@ -173,6 +179,7 @@ class MultiConfig:
             inner["exploration_type"] = as_exploration_type(inner["exploration_type"])
         self._workers()
         self._options()
+        self._inference()
         self.specs = [self._spec(i) for i in range(self.num_workers)]
 
     def _workers(self) -> None:
@@ -255,6 +262,48 @@ class MultiConfig:
                              f"must store on the same device; got {[str(d) for d in self.storing_devices]} (use "
                              "MultiAsyncCollector, which delivers each worker's batch on its own storing_device)")
 
+    def _inference(self) -> None:
+        """``inference``, ``env_splits``, ``max_wait_us``, and what central inference rules out."""
+        if self.inference not in INFERENCE_MODES:
+            raise ValueError(f"inference must be one of {INFERENCE_MODES}, got {self.inference!r}")
+        central = self.inference == "central"
+        self.central_device = None
+        if not central:
+            if self.env_splits not in (None, 1):
+                raise ValueError(f"env_splits={self.env_splits!r} needs inference='central' (a worker running its own "
+                                 "policy steps its envs as one)")
+            if self.max_wait_us:
+                raise ValueError(f"max_wait_us={self.max_wait_us!r} needs inference='central'")
+            self.env_splits = 1
+            return
+        self.env_splits = positive_int("env_splits", 2 if self.env_splits is None else self.env_splits)
+        wait = self.max_wait_us
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not math.isfinite(wait) or wait < 0:
+            raise ValueError(f"max_wait_us must be a number of microseconds >= 0, got {wait!r}")
+        self.max_wait_us = float(wait)
+        refused = {
+            "policy_factory": any(f is not None for f in self.factories),
+            "weight_sync_schemes": bool(self.weight_sync_schemes),
+            "weight_updater": self.weight_updater is not None,
+            "per_worker_weights": self.per_worker_weights,
+            "cudagraph_policy": bool(self.inner_options.get("cudagraph_policy")),
+        }
+        for name, given in refused.items():
+            if given:
+                raise ValueError(f"{name} cannot be used with inference='central': the main process's policy acts "
+                                 "for every worker (its updates need no weight sync)")
+        if self.policy is None:
+            raise ValueError("inference='central' needs a policy: the main process runs it for every worker (for "
+                             "random actions use inference='worker')")
+        if self.collector_class is not Collector:
+            raise ValueError("inference='central' needs collector_class=Collector in the workers (a nested "
+                             "multi-process collector can run central inference itself)")
+        chosen = [p if p is not None else d for p, d in zip(self.devices["policy_device"], self.devices["device"])]
+        if len({None if d is None else str(d) for d in chosen}) > 1:
+            raise ValueError(f"policy_device: with inference='central' one forward serves every worker, so there is "
+                             f"one policy device; got {[str(d) for d in chosen]}")
+        self.central_device = None if chosen[0] is None else torch.device(chosen[0])
+
     def _spec(self, i: int) -> dict:
         """Worker ``i``'s spec, every part checked (and picklable) before any process starts."""
         factory, n = self.factories[i], self.num_workers
@@ -270,14 +319,19 @@ class MultiConfig:
         # Unique trajectory-id blocks also when this collector is itself nested in a worker.
         kwargs["worker_idx"] = i if self.worker_idx is None else self.worker_idx * n + i
         kwargs.update(self.collector_kwargs)
+        central = self.inference == "central"
+        if central:  # the worker steps envs only: the policy's options are the main process's
+            for name in ("policy_device", "compile_policy", "cudagraph_policy", "trust_policy"):
+                kwargs.pop(name, None)
         if self.collector_class is Collector:
             CollectorConfig(**{k: v for k, v in kwargs.items() if k in CollectorConfig.__dataclass_fields__})
         if "policy" in self.schemes and factory is not None and self.policy is not None:
             kwargs["weight_sync_schemes"] = {"policy": self.schemes["policy"]}
-        sent_policy = None if factory is not None else self.policy
+        sent_policy = None if factory is not None or central else self.policy
         _pickled("create_env_fn", self.env_fns[i], "pass a module-level factory function (or a gymnasium id) instead "
                  "of an object that holds unpicklable state")
-        _pickled("policy", sent_policy, "build it inside the workers with policy_factory=<a function>")
+        _pickled("policy", sent_policy, "build it inside the workers with policy_factory=<a function>, or run it in "
+                 "the main process with inference='central'")
         return {
             "collector_class": self.collector_class, "create_env_fn": self.env_fns[i], "policy": sent_policy,
             "kwargs": kwargs, "preemptive": self.preemptive_threshold is not None,

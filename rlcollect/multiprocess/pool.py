@@ -103,11 +103,17 @@ class WorkerPool:
         num_sub_threads: torch threads in each worker.
         worker_timeout: seconds a worker may spend on one batch (None: no limit).
         start_timeout: seconds a worker may take to build its collector and report ready.
+        channels: with central inference, ``channels(index)`` makes the pipes of each start of
+            worker ``index`` to the inference loop and returns the worker's ends (handed to it
+            as an argument); ``start_guard``: held while a process is started (the loop's lock:
+            no forward runs in another thread while this process forks).
     """
 
     def __init__(self, context: Any, payloads: list[bytes], num_sub_threads: int, worker_timeout: float | None,
-                 start_timeout: float = DEFAULT_START_TIMEOUT_S):
+                 start_timeout: float = DEFAULT_START_TIMEOUT_S, channels: Any = None, start_guard: Any = None):
         self.context = context
+        self.channels = channels
+        self.start_guard = start_guard if start_guard is not None else contextlib.nullcontext()
         self.worker_timeout = worker_timeout
         self.start_timeout = start_timeout
         self.num_sub_threads = num_sub_threads
@@ -164,9 +170,10 @@ class WorkerPool:
         # A fork server keeps the environment it was launched with: the worker takes this
         # process's, as a spawned one would.
         environ = dict(os.environ) if forked_from_server else None
+        inference = self.channels(index) if self.channels is not None else None
         process = self.context.Process(
             target=worker_main,
-            args=(index, payload, child_conn, os.getpid(), self.num_sub_threads, environ),
+            args=(index, payload, child_conn, os.getpid(), self.num_sub_threads, environ, inference),
             name=f"rlcollect-worker-{index}",
             daemon=False,  # a worker may itself run a multi-process collector
         )
@@ -178,7 +185,8 @@ class WorkerPool:
                 if booting:
                     self._start_while_server_boots(process, index, deadline)
                 else:
-                    process.start()
+                    with self.start_guard:
+                        process.start()
             except (OSError, EOFError) as err:
                 parent_conn.close()
                 if not forked_from_server:
@@ -201,6 +209,8 @@ class WorkerPool:
                 raise
             finally:
                 child_conn.close()
+                for conn in inference or ():
+                    conn.close()
             self._register(index, process, parent_conn)
 
     def _register(self, index: int, process: Any, conn: Any) -> None:

@@ -79,17 +79,24 @@ class WorkerRestarts:
             of trajectory ids).
         after: called with the worker's index once the replacement is attached (to send it the
             current weights, say).
+        give_up: returns the error that makes any restart pointless (central inference's
+            policy raised in the main process: every worker waiting for it failed), or None.
     """
 
     def __init__(self, policy: RestartPolicy, pool: Any, layouts: list, single: bool,
-                 after: Callable[[int], None] | None = None):
+                 after: Callable[[int], None] | None = None,
+                 give_up: Callable[[], BaseException | None] | None = None):
         self.policy, self.pool, self.layouts, self.single, self.after = policy, pool, layouts, single, after
+        self.give_up = give_up
 
     def recover(self, index: int, error: BaseException) -> None:
         """Replace failed worker ``index`` or re-raise ``error``.
 
         The replacement is built from the same spec with a fresh seed and trajectory-id block,
         gets the same shared slots and the current weights and version before collecting."""
+        fatal = self.give_up() if self.give_up is not None else None
+        if fatal is not None:
+            raise fatal from error
         policy = self.policy
         if not policy.allows(index):
             if policy.mode == "restart":

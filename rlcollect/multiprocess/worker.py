@@ -25,6 +25,7 @@ from rlcollect import _context
 from rlcollect._pids import pid_alive
 from rlcollect.data import MASK, BatchLayout, deliver, slot_buffer
 from rlcollect.envs.base import ArraySpec
+from rlcollect.inference.client import RemotePolicy
 from rlcollect.multiprocess import protocol as P
 
 _WATCHDOG_PERIOD_S = 0.1
@@ -81,11 +82,12 @@ def _fresh_random_state() -> None:
 
 
 def worker_main(index: int, payload: bytes, conn: Any, parent_pid: int, num_threads: int,
-                environ: dict[str, str] | None = None) -> None:
+                environ: dict[str, str] | None = None, inference: list | None = None) -> None:
     """Entry point of a worker process (the target of ``multiprocessing.Process``).
 
     ``environ`` (forked from a fork server): the main process's environment when the worker was
-    started, taken before the payload is unpickled and the env is built."""
+    started, taken before the payload is unpickled and the env is built. ``inference`` (central
+    inference): the worker's pipes to the main process's inference loop, one per env split."""
     _ignore_ctrl_c()
     signal.signal(signal.SIGTERM, _unlink_then_die)
     if environ is not None:
@@ -97,7 +99,7 @@ def worker_main(index: int, payload: bytes, conn: Any, parent_pid: int, num_thre
     _context._worker_index = index
     try:
         spec = cloudpickle.loads(payload)
-        worker = _Worker(index, spec, conn)
+        worker = _Worker(index, spec, conn, inference)
     except BaseException as exc:  # noqa: BLE001  (every start-up failure must reach the main process)
         try:
             conn.send((P.ERROR, P.pack_exception(exc, index)))
@@ -117,12 +119,16 @@ def worker_main(index: int, payload: bytes, conn: Any, parent_pid: int, num_thre
 
 
 class _Worker:
-    def __init__(self, index: int, spec: dict, conn: Any):
+    def __init__(self, index: int, spec: dict, conn: Any, inference: list | None = None):
         self.index = index
         self.conn = conn
         self.weights = None
         cls = spec["collector_class"]
-        self.collector = cls(spec["create_env_fn"], spec["policy"], **spec["kwargs"])
+        # Central inference (rlcollect/inference/): the policy is the main process's, asked
+        # through these pipes; the collector's rollouts call it through RemoteRunners.
+        self.remote = RemotePolicy(inference) if inference else None
+        policy = self.remote if self.remote is not None else spec["policy"]
+        self.collector = cls(spec["create_env_fn"], policy, **spec["kwargs"])
         if spec.get("seed") is not None:  # a restarted worker starts from a fresh seed
             self.collector.set_seed(spec["seed"])
         # Driven only through rlcollect/source.py's BatchSource calls: a Collector, or a nested
@@ -158,7 +164,8 @@ class _Worker:
         }
 
     def describe(self) -> dict:
-        return {"layout": self.layout, "pid": os.getpid(), "weights": self.collector.weight_spec}
+        return {"layout": self.layout, "pid": os.getpid(), "weights": self.collector.weight_spec,
+                "inference": None if self.remote is None else self.remote.specs()}
 
     def _pull_weights(self) -> None:
         if self.weights is not None:
@@ -174,8 +181,10 @@ class _Worker:
         self.collector.set_weights(state, max(version, self.model_version))
 
     # -- handlers ------------------------------------------------------------------------------
-    def attach(self, flats: list, stop: torch.Tensor | None, weights: Any) -> None:
+    def attach(self, flats: list, stop: torch.Tensor | None, weights: Any, inference: tuple | None = None) -> None:
         self.slots = [slot_buffer(flat, self.layout) for flat in flats]
+        if inference is not None:
+            self.remote.attach(*inference)
         self.stop = None if stop is None else stop.numpy()
         if weights is not None:
             self.weights = weights
