@@ -27,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -108,6 +109,29 @@ class CollectorBase:
             >>> c.shutdown()
         """
         self._version += 1
+
+    @contextlib.contextmanager
+    def updating_weights(self) -> Iterator[None]:
+        """Change the trainer's policy in place inside the block (an optimizer step, say); at
+        its end the collector takes the new weights with a new version, as
+        ``update_policy_weights_()`` does. With ``inference="central"`` the main process's
+        forward also waits for the block: no forward sees half a step, and every frame's
+        version is exactly that of the weights that acted.
+
+        Example:
+            >>> import torch
+            >>> from rlcollect import Collector, CountingEnv
+            >>> policy = torch.nn.Linear(1, 1)
+            >>> c = Collector(CountingEnv(), lambda observation: policy(observation)[..., 0].long() * 0,
+            ...               frames_per_batch=4)
+            >>> with c.updating_weights():
+            ...     _ = policy.weight.data.add_(1.0)
+            >>> c.policy_version
+            1
+            >>> c.shutdown()
+        """
+        yield
+        self.update_policy_weights_()
 
     @property
     def _version(self) -> int:

@@ -183,7 +183,9 @@ class MultiCollectorBase(CollectorBase):
         self._weights = WorkerWeights(pool, self._schemes, self.policy, self._weight_source, self.per_worker_weights,
                                       queued=not self._sync, models=weakref.ref(self))
         self._restarts = WorkerRestarts(self._restart, pool, self.layouts, self.collector_class is Collector,
-                                        after=self._weights.resend, give_up=self._inference_error)
+                                        after=self._weights.resend,
+                                        # (the inference side's own attribute: no reference back to this collector)
+                                        give_up=None if self._central is None else lambda c=self._central: c.error)
         if self._workers_write:
             self._free = FreeRunningWorkers(pool, self._restarts, self._stats, self.init_random_frames)
         for i in range(self.num_workers):
@@ -396,6 +398,31 @@ class MultiCollectorBase(CollectorBase):
         plan = self._weights.plan(models, worker_ids)
         if plan:
             self._push(plan, lambda: self._version + 1)
+
+    @contextlib.contextmanager
+    def updating_weights(self) -> Iterator[None]:
+        """See ``CollectorBase.updating_weights``: with ``inference="central"`` the block holds the
+        inference loop's lock (forwards wait for it) and the version moves at its end."""
+        if self._central is None:
+            yield
+            self.update_policy_weights_()
+            return
+        self._check_open()
+        with self._central.lock:
+            yield
+            self._version += 1
+            self._central.server.version = self._version
+        self._stats.note_pushed(range(self.num_workers), self._version)
+
+    def increment_version(self) -> None:
+        """Bump the policy version without new weights (with ``inference="central"``, the
+        version the next forward tags its frames with)."""
+        if self._central is None:
+            super().increment_version()
+            return
+        with self._central.lock:
+            self._version += 1
+            self._central.server.version = self._version
 
     def _update_central(self, models: dict[str, Any]) -> None:
         """Central inference: the weights are loaded into the acting policy (a no-op when it is

@@ -1,0 +1,234 @@
+"""Central against worker inference (``inference="central"`` / ``"worker"``): Pong with a
+Nature-CNN and CartPole with a 2x256 MLP, ``WORKERS`` workers x ``ENVS_PER_WORKER`` envs, in
+the same run.
+
+Every row runs in a fresh interpreter (``python -m bench.central KEY SECONDS``, one JSON line
+out)::
+
+    python -m bench.central "workload=Pong collector=sync inference=central" 10
+
+The rows of one workload and collector:
+
+- ``ideal``: ``WORKERS`` processes at once, each stepping ``ENVS_PER_WORKER`` envs in a bare
+  loop with the policy on their batch (what worker inference does, with no collector);
+- ``worker``: the collector with the policy in each worker (``GymEnv(make_env,
+  num_envs=ENVS_PER_WORKER)``);
+- ``central``: the same envs per worker (``env_splits=2`` of ``ENVS_PER_WORKER / 2``, stepped
+  alternately) and the policy in the main process, one forward for every ready split;
+- ``central-1``: central with ``env_splits=1`` (no double buffering: a worker waits for its
+  actions).
+
+Each reports steps/s (an env step of one env), the main process's memory, and for central
+inference the forwards per second and the mean rows (env steps) per forward over the window.
+Policies run with one torch thread per process (the main process's too, as the suite's).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from bench.measure import at_once, run_for
+from bench.workloads import WORKLOADS, available, rss
+
+WORKERS = 2
+ENVS_PER_WORKER = 8
+STEPS_PER_BATCH = 16  # T of each worker's share of a batch
+WARMUP_S = 1.0
+ROWS = ("ideal", "worker", "central", "central-1")
+COLLECTORS = ("sync", "async")
+
+
+def cartpole() -> object:
+    import gymnasium as gym
+
+    return gym.make("CartPole-v1")
+
+
+class Mlp256(torch.nn.Module):
+    """CartPole's policy here: 2 hidden layers of 256 (ReLU), argmax over 2 logits."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Linear(4, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
+                                       torch.nn.ReLU(), torch.nn.Linear(256, 2))
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return self.net(observation).argmax(-1)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    make_env: object
+    make_policy: object
+    modules: tuple[str, ...] = ()
+    frames_per_step: int = 1
+
+
+CASES = {
+    "Pong": Case("Pong", WORKLOADS["Pong"].make_env, WORKLOADS["Pong"].make_policy, ("ale_py",), 4),
+    "CartPole": Case("CartPole", cartpole, Mlp256),
+}
+
+
+def key(workload: str, collector: str, row: str) -> str:
+    return f"workload={workload} collector={collector} inference={row}"
+
+
+def _bare_loop(case: Case, seconds: float):
+    """One process stepping ``ENVS_PER_WORKER`` envs with the policy on their batch."""
+    from bench.measure import Rate
+
+    torch.set_num_threads(1)
+    envs = [case.make_env() for _ in range(ENVS_PER_WORKER)]
+    obs = np.stack([env.reset(seed=i)[0] for i, env in enumerate(envs)])
+    policy = case.make_policy()
+
+    def step() -> int:
+        nonlocal obs
+        with torch.no_grad():
+            actions = policy(torch.from_numpy(obs)).numpy()
+        out = []
+        for env, action in zip(envs, actions):
+            o, _, term, trunc, _ = env.step(int(action))
+            out.append(env.reset()[0] if term or trunc else o)
+        obs = np.stack(out)
+        return len(envs)
+
+    rate = run_for(step, seconds)
+    return Rate(rate, f"{ENVS_PER_WORKER} envs + the policy, one process")
+
+
+def measure(text: str, seconds: float) -> dict:
+    words = dict(word.split("=", 1) for word in text.split())
+    case, collector, row = CASES[words["workload"]], words["collector"], words["inference"]
+    missing = [m for m in case.modules if not available(m)]
+    if missing:
+        return {"skip": f"{', '.join(missing)} not installed"}
+    if row == "ideal":
+        rate = at_once(functools.partial(_bare_loop, case), WORKERS, seconds)
+        return {"steps_per_s": rate.frames_per_s, "how": rate.how}
+    from rlcollect import GymEnv, MultiAsyncCollector, MultiSyncCollector
+
+    torch.set_num_threads(1)
+    cls = MultiSyncCollector if collector == "sync" else MultiAsyncCollector
+    central = row.startswith("central")
+    splits = 1 if row == "central-1" else 2
+    envs = ENVS_PER_WORKER // splits if central else ENVS_PER_WORKER
+    frames = ENVS_PER_WORKER * STEPS_PER_BATCH * (WORKERS if collector == "sync" else 1)
+    options = {"inference": "central", "env_splits": splits} if central else {}
+    c = cls(functools.partial(GymEnv, case.make_env, num_envs=envs), case.make_policy(), num_workers=WORKERS,
+            frames_per_batch=frames, total_frames=-1, num_threads=1, **options)
+    try:
+        it = iter(c)
+        end = time.perf_counter() + WARMUP_S
+        while time.perf_counter() < end:
+            next(it)
+        before = c.stats().get("inference", {})
+        got, start = 0, time.perf_counter()
+        while True:
+            got += next(it).numel()
+            elapsed = time.perf_counter() - start
+            if elapsed >= seconds:
+                break
+        after = c.stats().get("inference", {})
+        out = {"steps_per_s": got / elapsed, "how": f"{row} inference, {cls.__name__}",
+               "rss_mb": rss()["rss"] / 2**20}
+        if central:
+            calls = after["forward_calls"] - before["forward_calls"]
+            rows = after["mean_batch_rows"] * after["forward_calls"] - before["mean_batch_rows"] * before["forward_calls"]
+            out["forward_calls_per_s"] = calls / elapsed
+            out["mean_batch_rows"] = rows / calls if calls else 0.0
+        return out
+    finally:
+        c.shutdown()
+
+
+# -- the suite's side (bench/suite.py runs every row in a fresh interpreter) ----------------------
+@dataclass
+class CentralResult:
+    workload: str
+    collector: str
+    rows: dict[str, dict] = field(default_factory=dict)
+
+    def ratio(self, row: str) -> float | None:
+        ideal, mine = self.rows.get("ideal", {}), self.rows.get(row, {})
+        if "steps_per_s" not in ideal or "steps_per_s" not in mine:
+            return None
+        return mine["steps_per_s"] / ideal["steps_per_s"]
+
+    def table(self) -> str:
+        case = CASES[self.workload]
+        lines = [f"{self.workload} ({'Nature-CNN' if self.workload == 'Pong' else 'MLP 2x256'}), {WORKERS} workers x "
+                 f"{ENVS_PER_WORKER} envs, Multi{self.collector.capitalize()}Collector: central vs worker inference",
+                 "| row | steps/s | frames/s | of ideal | vs worker | overhead us/step | forwards/s | rows/forward "
+                 "| main RSS MB |", "|---|---|---|---|---|---|---|---|---|"]
+        worker = self.rows.get("worker", {}).get("steps_per_s")
+        ideal = self.rows.get("ideal", {}).get("steps_per_s")
+        for row in ROWS:
+            r = self.rows.get(row, {})
+            if "skip" in r or "steps_per_s" not in r:
+                lines.append(f"| {row} | {r.get('skip', 'failed')} | | | | | | | |")
+                continue
+            sps = r["steps_per_s"]
+            over = (1e6 / sps - 1e6 / ideal) if ideal and row != "ideal" else None
+            cells = [row, f"{sps:,.0f}", f"{sps * case.frames_per_step:,.0f}",
+                     f"{sps / ideal:.2f}" if ideal else "", f"{sps / worker:.2f}" if worker and row != "worker" else "",
+                     f"{over:.1f}" if over is not None else "",
+                     f"{r['forward_calls_per_s']:,.0f}" if "forward_calls_per_s" in r else "",
+                     f"{r['mean_batch_rows']:.1f}" if "mean_batch_rows" in r else "",
+                     f"{r['rss_mb']:.0f}" if "rss_mb" in r else ""]
+            lines.append("| " + " | ".join(cells) + " |")
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict:
+        return {"config": f"central {self.workload} {self.collector}", "rows": self.rows}
+
+
+@dataclass(frozen=True)
+class CentralConfig:
+    """One workload and collector: its rows measured in alternating rounds, best of each."""
+
+    workload: str
+    collector: str
+    budget: float = 2.0
+
+    @property
+    def name(self) -> str:
+        return f"central inference {self.workload} {self.collector}"
+
+    def run(self, seconds: float, rounds: int, log) -> CentralResult:
+        from bench.measure import run_json
+        from bench.suite import ROOT
+
+        result = CentralResult(self.workload, self.collector)
+        per_round = seconds * self.budget / rounds
+        for i in range(rounds):
+            for row in ROWS:
+                log(f"{self.name}: {row}, round {i + 1}/{rounds}")
+                try:
+                    out = run_json([sys.executable, "-m", "bench.central", key(self.workload, self.collector, row),
+                                    f"{per_round:g}"], timeout=300 + per_round, cwd=str(ROOT))
+                except RuntimeError as err:
+                    log(f"{self.name}: {row} failed: {err}")
+                    continue
+                best = result.rows.get(row)
+                if best is None or out.get("steps_per_s", 0) > best.get("steps_per_s", 0):
+                    result.rows[row] = out
+        return result
+
+
+def central_configs() -> list[CentralConfig]:
+    return [CentralConfig(w, c) for w in CASES for c in COLLECTORS]
+
+
+if __name__ == "__main__":
+    print(json.dumps(measure(sys.argv[1], float(sys.argv[2]))))
