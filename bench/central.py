@@ -11,6 +11,10 @@ The rows of one workload and collector:
 
 - ``ideal``: ``WORKERS`` processes at once, each stepping ``ENVS_PER_WORKER`` envs in a bare
   loop with the policy on their batch (what worker inference does, with no collector);
+- ``ideal-central``: the bare pattern of central inference, with no collector: ``WORKERS``
+  processes step their envs and write the observations into shared memory, the main process
+  waits for all of them, runs one forward over every row and writes the actions back (one byte
+  on a pipe each way); the most central inference could do on this machine;
 - ``worker``: the collector with the policy in each worker (``GymEnv(make_env,
   num_envs=ENVS_PER_WORKER)``);
 - ``central``: the same envs per worker (``env_splits=2`` of ``ENVS_PER_WORKER / 2``, stepped
@@ -26,6 +30,7 @@ Policies run with one torch thread per process (the main process's too, as the s
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import sys
 import time
@@ -35,13 +40,13 @@ import numpy as np
 import torch
 
 from bench.measure import at_once, run_for
-from bench.workloads import WORKLOADS, available, rss
+from bench.workloads import WORKLOADS, rss
 
 WORKERS = 2
 ENVS_PER_WORKER = 8
 STEPS_PER_BATCH = 16  # T of each worker's share of a batch
 WARMUP_S = 1.0
-ROWS = ("ideal", "worker", "central", "central-1")
+ROWS = ("ideal", "ideal-central", "worker", "central", "central-1")
 COLLECTORS = ("sync", "async")
 
 
@@ -107,26 +112,92 @@ def _bare_loop(case: Case, seconds: float):
     return Rate(rate, f"{ENVS_PER_WORKER} envs + the policy, one process")
 
 
+def _bare_central_worker(case: Case, index: int, conn, obs_shm, act_shm) -> None:
+    import gymnasium as gym  # noqa: F401  (the env factories import what they need)
+
+    torch.set_num_threads(1)
+    envs = [case.make_env() for _ in range(ENVS_PER_WORKER)]
+    first = envs[0].reset(seed=0)[0]
+    rows = slice(index * ENVS_PER_WORKER, (index + 1) * ENVS_PER_WORKER)
+    obs = np.frombuffer(obs_shm, dtype=first.dtype).reshape(WORKERS * ENVS_PER_WORKER, *first.shape)[rows]
+    act = np.frombuffer(act_shm, dtype=np.int64)[rows]
+    for j, env in enumerate(envs):
+        obs[j] = env.reset(seed=j)[0]
+    while True:
+        conn.send_bytes(b"r")
+        if conn.recv_bytes() == b"q":
+            return
+        for j, env in enumerate(envs):
+            o, _, term, trunc, _ = env.step(int(act[j]))
+            obs[j] = env.reset()[0] if term or trunc else o
+
+
+def _bare_central(case: Case, seconds: float) -> dict:
+    """``WORKERS`` env processes and one forward for all of them in this process (see ``ROWS``)."""
+    import multiprocessing
+
+    torch.set_num_threads(1)
+    probe = case.make_env().reset(seed=0)[0]
+    rows = WORKERS * ENVS_PER_WORKER
+    ctx = multiprocessing.get_context("fork")
+    obs_shm = ctx.RawArray("B", rows * probe.nbytes)
+    act_shm = ctx.RawArray("q", rows)
+    obs = torch.from_numpy(np.frombuffer(obs_shm, dtype=probe.dtype).reshape(rows, *probe.shape))
+    act = torch.from_numpy(np.frombuffer(act_shm, dtype=np.int64))
+    pipes = [ctx.Pipe() for _ in range(WORKERS)]
+    procs = [ctx.Process(target=_bare_central_worker, args=(case, i, there, obs_shm, act_shm))
+             for i, (_, there) in enumerate(pipes)]
+    for proc in procs:
+        proc.start()
+    policy, conns = case.make_policy(), [here for here, _ in pipes]
+    try:
+        steps, started = 0, None
+        with torch.no_grad():
+            while True:
+                for conn in conns:
+                    conn.recv_bytes()
+                now = time.perf_counter()
+                if started is None or now - started < WARMUP_S:
+                    started = started or now
+                    warm_end, steps = now, 0
+                elif now - warm_end >= seconds:
+                    break
+                act.copy_(policy(obs))
+                steps += rows
+                for conn in conns:
+                    conn.send_bytes(b"a")
+        return {"steps_per_s": steps / (now - warm_end), "how": "bare central loop, one forward for every row"}
+    finally:
+        for conn in conns:
+            conn.send_bytes(b"q")
+        for proc in procs:
+            proc.join(10)
+
+
 def measure(text: str, seconds: float) -> dict:
     words = dict(word.split("=", 1) for word in text.split())
     case, collector, row = CASES[words["workload"]], words["collector"], words["inference"]
-    missing = [m for m in case.modules if not available(m)]
+    missing = [m for m in case.modules if importlib.util.find_spec(m) is None]
     if missing:
         return {"skip": f"{', '.join(missing)} not installed"}
     if row == "ideal":
         rate = at_once(functools.partial(_bare_loop, case), WORKERS, seconds)
         return {"steps_per_s": rate.frames_per_s, "how": rate.how}
+    if row == "ideal-central":
+        return _bare_central(case, seconds)
     from rlcollect import GymEnv, MultiAsyncCollector, MultiSyncCollector
 
     torch.set_num_threads(1)
     cls = MultiSyncCollector if collector == "sync" else MultiAsyncCollector
     central = row.startswith("central")
-    splits = 1 if row == "central-1" else 2
+    splits = int(words.get("splits", 1 if row == "central-1" else 2))
     envs = ENVS_PER_WORKER // splits if central else ENVS_PER_WORKER
     frames = ENVS_PER_WORKER * STEPS_PER_BATCH * (WORKERS if collector == "sync" else 1)
     options = {"inference": "central", "env_splits": splits} if central else {}
+    if "wait" in words:
+        options["max_wait_us"] = float(words["wait"])
     c = cls(functools.partial(GymEnv, case.make_env, num_envs=envs), case.make_policy(), num_workers=WORKERS,
-            frames_per_batch=frames, total_frames=-1, num_threads=1, **options)
+            frames_per_batch=frames, total_frames=-1, num_threads=int(words.get("threads", 1)), **options)
     try:
         it = iter(c)
         end = time.perf_counter() + WARMUP_S
@@ -141,10 +212,10 @@ def measure(text: str, seconds: float) -> dict:
                 break
         after = c.stats().get("inference", {})
         out = {"steps_per_s": got / elapsed, "how": f"{row} inference, {cls.__name__}",
-               "rss_mb": rss()["rss"] / 2**20}
+               "rss_mb": rss()["VmRSS"] / 2**20}
         if central:
             calls = after["forward_calls"] - before["forward_calls"]
-            rows = after["mean_batch_rows"] * after["forward_calls"] - before["mean_batch_rows"] * before["forward_calls"]
+            rows = after["forward_rows"] - before["forward_rows"]
             out["forward_calls_per_s"] = calls / elapsed
             out["mean_batch_rows"] = rows / calls if calls else 0.0
         return out
@@ -201,9 +272,13 @@ class CentralConfig:
     collector: str
     budget: float = 2.0
 
+    torchrl = None  # (no torchrl side: its inference server is not what this compares)
+
     @property
     def name(self) -> str:
-        return f"central inference {self.workload} {self.collector}"
+        # (not "Pong": --only Pong selects the real-workload tables of bench/real.py)
+        what = "Nature-CNN on Atari frames" if self.workload == "Pong" else "MLP 2x256 on CartPole"
+        return f"central inference: {what}, Multi{self.collector.capitalize()}"
 
     def run(self, seconds: float, rounds: int, log) -> CentralResult:
         from bench.measure import run_json

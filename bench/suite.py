@@ -26,6 +26,7 @@ import torch
 
 from bench.config import CARTPOLE, Config, Row, StartupConfig, Target, WorkloadConfig, cartpole_mlp, torchrl_key
 from bench.measure import Duration, Rate, collector_rate, cpu_share, gym_loop, run_json
+from bench.central import CentralConfig, CentralResult, central_configs
 from bench.multi import BUDGET, multi_configs
 from bench.real import real_configs
 from bench.startup import startup_configs
@@ -92,7 +93,8 @@ CONFIGS: list[Config | StartupConfig | WorkloadConfig] = [
     timed_env_config(SleepEnv, step_time=1e-3, frames_per_batch=200),
     *startup_configs(),  # (listed before the multi-process ones)
     *multi_configs(),
-    *real_configs(),  # the real workloads last: the longest to run (bench/real.py)
+    *real_configs(),  # the real workloads: the longest to run (bench/real.py)
+    *central_configs(),  # central against worker inference (bench/central.py)
 ]
 
 
@@ -194,6 +196,9 @@ def run(configs: Sequence[Config | StartupConfig | WorkloadConfig], seconds: flo
             continue
         if isinstance(config, WorkloadConfig):
             results.append(_run_workload(config, seconds * config.budget / rounds, rounds, log, torchrl_python))
+            continue
+        if isinstance(config, CentralConfig):
+            results.append(config.run(seconds, rounds, log))
             continue
         per_round = seconds * config.budget / rounds
         ideal: Rate | None = None
@@ -559,6 +564,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(r, WorkloadResult):
             tables.append(f"{r.config.name}: {r.config.title}, {r.config.frames_per_step} frame(s) per step\n"
                           + format_workload_table(r))
+        if isinstance(r, CentralResult):
+            tables.append(r.table())
     print("\n\n".join(tables))
     if args.json:
         with open(args.json, "w") as f:

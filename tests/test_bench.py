@@ -452,3 +452,20 @@ def test_the_workload_policies_map_observations_to_actions():
     moves = policies.policy_actions(policies.cheetah_mlp(), np.ones((5, 17)))
     assert moves.shape == (5, 6) and moves.dtype == np.float32 and (np.abs(moves) <= 1).all()
     assert np.array_equal(policies.policy_actions(policies.cheetah_mlp(), np.ones((5, 17))), moves)  # seeded
+
+
+@pytest.mark.timeout(180)
+def test_the_central_inference_rows_measure_and_tabulate():
+    from bench import central
+
+    rows = {}
+    for row in central.ROWS:
+        rows[row] = central.measure(central.key("CartPole", "sync", row), 0.3)
+        assert rows[row]["steps_per_s"] > 0, row
+    assert rows["central"]["mean_batch_rows"] > 0 and rows["central"]["forward_calls_per_s"] > 0
+    assert "forward_calls_per_s" not in rows["worker"]
+    result = central.CentralResult("CartPole", "sync", rows)
+    table = result.table()
+    assert table.splitlines()[0].startswith("CartPole (MLP 2x256), 2 workers x 8 envs, MultiSyncCollector")
+    assert len(table.splitlines()) == 3 + len(central.ROWS)
+    assert result.ratio("worker") == rows["worker"]["steps_per_s"] / rows["ideal"]["steps_per_s"]

@@ -141,10 +141,10 @@ class InferenceServer:
                 for worker in range(len(specs))]
 
     def stats(self) -> dict:
-        """``forward_calls``, ``forward_calls_per_s``, ``mean_batch_rows`` (env rows per
-        forward), ``forward_mean_s`` since the server started."""
+        """``forward_calls``, ``forward_rows`` (env rows served), ``forward_calls_per_s``,
+        ``mean_batch_rows`` (env rows per forward), ``forward_mean_s`` since the server started."""
         elapsed = time.perf_counter() - self.started_at
-        return {"forward_calls": self.calls,
+        return {"forward_calls": self.calls, "forward_rows": self.rows,
                 "forward_calls_per_s": self.calls / elapsed if elapsed > 0 else 0.0,
                 "mean_batch_rows": self.rows / self.calls if self.calls else 0.0,
                 "forward_mean_s": self.forward_seconds / self.calls if self.calls else 0.0}
