@@ -66,7 +66,7 @@ class RemoteRunner:
         rows = slice(offset, offset + self.rows)
         self._ins = [(k, v[rows]) for k, v in ins.items()]
         shape = tuple(self.batch_size)
-        self._outs = {k: v[rows].reshape(*shape, *v.shape[1:]) for k, v in outs.items()}
+        self._outs = {k: v[rows].reshape(shape + tuple(v.shape[1:])) for k, v in outs.items()}
         self._versions = versions.numpy()
         self._slot = slot
 
@@ -99,7 +99,7 @@ class RemoteRunner:
 
             raise unpack_exception(value, "the policy's first call (central inference, in the main process)")
         shape = tuple(self.batch_size)
-        out = {k: torch.from_numpy(v).reshape(*shape, *v.shape[1:]) for k, v in value.items()}
+        out = {k: torch.from_numpy(v).reshape(shape + v.shape[1:]) for k, v in value.items()}
         self.out_keys = list(out)
         self.out_spec = {k: ArraySpec(tuple(v.shape[1:]), v.dtype) for k, v in value.items()}
         return out

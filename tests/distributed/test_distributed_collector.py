@@ -219,6 +219,27 @@ def test_multi_process_nodes(collector_class, nodes, inner):
     assert not wait_gone(pids)
 
 
+def test_a_node_runs_its_workers_with_central_inference():
+    # the node's MultiSyncCollector runs the node's policy copy in the node process for both of
+    # its workers; the weights still come from rank 0
+    c = _collector(nodes=1, collector_class="sync", num_workers_per_collector=2, frames_per_batch=20,
+                   collector_kwargs={"track_policy_version": True, "inference": "central"})
+    try:
+        batch = next(iter(c))
+        assert batch.shape == (1, 2, 2, 5)  # (nodes, workers, env splits, T)
+        assert batch["action"].unique().tolist() == [0]
+        c.update_policy_weights_({"w": torch.ones(1)})
+        batch = next(iter(c))
+        assert batch["action"].unique().tolist() == [1]
+        assert batch[POLICY_VERSION].unique().tolist() == [1]
+        inference = c.stats()
+        assert inference["frames"] == 40
+    finally:
+        pids = node_pids(c)
+        c.shutdown()
+    assert not wait_gone(pids)
+
+
 # -- automatic weight updates --------------------------------------------------------------------------
 @pytest.mark.parametrize("option, expected", [
     ({"update_interval": 3}, [0, 0, 0, 1, 1, 1, 2]),

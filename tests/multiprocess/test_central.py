@@ -109,6 +109,18 @@ def test_sync_data_equals_worker_inference(central_env, splits):
     assert [b["collector", "policy_version"].unique().tolist() for b in got] == [[0], [1], [2], [3]]
 
 
+def test_unbatched_envs_give_the_batch_of_worker_inference():
+    expected = _stream(MultiSyncCollector, "CartPole-v1", RowPolicy(), 2, update=_bump)
+    got = _stream(MultiSyncCollector, "CartPole-v1", RowPolicy(), 2, update=_bump, inference="central",
+                  env_splits=1)
+    for a, b in zip(expected, got):
+        assert a.shape == b.shape == torch.Size([2, 32])
+        for key in KEYS:
+            assert torch.equal(a[key], b[key]), key
+    split = _stream(MultiSyncCollector, "CartPole-v1", RowPolicy(), 1, inference="central")
+    assert split[0].shape == torch.Size([2, 2, 16])  # two unbatched envs per worker, side by side
+
+
 def test_async_data_equals_worker_inference_per_worker():
     def per_worker(batches):
         out = {0: [], 1: []}
@@ -340,3 +352,16 @@ def test_split_stop_ends_every_split_after_the_same_step():
     flag[0] = 1
     assert not b[0]  # split 1 sees it first: both stop once they made 2 steps
     assert b[0] and a[0]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_central_inference_on_a_gpu_gives_the_cpu_data():
+    # policy_device="cuda": the forward runs on the GPU (a copy of the policy there, pinned
+    # staging for gathered rows, non-blocking copies back); elementwise ops are exact on both
+    expected = _stream(MultiSyncCollector, CARTPOLE2, RowPolicy(), 3, update=_bump, inference="central")
+    got = _stream(MultiSyncCollector, CARTPOLE2, RowPolicy(), 3, update=_bump, inference="central",
+                  policy_device="cuda", max_wait_us=2000)
+    for a, b in zip(expected, got):
+        for key in KEYS:
+            assert torch.equal(a[key], b[key]), key

@@ -331,3 +331,28 @@ def test_updated_probabilistic_actor_weights_reach_multisync_workers():
     with torch.no_grad():
         want = actor.module[0](batch.select("observation").clone())["logits"]
     assert torch.allclose(batch["logits"], want, atol=1e-6)
+
+
+def test_lstm_policy_with_central_inference_equals_torchrls_collector():
+    # central inference: the main process runs torchrl's LSTM policy for both workers at once (rows
+    # of the two workers in one batch); the carried state crosses with the observations
+    env, policy = recurrent()
+    theirs = torchrl_batches(env, policy, n=2, frames=100, seed=0)
+    _, policy = recurrent()
+    c = MultiSyncCollector([recurrent_env, recurrent_env], policy, frames_per_batch=200, total_frames=400,
+                           inference="central", env_splits=1)
+    try:
+        c.set_seed(0)
+        ours = [b[0].clone() for b in c]  # worker 0's part: seeded 0, as torchrl's env
+        calls = c.stats()["inference"]
+    finally:
+        c.shutdown()
+    assert calls["mean_batch_rows"] > 1  # forwards spanned both workers
+    for a, b in zip(theirs, ours):
+        assert leaves(a) == leaves(b)
+        for key in a.keys(include_nested=True, leaves_only=True):
+            if a[key].is_floating_point():  # one batched matmul for two rows may round differently
+                torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6, msg=str(key))
+            else:
+                assert torch.equal(a[key], b[key]), key
+    assert ours[1]["recurrent_state_h"].abs().sum() > 0
