@@ -20,7 +20,10 @@ The rows of one workload and collector:
 - ``central``: the same envs per worker (``env_splits=2`` of ``ENVS_PER_WORKER / 2``, stepped
   alternately) and the policy in the main process, one forward for every ready split;
 - ``central-1``: central with ``env_splits=1`` (no double buffering: a worker waits for its
-  actions).
+  actions);
+- ``torchrl`` (with ``--torchrl-python``): torchrl's ``AsyncBatchedCollector``, its own inference
+  server, on ``WORKERS * ENVS_PER_WORKER`` envs (``GymWrapper`` of the same env) in ``WORKERS``
+  env processes of ``ENVS_PER_WORKER`` envs each, the same policy as a ``TensorDictModule``.
 
 Each reports steps/s (an env step of one env), the main process's memory, and for central
 inference the forwards per second and the mean rows (env steps) per forward over the window.
@@ -35,6 +38,7 @@ import json
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -42,11 +46,14 @@ import torch
 from bench.measure import at_once, run_for
 from bench.workloads import WORKLOADS, rss
 
+ROOT = Path(__file__).resolve().parent.parent  # where "python -m bench.central" runs
 WORKERS = 2
 ENVS_PER_WORKER = 8
 STEPS_PER_BATCH = 16  # T of each worker's share of a batch
 WARMUP_S = 1.0
 ROWS = ("ideal", "ideal-central", "worker", "central", "central-1")
+#: Measured in torchrl's venv, when the suite is given one.
+TORCHRL_ROWS = ("torchrl",)
 COLLECTORS = ("sync", "async")
 
 
@@ -174,6 +181,39 @@ def _bare_central(case: Case, seconds: float) -> dict:
             proc.join(10)
 
 
+def _torchrl_env(case: Case):
+    from torchrl.envs import GymWrapper
+
+    return GymWrapper(case.make_env(), categorical_action_encoding=True)
+
+
+def _torchrl(case: Case, seconds: float) -> dict:
+    """torchrl's ``AsyncBatchedCollector`` on the same envs and policy (in torchrl's venv)."""
+    from tensordict.nn import TensorDictModule
+    from torchrl.collectors import AsyncBatchedCollector
+
+    torch.set_num_threads(1)
+    policy = TensorDictModule(case.make_policy(), in_keys=["observation"], out_keys=["action"])
+    envs = [functools.partial(_torchrl_env, case)] * (WORKERS * ENVS_PER_WORKER)
+    c = AsyncBatchedCollector(envs, policy=policy, frames_per_batch=ENVS_PER_WORKER * STEPS_PER_BATCH * WORKERS,
+                              total_frames=-1, env_backend="multiprocessing", envs_per_worker=ENVS_PER_WORKER)
+    try:
+        it = iter(c)
+        end = time.perf_counter() + WARMUP_S
+        next(it)
+        while time.perf_counter() < end:
+            next(it)
+        got, start = 0, time.perf_counter()
+        while True:
+            got += next(it).numel()
+            elapsed = time.perf_counter() - start
+            if elapsed >= seconds:
+                break
+        return {"steps_per_s": got / elapsed, "how": "torchrl AsyncBatchedCollector", "rss_mb": rss()["VmRSS"] / 2**20}
+    finally:
+        c.shutdown()
+
+
 def measure(text: str, seconds: float) -> dict:
     words = dict(word.split("=", 1) for word in text.split())
     case, collector, row = CASES[words["workload"]], words["collector"], words["inference"]
@@ -185,6 +225,8 @@ def measure(text: str, seconds: float) -> dict:
         return {"steps_per_s": rate.frames_per_s, "how": rate.how}
     if row == "ideal-central":
         return _bare_central(case, seconds)
+    if row == "torchrl":
+        return _torchrl(case, seconds)
     from rlcollect import GymEnv, MultiAsyncCollector, MultiSyncCollector
 
     torch.set_num_threads(1)
@@ -244,7 +286,9 @@ class CentralResult:
                  "| main RSS MB |", "|---|---|---|---|---|---|---|---|---|"]
         worker = self.rows.get("worker", {}).get("steps_per_s")
         ideal = self.rows.get("ideal", {}).get("steps_per_s")
-        for row in ROWS:
+        for row in ROWS + TORCHRL_ROWS:
+            if row in TORCHRL_ROWS and row not in self.rows:
+                continue
             r = self.rows.get(row, {})
             if "skip" in r or "steps_per_s" not in r:
                 lines.append(f"| {row} | {r.get('skip', 'failed')} | | | | | | | |")
@@ -280,17 +324,18 @@ class CentralConfig:
         what = "Nature-CNN on Atari frames" if self.workload == "Pong" else "MLP 2x256 on CartPole"
         return f"central inference: {what}, Multi{self.collector.capitalize()}"
 
-    def run(self, seconds: float, rounds: int, log) -> CentralResult:
+    def run(self, seconds: float, rounds: int, log, torchrl_python: str | None = None) -> CentralResult:
         from bench.measure import run_json
-        from bench.suite import ROOT
 
         result = CentralResult(self.workload, self.collector)
         per_round = seconds * self.budget / rounds
         for i in range(rounds):
-            for row in ROWS:
+            # torchrl has no sync counterpart of AsyncBatchedCollector: measured beside MultiAsync
+            for row in ROWS + (TORCHRL_ROWS if torchrl_python and self.collector == "async" else ()):
                 log(f"{self.name}: {row}, round {i + 1}/{rounds}")
+                python = torchrl_python if row in TORCHRL_ROWS else sys.executable
                 try:
-                    out = run_json([sys.executable, "-m", "bench.central", key(self.workload, self.collector, row),
+                    out = run_json([python, "-m", "bench.central", key(self.workload, self.collector, row),
                                     f"{per_round:g}"], timeout=300 + per_round, cwd=str(ROOT))
                 except RuntimeError as err:
                     log(f"{self.name}: {row} failed: {err}")

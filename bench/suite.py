@@ -198,7 +198,7 @@ def run(configs: Sequence[Config | StartupConfig | WorkloadConfig], seconds: flo
             results.append(_run_workload(config, seconds * config.budget / rounds, rounds, log, torchrl_python))
             continue
         if isinstance(config, CentralConfig):
-            results.append(config.run(seconds, rounds, log))
+            results.append(config.run(seconds, rounds, log, torchrl_python))
             continue
         per_round = seconds * config.budget / rounds
         ideal: Rate | None = None

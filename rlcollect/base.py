@@ -121,11 +121,16 @@ class CollectorBase:
         Example:
             >>> import torch
             >>> from rlcollect import Collector, CountingEnv
-            >>> policy = torch.nn.Linear(1, 1)
-            >>> c = Collector(CountingEnv(), lambda observation: policy(observation)[..., 0].long() * 0,
-            ...               frames_per_batch=4)
+            >>> class Policy(torch.nn.Module):
+            ...     def __init__(self):
+            ...         super().__init__()
+            ...         self.w = torch.nn.Parameter(torch.zeros(1))
+            ...     def forward(self, observation):
+            ...         return (observation[..., 0] * self.w[0] > 0).long()
+            >>> policy = Policy()
+            >>> c = Collector(CountingEnv(), policy, frames_per_batch=4)
             >>> with c.updating_weights():
-            ...     _ = policy.weight.data.add_(1.0)
+            ...     _ = policy.w.data.add_(1.0)
             >>> c.policy_version
             1
             >>> c.shutdown()
