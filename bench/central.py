@@ -181,6 +181,24 @@ def _bare_central(case: Case, seconds: float) -> dict:
             proc.join(10)
 
 
+def _warm(it) -> None:
+    """Collect ``WARMUP_S`` of batches from ``it`` (at least one), untimed."""
+    end = time.perf_counter() + WARMUP_S
+    next(it)
+    while time.perf_counter() < end:
+        next(it)
+
+
+def _timed(it, seconds: float) -> tuple[int, float]:
+    """The frames of the batches ``it`` yields in the next ``seconds``: ``(frames, elapsed)``."""
+    got, start = 0, time.perf_counter()
+    while True:
+        got += next(it).numel()
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return got, elapsed
+
+
 def _torchrl_env(case: Case):
     from torchrl.envs import GymWrapper
 
@@ -199,16 +217,8 @@ def _torchrl(case: Case, seconds: float) -> dict:
                               total_frames=-1, env_backend="multiprocessing", envs_per_worker=ENVS_PER_WORKER)
     try:
         it = iter(c)
-        end = time.perf_counter() + WARMUP_S
-        next(it)
-        while time.perf_counter() < end:
-            next(it)
-        got, start = 0, time.perf_counter()
-        while True:
-            got += next(it).numel()
-            elapsed = time.perf_counter() - start
-            if elapsed >= seconds:
-                break
+        _warm(it)
+        got, elapsed = _timed(it, seconds)
         return {"steps_per_s": got / elapsed, "how": "torchrl AsyncBatchedCollector", "rss_mb": rss()["VmRSS"] / 2**20}
     finally:
         c.shutdown()
@@ -242,16 +252,9 @@ def measure(text: str, seconds: float) -> dict:
             frames_per_batch=frames, total_frames=-1, num_threads=int(words.get("threads", 1)), **options)
     try:
         it = iter(c)
-        end = time.perf_counter() + WARMUP_S
-        while time.perf_counter() < end:
-            next(it)
+        _warm(it)
         before = c.stats().get("inference", {})
-        got, start = 0, time.perf_counter()
-        while True:
-            got += next(it).numel()
-            elapsed = time.perf_counter() - start
-            if elapsed >= seconds:
-                break
+        got, elapsed = _timed(it, seconds)
         after = c.stats().get("inference", {})
         out = {"steps_per_s": got / elapsed, "how": f"{row} inference, {cls.__name__}",
                "rss_mb": rss()["VmRSS"] / 2**20}
