@@ -122,6 +122,9 @@ def _bare_loop(case: Case, seconds: float):
 def _bare_central_worker(case: Case, index: int, conn, obs_shm, act_shm) -> None:
     import gymnasium as gym  # noqa: F401  (the env factories import what they need)
 
+    from rlcollect.inference.client import yield_on_wake
+
+    yield_on_wake()  # as the collector's env workers do
     torch.set_num_threads(1)
     envs = [case.make_env() for _ in range(ENVS_PER_WORKER)]
     first = envs[0].reset(seed=0)[0]

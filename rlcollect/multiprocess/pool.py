@@ -20,6 +20,7 @@ from rlcollect.multiprocess import protocol as P
 from rlcollect.multiprocess.handle import WorkerHandle, WorkerState
 from rlcollect.multiprocess import start
 from rlcollect.multiprocess.reaper import Reaper
+from rlcollect.multiprocess.shm import unclaimed_fds_closed_on_failure
 from rlcollect.multiprocess.worker import worker_main
 
 logger = logging.getLogger("rlcollect")
@@ -276,9 +277,11 @@ class WorkerPool:
 
     def attach(self, index: int, *args: Any) -> None:
         """Hand worker ``index`` its shared slots, stop flag and weight store (``P.ATTACH``);
-        a replacement started by ``restart`` gets the same."""
-        self.request(index, P.ATTACH, *args)
+        a replacement started by ``restart`` gets the same (also when this worker dies before
+        it answers: its replacement is then handed what it was being handed)."""
         self.handles[index].attachment = args
+        with unclaimed_fds_closed_on_failure():  # (a worker dead before it read them never takes its slots)
+            self.request(index, P.ATTACH, *args)
 
     def __len__(self) -> int:
         return len(self.handles)

@@ -15,6 +15,7 @@ view of the slot (``data.stacked_tensors``): nothing is copied to gather it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -119,3 +120,38 @@ def allocate_slot(layout: BatchLayout) -> torch.Tensor:
 def allocate_stacked(layout: BatchLayout, parts: int) -> torch.Tensor:
     """One flat shared-memory slot for the batches of ``parts`` workers of ``layout``, stacked."""
     return allocate_slot(stacked_layout(layout, parts))
+
+
+@contextlib.contextmanager
+def unclaimed_fds_closed_on_failure():
+    """Close, if the block raises, the shared-memory file descriptors it handed to a worker
+    that never took them.
+
+    A shared tensor sent over a pipe travels as a file descriptor: multiprocessing's resource
+    sharer keeps a duplicate of it until the receiving process asks for it while unpickling. A
+    worker killed before it reads its message never asks, and the duplicates (each holding its
+    segment's memory) would stay open in this process until it exits. On an exception, the
+    duplicates registered during the block are closed; the pool sends one request at a time,
+    so they are the dead worker's.
+
+    Example:
+        >>> with unclaimed_fds_closed_on_failure():
+        ...     pass
+    """
+    from multiprocessing import resource_sharer
+
+    sharer = getattr(resource_sharer, "_resource_sharer", None)
+    cache = getattr(sharer, "_cache", None)
+    if not isinstance(cache, dict):  # not CPython's layout: nothing we can reclaim
+        yield
+        return
+    before = set(cache)
+    try:
+        yield
+    except BaseException:
+        with sharer._lock:
+            stale = [cache.pop(key) for key in set(cache) - before]
+        for _send, close in stale:
+            with contextlib.suppress(OSError):
+                close()
+        raise

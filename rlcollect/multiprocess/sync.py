@@ -20,6 +20,7 @@ import torch
 from tensordict import TensorDict
 
 from rlcollect.data import MASK, BatchBuffer, BatchLayout, SlotPart, slot_buffer, stacked_tensors
+from rlcollect.errors import WorkerError
 from rlcollect.metrics import policy_lag
 from rlcollect.multiprocess import protocol as P
 from rlcollect.multiprocess.base import MultiCollectorBase
@@ -106,7 +107,12 @@ class MultiSyncCollector(MultiCollectorBase):
             check_free_space(self.num_workers * slot_bytes(self.layouts[0]), "the reserve batch slot")
             self._new_set()
             for i in range(self.num_workers):
-                self._attach_worker(i)
+                try:
+                    self._attach_worker(i)
+                except WorkerError as err:  # it died meanwhile: its replacement is attached to the reserve too
+                    if err.worker_index != i:
+                        raise
+                    self._restarts.recover(i, err)
         self._set = STACKED_SLOTS
 
     def _check_layouts(self) -> None:

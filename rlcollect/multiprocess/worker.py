@@ -25,7 +25,7 @@ from rlcollect import _context
 from rlcollect._pids import pid_alive
 from rlcollect.data import MASK, BatchLayout, deliver, slot_buffer
 from rlcollect.envs.base import ArraySpec
-from rlcollect.inference.client import RemotePolicy
+from rlcollect.inference.client import RemotePolicy, yield_on_wake
 from rlcollect.multiprocess import protocol as P
 
 _WATCHDOG_PERIOD_S = 0.1
@@ -90,6 +90,8 @@ def worker_main(index: int, payload: bytes, conn: Any, parent_pid: int, num_thre
     inference): the worker's pipes to the main process's inference loop, one per env split."""
     _ignore_ctrl_c()
     signal.signal(signal.SIGTERM, _unlink_then_die)
+    if inference:
+        yield_on_wake()  # before any thread starts: they inherit it
     if environ is not None:
         os.environ.clear()
         os.environ.update(environ)

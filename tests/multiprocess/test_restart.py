@@ -153,3 +153,42 @@ def test_a_restarted_worker_keeps_its_handle_through_each_state(tmp_path):
         collector.shutdown()
     assert [h.state for h in handles] == [WorkerState.CLOSED] * 2
     assert_gone(pids)
+
+
+@pytest.mark.parametrize("inference", ["worker", "central"])
+def test_a_worker_killed_while_handed_the_reserve_slot_is_restarted(inference):
+    """The user holds both batch slots, so the collector hands every worker the reserve; worker 0
+    is SIGKILLed just before it is asked to take it. Its replacement gets the reserve and the
+    batch comes whole (this phase used to raise the WorkerError instead)."""
+    import os
+    import signal
+
+    from rlcollect import GymEnv
+    from rlcollect.multiprocess.sync import STACKED_SLOTS
+
+    env = functools.partial(GymEnv, "CartPole-v1", num_envs=2)
+    collector = MultiSyncCollector(env, ValuePolicy(w=1), num_workers=2, frames_per_batch=40,
+                                   on_worker_failure="restart", inference=inference, mp_start_method=START)
+    pool, victims = collector._pool, []
+    attach = pool.attach
+
+    def kill_then_attach(index, slots, *rest):
+        if index == 0 and len(slots) > STACKED_SLOTS and not victims:  # the first hand-over of the reserve
+            victims.append(pool.handles[0].process.pid)
+            os.kill(victims[0], signal.SIGKILL)
+            pool.handles[0].process.join(5)
+        attach(index, slots, *rest)
+
+    pool.attach = kill_then_attach
+    try:
+        held = [next(collector) for _ in range(STACKED_SLOTS)]  # both slots stay referenced
+        third = next(collector)  # collected into the reserve
+        assert victims and collector.stats()["restarts"] == 1
+        assert pool.pids()[0] != victims[0]
+        shape = (2, 2, 10) if inference == "worker" else (2, 4, 5)  # (central: env_splits=2 copies of the env)
+        assert third.shape == held[0].shape == shape and (third[TRAJ_IDS] >= 0).all()
+        assert next(collector).shape == shape  # and the replacement goes on collecting
+    finally:
+        del pool.attach
+        collector.shutdown()
+    assert_gone(victims)
