@@ -41,7 +41,7 @@ _EXPORTS = {
     "TensorBoardLogger": "rlcollect.tensorboard",
     "VectorEnv": "rlcollect.envs.vector",
     "WeightSyncScheme": "rlcollect.weights.schemes",
-    "WorkerError": "rlcollect.multiprocess.protocol",
+    "WorkerError": "rlcollect.errors",
     "current_worker_index": "rlcollect._context",
     "split_trajectories": "rlcollect.data",
 }

@@ -2,6 +2,9 @@
 
 ``WorkerError`` is raised by the multi-process collectors (a worker process) and by the
 distributed collector (a node) alike; both carry the index of the member that failed.
+``pack_exception`` / ``unpack_exception`` carry an exception raised in another process (a
+worker, or central inference's loop answering a worker) back as the same type, with the
+index and traceback of where it was raised.
 
 Example:
     >>> from rlcollect.errors import WorkerError
@@ -11,6 +14,12 @@ Example:
 """
 
 from __future__ import annotations
+
+import pickle
+import traceback
+from dataclasses import dataclass
+
+import cloudpickle
 
 
 class WorkerError(RuntimeError):
@@ -36,3 +45,52 @@ class InferenceUnavailable(RuntimeError):
     """A worker's central inference (``inference="central"``) did not answer: the policy
     raised in the main process (the collector re-raises that error itself), or the collector
     is shutting down."""
+
+
+@dataclass
+class PackedException:
+    """An exception on its way from a worker to the main process (``pack_exception``)."""
+
+    type_name: str
+    message: str
+    traceback: str
+    worker_index: int | None
+    pickled: bytes | None
+
+
+def pack_exception(exc: BaseException, worker_index: int | None) -> PackedException:
+    try:
+        pickled = cloudpickle.dumps(exc)
+        pickle.loads(pickled)
+    except Exception:
+        pickled = None
+    return PackedException(
+        type_name=f"{type(exc).__module__}.{type(exc).__qualname__}",
+        message=str(exc),
+        traceback="".join(traceback.format_exception(exc)),
+        worker_index=worker_index,
+        pickled=pickled,
+    )
+
+
+def unpack_exception(packed: PackedException, context: str) -> BaseException:
+    """The exception to raise in the main process: the original type when it can be rebuilt
+    with a message, with the worker's index and traceback in that message."""
+    where = f"worker {packed.worker_index}" if packed.worker_index is not None else "a worker"
+    message = f"{packed.message}\n\n[{where}, during {context}; its traceback:]\n{packed.traceback}"
+    original = None
+    if packed.pickled is not None:
+        try:
+            original = pickle.loads(packed.pickled)
+        except Exception:
+            original = None
+    if original is not None:
+        try:
+            exc = type(original)(message)
+        except Exception:
+            exc = None
+        if exc is not None and type(exc) is type(original):
+            exc.worker_index = packed.worker_index
+            exc.worker_traceback = packed.traceback
+            return exc
+    return WorkerError(f"{where} raised {packed.type_name}: {message}", packed.worker_index, None, packed.traceback)

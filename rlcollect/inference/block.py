@@ -18,7 +18,8 @@ Example:
     >>> spec = SlotSpec(rows=4, inputs={"observation": ArraySpec((3,), np.dtype(np.float32))},
     ...                 outputs={"action": ArraySpec((), np.dtype(np.int64))}, env_keys=["observation"])
     >>> layout = block_layout(spec, total_rows=8)
-    >>> ins, outs = block_views(allocate_block(layout), spec, 8)
+    >>> from rlcollect.multiprocess.shm import allocate_slot  # (the collector hands the loop its allocator)
+    >>> ins, outs = block_views(allocate_slot(layout), spec, 8)
     >>> ins["observation"].shape, outs["action"].shape
     (torch.Size([8, 3]), torch.Size([8]))
 """
@@ -60,13 +61,6 @@ def block_layout(spec: SlotSpec, total_rows: int) -> BatchLayout:
     fields = {_tagged("in", k): v for k, v in spec.inputs.items()}
     fields.update({_tagged("out", k): v for k, v in spec.outputs.items()})
     return BatchLayout(fields, torch.Size([total_rows]), 1)
-
-
-def allocate_block(layout: BatchLayout) -> torch.Tensor:
-    """The flat shared-memory block of ``layout`` (freed with its last reference)."""
-    from rlcollect.multiprocess.shm import allocate_slot
-
-    return allocate_slot(layout)
 
 
 def block_views(flat: torch.Tensor, spec: SlotSpec, total_rows: int) -> tuple[dict, dict]:

@@ -7,7 +7,9 @@ the new version), and for the loop's statistics and the error the policy raised.
 
 Example:
     >>> import torch
-    >>> central = CentralInference(torch.nn.Linear(4, 2), splits=2, device=None, exploration_type="random")
+    >>> from rlcollect.multiprocess.shm import allocate_slot
+    >>> central = CentralInference(torch.nn.Linear(4, 2), splits=2, device=None, exploration_type="random",
+    ...                            allocate=allocate_slot)
     >>> central.set_weights({"weight": torch.ones(2, 4), "bias": torch.zeros(2)}, version=3)
     >>> central.version, central.policy.weight.sum().item()
     (3, 8.0)
@@ -31,16 +33,17 @@ class CentralInference:
             weights are, a copy on ``device`` does (updated from it by ``update()``).
         splits: env splits per worker (``env_splits``).
         device: ``policy_device`` (None: the CPU, where the policy is).
-        exploration_type, max_wait_us, compile_policy, trust_policy: see ``InferenceServer``.
+        exploration_type, allocate, max_wait_us, compile_policy, trust_policy: see ``InferenceServer``.
     """
 
-    def __init__(self, policy: Any, *, splits: int, device: Any, exploration_type: str, max_wait_us: float = 0.0,
-                 compile_policy: Any = None, trust_policy: bool | None = None):
+    def __init__(self, policy: Any, *, splits: int, device: Any, exploration_type: str, allocate: Any,
+                 max_wait_us: float = 0.0, compile_policy: Any = None, trust_policy: bool | None = None):
         self.splits = splits
         self.policy, copied_from = acting_policy(policy, None, device)
         self.source = policy if copied_from is not None else None
         self.server = InferenceServer(self.policy, device=device, exploration_type=exploration_type,
-                                      max_wait_us=max_wait_us, compile_policy=compile_policy, trust_policy=trust_policy)
+                                      allocate=allocate, max_wait_us=max_wait_us, compile_policy=compile_policy,
+                                      trust_policy=trust_policy)
         self.attachments: list[tuple] = []
 
     @property

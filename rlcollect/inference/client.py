@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from rlcollect.envs.base import ArraySpec, NestedKey
-from rlcollect.errors import InferenceUnavailable
+from rlcollect.errors import InferenceUnavailable, unpack_exception
 from rlcollect.inference.block import ACTIONS, DISCOVER, REQUEST, SlotSpec, block_views
 
 _GONE = ("the main process's inference loop is gone (the collector is shutting down, or its policy raised: the "
@@ -118,8 +118,6 @@ class RemoteRunner:
         except (EOFError, OSError) as err:
             raise InferenceUnavailable(_GONE) from err
         if kind != "ok":
-            from rlcollect.multiprocess.protocol import unpack_exception
-
             raise unpack_exception(value, "the policy's first call (central inference, in the main process)")
         shape = tuple(self.batch_size)
         out = {k: torch.from_numpy(v).reshape(shape + v.shape[1:]) for k, v in value.items()}

@@ -13,7 +13,9 @@ version it was computed with.
 
 Example:
     >>> import torch
-    >>> server = InferenceServer(torch.nn.Linear(3, 2), device=None, exploration_type="random")
+    >>> from rlcollect.multiprocess.shm import allocate_slot
+    >>> server = InferenceServer(torch.nn.Linear(3, 2), device=None, exploration_type="random",
+    ...                          allocate=allocate_slot)
     >>> server.stats()["forward_calls"]
     0
     >>> server.stop()
@@ -27,13 +29,14 @@ import pickle
 import threading
 import time
 from multiprocessing.connection import wait
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
+from rlcollect.data import BatchLayout
 from rlcollect.envs.base import NestedKey
-from rlcollect.inference.block import ACTIONS, DISCOVER, FAILED, REQUEST, SlotSpec, allocate_block, block_layout, \
-    block_views
+from rlcollect.inference.block import ACTIONS, DISCOVER, FAILED, REQUEST, SlotSpec, block_layout, block_views
+from rlcollect.errors import pack_exception
 from rlcollect.policy import exploration_scope, make_runner
 
 
@@ -55,11 +58,15 @@ class InferenceServer:
         max_wait_us: once a slot is ready, how long to wait for more before the forward
             (microseconds; 0: run with whatever is ready).
         compile_policy, trust_policy: as for ``Collector``.
+        allocate: builds the shared-memory block of a ``BatchLayout`` (the collector's
+            ``allocate_slot``, which also reports a full /dev/shm clearly).
     """
 
     def __init__(self, policy: Any, *, device: torch.device | None, exploration_type: str,
-                 max_wait_us: float = 0.0, compile_policy: Any = None, trust_policy: bool | None = None):
+                 allocate: Callable[[BatchLayout], torch.Tensor], max_wait_us: float = 0.0,
+                 compile_policy: Any = None, trust_policy: bool | None = None):
         self.policy = policy
+        self._allocate = allocate
         self.device = None if device is None else torch.device(device)
         self.exploration_type = exploration_type
         self.max_wait_s = max_wait_us / 1e6
@@ -125,7 +132,7 @@ class InferenceServer:
                 slots.append(_Slot(len(slots), worker, split, offset, spec.rows))
                 offset += spec.rows
         layout = block_layout(first, offset)
-        flat = allocate_block(layout)
+        flat = self._allocate(layout)
         versions = torch.zeros(len(slots), dtype=torch.int64).share_memory_()
         ins, outs = block_views(flat, first, offset)
         pinned = self.device is not None and self.device.type == "cuda"
@@ -256,8 +263,6 @@ class InferenceServer:
 
     def _discover(self, conn: Any, payload: bytes) -> None:
         """A worker's dry run: its first observations, answered with the policy's outputs."""
-        from rlcollect.multiprocess.protocol import pack_exception
-
         try:
             if self.error is not None:
                 raise RuntimeError("the policy raised in an earlier forward") from self.error

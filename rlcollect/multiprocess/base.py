@@ -150,7 +150,8 @@ class MultiCollectorBase(CollectorBase):
                 options = cfg.inner_options
                 self._central = CentralInference(
                     policy, splits=cfg.env_splits, device=cfg.central_device,
-                    exploration_type=options.get("exploration_type", "random"), max_wait_us=cfg.max_wait_us,
+                    exploration_type=options.get("exploration_type", "random"), allocate=allocate_slot,
+                    max_wait_us=cfg.max_wait_us,
                     compile_policy=options.get("compile_policy"), trust_policy=options.get("trust_policy"))
                 channels, guard = self._central.channels(context), self._central.lock
             self._pool = WorkerPool(context, payloads, num_sub_threads, self.worker_timeout, self.start_timeout,
@@ -316,7 +317,10 @@ class MultiCollectorBase(CollectorBase):
         self._quiesce()
 
     def getattr_policy(self, name: str) -> Any:
-        """An attribute of worker 0's policy."""
+        """An attribute of worker 0's policy (with ``inference="central"``: of the policy the
+        main process runs, the one every worker's actions come from)."""
+        if self._central is not None:
+            return getattr(self._central.policy, name)
         return self._broadcast(P.GETATTR_POLICY, name, workers=[0])[0]
 
     def getattr_env(self, name: str) -> Any:

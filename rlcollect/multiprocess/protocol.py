@@ -8,13 +8,8 @@ is unprompted: ``("ready", description)`` once its collector is built, or ``("er
 
 from __future__ import annotations
 
-import pickle
-import traceback
-from dataclasses import dataclass
-
-import cloudpickle
-
-from rlcollect.errors import WorkerError
+# How an exception crosses a process boundary lives in errors.py (central inference uses it too).
+from rlcollect.errors import PackedException, pack_exception, unpack_exception  # noqa: F401
 
 # Commands a worker understands (see worker.py for the handlers).
 ATTACH = "attach"  # receive the shared batch buffers
@@ -33,50 +28,3 @@ PAUSE = "pause"  # sent to a worker running free: ends it (the run_free reply co
 CLOSE = "close"
 
 OK, ERROR, READY = "ok", "error", "ready"
-
-
-@dataclass
-class PackedException:
-    type_name: str
-    message: str
-    traceback: str
-    worker_index: int | None
-    pickled: bytes | None
-
-
-def pack_exception(exc: BaseException, worker_index: int | None) -> PackedException:
-    try:
-        pickled = cloudpickle.dumps(exc)
-        pickle.loads(pickled)
-    except Exception:
-        pickled = None
-    return PackedException(
-        type_name=f"{type(exc).__module__}.{type(exc).__qualname__}",
-        message=str(exc),
-        traceback="".join(traceback.format_exception(exc)),
-        worker_index=worker_index,
-        pickled=pickled,
-    )
-
-
-def unpack_exception(packed: PackedException, context: str) -> BaseException:
-    """The exception to raise in the main process: the original type when it can be rebuilt
-    with a message, with the worker's index and traceback in that message."""
-    where = f"worker {packed.worker_index}" if packed.worker_index is not None else "a worker"
-    message = f"{packed.message}\n\n[{where}, during {context}; its traceback:]\n{packed.traceback}"
-    original = None
-    if packed.pickled is not None:
-        try:
-            original = pickle.loads(packed.pickled)
-        except Exception:
-            original = None
-    if original is not None:
-        try:
-            exc = type(original)(message)
-        except Exception:
-            exc = None
-        if exc is not None and type(exc) is type(original):
-            exc.worker_index = packed.worker_index
-            exc.worker_traceback = packed.traceback
-            return exc
-    return WorkerError(f"{where} raised {packed.type_name}: {message}", packed.worker_index, None, packed.traceback)

@@ -365,3 +365,12 @@ def test_central_inference_on_a_gpu_gives_the_cpu_data():
     for a, b in zip(expected, got):
         for key in KEYS:
             assert torch.equal(a[key], b[key]), key
+
+
+def test_getattr_policy_reads_the_policy_the_main_process_runs():
+    policy = RowPolicy()
+    with running(MultiSyncCollector, CARTPOLE2, policy, num_workers=2, frames_per_batch=40, inference="central") as c:
+        next(iter(c))
+        policy.note = "set after the workers started"
+        assert c.getattr_policy("note") == "set after the workers started"
+        assert c.getattr_policy("calls") is policy.calls and len(policy.calls) > 0
