@@ -374,3 +374,14 @@ def test_getattr_policy_reads_the_policy_the_main_process_runs():
         policy.note = "set after the workers started"
         assert c.getattr_policy("note") == "set after the workers started"
         assert c.getattr_policy("calls") is policy.calls and len(policy.calls) > 0
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux's")
+def test_central_env_workers_run_sched_batch_and_the_main_process_does_not():
+    with running(MultiSyncCollector, CARTPOLE2, RowPolicy(), num_workers=2, frames_per_batch=40,
+                 inference="central") as c:
+        next(iter(c))
+        assert [os.sched_getscheduler(pid) for pid in c._pool.pids()] == [os.SCHED_BATCH] * 2
+        assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the trainer and the inference thread keep theirs
+    with running(MultiSyncCollector, CARTPOLE2, RowPolicy(), num_workers=2, frames_per_batch=40) as c:
+        assert [os.sched_getscheduler(pid) for pid in c._pool.pids()] == [os.SCHED_OTHER] * 2
