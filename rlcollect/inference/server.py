@@ -41,11 +41,10 @@ from rlcollect.policy import exploration_scope, make_runner
 
 
 class _Slot:
-    """One split of one worker's envs: its rows of the block and its current pipe."""
+    """One split of one worker's envs: its rows of the block (its pipe: ``_conns``)."""
 
     def __init__(self, index: int, worker: int, split: int, offset: int, rows: int):
         self.index, self.worker, self.split, self.offset, self.rows = index, worker, split, offset, rows
-        self.conn: Any = None
 
 
 class InferenceServer:
@@ -108,9 +107,6 @@ class InferenceServer:
                     self._retired.append(conn)
             for split, (here, _) in enumerate(pairs):
                 self._conns[here] = (worker, split)
-                slot = self._by_member.get((worker, split))
-                if slot is not None:
-                    slot.conn = here
         self._wake()
         return [there for _, there in pairs]
 
@@ -141,8 +137,6 @@ class InferenceServer:
             self._ins, self._outs = ins, outs
             self._stage = {k: torch.empty_like(v, pin_memory=pinned) for k, v in ins.items()}
             self._by_member = {(s.worker, s.split): s for s in slots}
-            for conn, member in self._conns.items():
-                self._by_member[member].conn = conn
         self._flat = flat
         return [(flat, first, offset, [(s.index, s.offset) for s in slots if s.worker == worker], versions)
                 for worker in range(len(specs))]
@@ -169,8 +163,6 @@ class InferenceServer:
             self._retired = []
         for conn in conns:
             conn.close()
-        for slot in self.slots:
-            slot.conn = None
         self._wake_r.close()
         self._wake_w.close()
         self._ins = self._outs = self._stage = {}
@@ -201,7 +193,7 @@ class InferenceServer:
                     left = deadline - time.perf_counter()
                     if left <= 0:
                         break
-                    asked = {s.conn for s in requests}
+                    asked = {conn for _, conn in requests}
                     more = wait([c for c in conns if c not in asked], left)
                     if not more:
                         break
@@ -209,8 +201,10 @@ class InferenceServer:
             if requests:
                 self._forward(requests)
 
-    def _read(self, ready: list) -> list[_Slot]:
-        """The slots among ``ready`` that sent a request (discoveries are answered at once)."""
+    def _read(self, ready: list) -> list[tuple[_Slot, Any]]:
+        """``(slot, pipe)`` of each pipe among ``ready`` that sent a request (discoveries are
+        answered at once). The answer goes back on the pipe the request came on: a replaced
+        worker's last request must not be answered on its replacement's pipe."""
         requests = []
         for conn in ready:
             if conn is self._wake_r:
@@ -229,7 +223,7 @@ class InferenceServer:
             if message == REQUEST:
                 slot = self._by_member.get(member)
                 if slot is not None:
-                    requests.append(slot)
+                    requests.append((slot, conn))
             elif message[:1] == DISCOVER:
                 self._discover(conn, message[1:])
         return requests
@@ -279,11 +273,12 @@ class InferenceServer:
             message = pickle.dumps(("error", pack_exception(exc, None)))
         self._send(conn, message)
 
-    def _forward(self, slots: list[_Slot]) -> None:
-        slots.sort(key=lambda s: s.index)
+    def _forward(self, requests: list[tuple[_Slot, Any]]) -> None:
+        requests.sort(key=lambda r: r[0].index)
+        slots, conns = [s for s, _ in requests], [c for _, c in requests]
         if self.error is not None or self.spec is None:
-            for slot in slots:
-                self._send(slot.conn, FAILED)
+            for conn in conns:
+                self._send(conn, FAILED)
             return
         rows = sum(s.rows for s in slots)
         consecutive = slots[-1].index - slots[0].index == len(slots) - 1
@@ -303,14 +298,14 @@ class InferenceServer:
         except Exception as exc:  # noqa: BLE001  (the collector re-raises it; the workers are told)
             if self.error is None:
                 self.error = exc
-            for slot in slots:
-                self._send(slot.conn, FAILED)
+            for conn in conns:
+                self._send(conn, FAILED)
             return
         self.forward_seconds += time.perf_counter() - began
         self.calls += 1
         self.rows += rows
-        for slot in slots:
-            self._send(slot.conn, ACTIONS)
+        for conn in conns:
+            self._send(conn, ACTIONS)
 
     @property
     def _pinned(self) -> bool:

@@ -12,6 +12,7 @@ import numpy as np
 
 from rlcollect.data import WORKER_ID, BatchLayout, slot_buffer
 from rlcollect.envs.base import ArraySpec
+from rlcollect.errors import WorkerError
 from rlcollect.multiprocess import protocol as P
 from rlcollect.multiprocess import shm
 from rlcollect.multiprocess.base import MultiCollectorBase
@@ -78,8 +79,13 @@ class MultiAsyncCollector(MultiCollectorBase):
             return
         if not self._pool.handles[index].pending:
             self._progress[index] = time.monotonic()  # the worker starts working now
-        self._pool.send(index, P.COLLECT, slot, self._random_now() if random is None else random)
         self._in_flight[index].add(slot)
+        try:
+            self._pool.send(index, P.COLLECT, slot, self._random_now() if random is None else random)
+        except WorkerError as err:  # it died since its last batch: replaced, and asked again, as in _poll
+            if err.worker_index != index:
+                raise
+            self._fail(err, random)
 
     def _needed(self) -> bool:
         """Whether another batch is needed to reach ``total_frames``: the workers never run past

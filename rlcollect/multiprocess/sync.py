@@ -180,8 +180,20 @@ class MultiSyncCollector(MultiCollectorBase):
             if self.worker_timeout is not None:
                 deadlines[i] = time.monotonic() + self.worker_timeout
 
+        def start_or_recover(i: int) -> None:
+            """``start(i)``; a worker found dead by it (killed since its last batch) is replaced
+            first, as often as the restart policy allows."""
+            while True:
+                try:
+                    start(i)
+                    return
+                except WorkerError as err:
+                    if err.worker_index != i:
+                        raise
+                    self._restarts.recover(i, err)
+
         for i in range(n):
-            start(i)
+            start_or_recover(i)
         need = n if self.preemptive_threshold is None else max(1, math.ceil(self.preemptive_threshold * n))
         infos: list[dict | None] = [None] * n
         waiting = list(range(n))
@@ -202,7 +214,7 @@ class MultiSyncCollector(MultiCollectorBase):
                 if index not in waiting:
                     raise
                 self._restarts.recover(index, err)
-                start(index)
+                start_or_recover(index)
             if self.preemptive_threshold is not None and n - len(waiting) >= need:
                 for i in waiting:
                     self._stops[i][0] = 1
