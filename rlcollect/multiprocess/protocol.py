@@ -1,5 +1,5 @@
-"""The worker channel protocol: command names, replies, and how an exception raised in a
-worker travels back to the main process and is re-raised there as the same type.
+"""The worker channel protocol: command names and replies (an exception raised in a worker
+travels back packed by ``rlcollect.errors.pack_exception`` and is re-raised as the same type).
 
 Main -> worker: ``(command, args)`` on the worker's pipe; every command gets exactly one reply,
 in order: ``("ok", value)`` or ``("error", packed_exception)``.  The first message a worker sends
