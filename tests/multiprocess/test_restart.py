@@ -4,15 +4,22 @@ batches stay whole and single-version, nothing is duplicated, ids never collide 
 from __future__ import annotations
 
 import functools
+import os
+import random
+import signal
+import time
 
 import numpy as np
 import pytest
 from mp_helpers import (BLOCK, POLICY_VERSION, START, TRAJ_IDS, WORKER_ID, ValuePolicy, assert_gone,
                         check_counting_stream, rows_of)
 
-from rlcollect import FaultyEnv, MultiAsyncCollector, MultiSyncCollector, WorkerError
+from rlcollect import FaultyEnv, GymEnv, MultiAsyncCollector, MultiSyncCollector, WorkerError
+from rlcollect.multiprocess.sync import STACKED_SLOTS
 
 pytestmark = pytest.mark.timeout(120)
+#: The env of the tests that kill workers themselves: 2 CartPole envs per worker.
+CARTPOLE2 = functools.partial(GymEnv, "CartPole-v1", num_envs=2)
 
 
 def transient(tmp_path, fault: str, at_step: int = 7, worker: int = 1, **kwargs):
@@ -116,8 +123,6 @@ def test_restart_arguments_are_validated():
 
 
 def test_async_hang_is_caught_while_the_other_worker_keeps_delivering(tmp_path):
-    import time
-
     env = transient(tmp_path, "hang", at_step=5, worker=0)
     with MultiAsyncCollector(env, num_workers=2, frames_per_batch=10, on_worker_failure="restart",
                              worker_timeout=2.0, mp_start_method=START) as collector:
@@ -160,14 +165,7 @@ def test_a_worker_killed_while_handed_the_reserve_slot_is_restarted(inference):
     """The user holds both batch slots, so the collector hands every worker the reserve; worker 0
     is SIGKILLed just before it is asked to take it. Its replacement gets the reserve and the
     batch comes whole (this phase used to raise the WorkerError instead)."""
-    import os
-    import signal
-
-    from rlcollect import GymEnv
-    from rlcollect.multiprocess.sync import STACKED_SLOTS
-
-    env = functools.partial(GymEnv, "CartPole-v1", num_envs=2)
-    collector = MultiSyncCollector(env, ValuePolicy(w=1), num_workers=2, frames_per_batch=40,
+    collector = MultiSyncCollector(CARTPOLE2, ValuePolicy(w=1), num_workers=2, frames_per_batch=40,
                                    on_worker_failure="restart", inference=inference, mp_start_method=START)
     pool, victims = collector._pool, []
     attach = pool.attach
@@ -198,12 +196,7 @@ def test_a_worker_killed_while_handed_the_reserve_slot_is_restarted(inference):
 def test_a_sync_worker_killed_between_two_batches_is_restarted(inference):
     """Worker 1 dies after delivering a batch, before it is asked for the next one: asking it
     finds its pipe broken, and it is replaced before the batch starts (this used to raise)."""
-    import os
-    import signal
-
-    from rlcollect import GymEnv
-
-    collector = MultiSyncCollector(functools.partial(GymEnv, "CartPole-v1", num_envs=2), ValuePolicy(w=1),
+    collector = MultiSyncCollector(CARTPOLE2, ValuePolicy(w=1),
                                    num_workers=2, frames_per_batch=40, on_worker_failure="restart",
                                    inference=inference, mp_start_method=START)
     victim = collector._pool.handles[1].process
@@ -227,15 +220,8 @@ def test_workers_killed_at_random_moments_are_each_restarted(cls, inference):
     """Twelve SIGKILLs at seeded random moments (between batches, mid-step, while batches are
     held so the sync collector hands out its reserve slot): each is noticed and replaced, every
     batch is whole, and nothing is left behind."""
-    import os
-    import random
-    import signal
-    import time
-
-    from rlcollect import GymEnv
-
     rng = random.Random(12)
-    collector = cls(functools.partial(GymEnv, "CartPole-v1", num_envs=2), ValuePolicy(w=1), num_workers=2,
+    collector = cls(CARTPOLE2, ValuePolicy(w=1), num_workers=2,
                     frames_per_batch=40, on_worker_failure="restart", max_worker_restarts=20, inference=inference,
                     mp_start_method=START)
     it, held, pids = iter(collector), [], []
