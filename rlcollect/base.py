@@ -1,12 +1,17 @@
-"""``CollectorBase``: what every public collector shares, and nothing else.
+"""``CollectorBase``: what every public collector shares, written once: torchrl's face.
 
 Iteration up to ``total_frames``, ``len()``, the context manager, the "shut down already"
-check, the policy version (which moves a torchrl ``PolicyVersion`` given as
-``track_policy_version`` along with it) and torchrl's ``next()`` / ``increment_version()`` /
-``get_policy_version()``.  A subclass provides ``_next_batch()``, ``total_frames``, ``_frames``,
-``_closed``, ``shutdown()`` and ``_batch_frames()`` (the frames of one yielded batch, for
-``len()``); everything else (workers, weights, free running, statistics) is composed from
-collaborators in its own module.
+check, the error guard of control calls, delivery of a finished batch, the policy version
+(which moves a torchrl ``PolicyVersion`` given as ``track_policy_version`` along with it) and
+torchrl's public methods with their argument checks: ``shutdown``, ``set_seed``,
+``load_state_dict``, ``update_policy_weights_`` (with the hand-off to a ``weight_updater``),
+``frames_per_batch_worker``, ``next()``, ``increment_version()``, ``get_policy_version()``.
+
+A subclass provides only what differs: ``_next_batch()``, ``total_frames``, ``_frames``,
+``_closed``, ``_batch_frames()`` (the frames of one yielded batch, for ``len()``),
+``_release(timeout)`` (shut down), ``_seed``, ``_load``, ``_push_weights``, ``_members`` and
+``_member_frames`` (its workers or nodes); everything else (workers, weights, free running,
+statistics) is composed from collaborators in its own module.
 
 Example:
     >>> class Counter(CollectorBase):
@@ -16,7 +21,7 @@ Example:
     ...         return self._frames
     ...     def _batch_frames(self):
     ...         return 2
-    ...     def shutdown(self):
+    ...     def _release(self, timeout):
     ...         self._closed = True
     >>> with Counter() as c:
     ...     len(c), list(c)
@@ -28,9 +33,17 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 from collections.abc import Iterator
 from typing import Any
+
+from rlcollect.data import deliver
+from rlcollect.errors import WorkerError
+from rlcollect.torchrl_args import check_close_env, check_timeout
+from rlcollect.weights.models import update_targets
+
+logger = logging.getLogger("rlcollect")
 
 
 class CollectorBase:
@@ -40,6 +53,15 @@ class CollectorBase:
     _iterator: Iterator | None = None
     #: Whether an exception raised while iterating shuts the collector down (its workers).
     _shutdown_on_error = False
+    #: torchrl's legacy weight updater (``weight_updater=``), or None.
+    weight_updater: Any = None
+    #: Where batches go instead of being yielded (``replay_buffer=``), or None.
+    replay_buffer: Any = None
+    #: Ends the error of ``update_policy_weights_(model_id=...)`` with a ``weight_updater``.
+    _updater_hint = "; use weight_sync_schemes for several models"
+    #: What ``frames_per_batch_worker``'s error calls a member ("worker", "node").
+    _member_name = "worker"
+    _in_updater = False
 
     # -- iteration -------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -82,6 +104,197 @@ class CollectorBase:
         self.shutdown()
 
     # -- torchrl's methods ---------------------------------------------------------------------
+    def shutdown(self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True) -> None:
+        """Stop everything this collector started (background loop, worker processes, nodes),
+        close its envs and free its shared memory. Idempotent.
+
+        Args:
+            timeout (float | None): seconds to wait for what is stopping before it is
+                terminated, then killed (default None: 10 s).
+            close_env (bool): must be True (default): a collector owns its envs and always
+                closes them (torchrl's argument; its multi-process collectors refuse False too).
+            raise_on_error (bool): False logs an error met while stopping instead of raising
+                it (default True).
+
+        Example:
+            >>> from rlcollect import Collector
+            >>> c = Collector("CartPole-v1", frames_per_batch=10)
+            >>> c.shutdown(); c.shutdown(timeout=1.0, raise_on_error=False)
+        """
+        check_close_env(close_env, type(self).__name__)
+        timeout = check_timeout(timeout, 10.0)
+        try:
+            self._release(timeout)
+        except Exception:
+            if raise_on_error:
+                raise
+            logger.exception("rlcollect: error while shutting down %s (raise_on_error=False)", type(self).__name__)
+
+    def _release(self, timeout: float) -> None:
+        """Shut down (``shutdown`` has checked its arguments); idempotent."""
+        raise NotImplementedError
+
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        """Seed the envs; returns the next seed. A single collector seeds its env (and its own
+        torch random stream); a multi-process or distributed collector seeds worker (node) 0
+        with ``seed``, worker 1 with what that returned, and so on, and returns the last seed
+        (batches in flight are discarded). The envs are reset on the next batch.
+
+        Args:
+            seed (int): the first seed.
+            static_seed (bool): torchrl's: give every env the same seed instead of
+                consecutive ones (default False).
+
+        Example:
+            >>> from rlcollect import Collector
+            >>> c = Collector("CartPole-v1", frames_per_batch=10)
+            >>> c.set_seed(0)
+            1
+            >>> c.shutdown()
+        """
+        self._check_open()
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed must be an int, got {seed!r}")
+        return self._seed(seed, static_seed)
+
+    def _seed(self, seed: int, static_seed: bool) -> int:
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a ``state_dict()``: the collector (each of its workers or nodes) continues the
+        saved stream. A malformed state raises (KeyError/ValueError/TypeError).
+
+        Args:
+            state (dict): what ``state_dict()`` returned.
+
+        Example:
+            >>> from rlcollect import Collector
+            >>> c = Collector("CartPole-v1", frames_per_batch=10)
+            >>> c.load_state_dict(c.state_dict()); c.shutdown()
+        """
+        self._check_open()
+        if not isinstance(state, dict):
+            raise TypeError(f"load_state_dict expects the dict state_dict() returned, got {type(state).__name__}")
+        self._load(state)
+
+    def _load(self, state: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def update_policy_weights_(self, policy_or_weights: Any = None, *, weights: Any = None, policy: Any = None,
+                               worker_ids: Any = None, model_id: str | None = None,
+                               weights_dict: dict | None = None) -> None:
+        """Act with new weights from the next batch on, with a new policy version.
+
+        A single collector loads them into its acting policy; a multi-process collector
+        pushes them to its workers (shared memory or pipes, see ``weight_sync_schemes``), or,
+        with ``inference="central"``, loads them into the policy the main process runs; a
+        distributed collector sends them to its nodes. With ``weight_updater`` the call goes
+        to it instead (torchrl's legacy path; no ``model_id`` / ``weights_dict``); the updater
+        may call this method back, which then takes the built-in path.
+
+        Args:
+            policy_or_weights: the weights: None (the main ``policy``'s as they are now), an
+                ``nn.Module``, a TensorDict of parameters, a state dict, or ``{worker_index:
+                weights}`` (per-worker weights).
+            weights: the same, by keyword (torchrl's).
+            policy: the same, by keyword (torchrl's).
+            worker_ids (int | list[int] | None): only these workers (nodes) (default: all).
+            model_id (str | None): the model to update (default ``"policy"``; any other must be
+                a key of ``weight_sync_schemes``, an attribute path such as
+                ``"policy.module[0]"``).
+            weights_dict (dict | None): ``{model_id: weights}``: several models, one version.
+
+        Example:
+            >>> import torch
+            >>> from rlcollect import Collector, CountingEnv
+            >>> class Policy(torch.nn.Module):
+            ...     def __init__(self):
+            ...         super().__init__()
+            ...         self.w = torch.nn.Parameter(torch.zeros(1))
+            ...     def forward(self, observation):
+            ...         return (observation[..., 0] * self.w[0] > 0).long()
+            >>> c = Collector(CountingEnv(), Policy(), frames_per_batch=10)
+            >>> c.update_policy_weights_(weights={"w": torch.ones(1)})
+            >>> c.policy_version
+            1
+            >>> c.shutdown()
+        """
+        self._check_open()
+        if self.weight_updater is not None and not self._in_updater:
+            if model_id is not None or weights_dict is not None:
+                raise ValueError("model_id / weights_dict are not supported with weight_updater (as in torchrl)"
+                                 f"{self._updater_hint}")
+            target = update_targets(policy_or_weights, weights=weights, policy=policy)["policy"]
+            self._in_updater = True
+            try:  # the updater may call update_policy_weights_ back: that is the built-in path
+                self.weight_updater(policy_or_weights=target, worker_ids=worker_ids)
+            finally:
+                self._in_updater = False
+            return
+        models = update_targets(policy_or_weights, weights=weights, policy=policy, model_id=model_id,
+                                weights_dict=weights_dict)
+        self._push_weights(models, worker_ids)
+
+    def _push_weights(self, models: dict[str, Any], worker_ids: Any) -> None:
+        """Act with ``models`` (``{model_id: weights or None}``, checked) on ``worker_ids``."""
+        raise NotImplementedError
+
+    def frames_per_batch_worker(self, worker_idx: int | None = None) -> int:
+        """Frames in each batch worker (node) ``worker_idx`` collects (torchrl's).
+
+        Args:
+            worker_idx (int | None): the worker's index (default None: worker 0; a single
+                collector is its own only worker).
+
+        Example:
+            >>> from rlcollect import Collector
+            >>> c = Collector("CartPole-v1", frames_per_batch=10)
+            >>> c.frames_per_batch_worker(), c.frames_per_batch_worker(0)
+            (10, 10)
+            >>> c.shutdown()
+        """
+        n = self._members()
+        index = 0 if worker_idx is None else worker_idx
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < n:
+            raise ValueError(f"worker_idx must be None or an int in 0..{n - 1} ({type(self).__name__} has {n} "
+                             f"{self._member_name}{'s' if n > 1 else ''}), got {worker_idx!r}")
+        return self._member_frames(index)
+
+    def _members(self) -> int:
+        """How many workers (nodes) collect."""
+        return 1
+
+    def _member_frames(self, index: int) -> int:
+        raise NotImplementedError
+
+    # -- what control calls and batches pass through ----------------------------------------------
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
+        """A control call that fails because a worker (node) died shuts the collector down, as
+        does an error that nothing can go on after (``_fatal_error``)."""
+        self._check_open()
+        try:
+            yield
+        except WorkerError:
+            self.shutdown()
+            raise
+        except Exception as err:
+            if err is self._fatal_error():
+                self.shutdown()
+            raise
+
+    def _fatal_error(self) -> BaseException | None:
+        """An error after which nothing can go on (central inference's policy raised), or None."""
+        return None
+
+    def _deliver(self, batch: Any, storing_device: Any = None, stacked_workers: bool = False) -> Any:
+        """A finished batch to the user (or the replay buffer): ``rlcollect.data.deliver`` with
+        this collector's options."""
+        cfg = self.config
+        return deliver(batch, storing_device=storing_device, split_trajs=cfg.split_trajs, postproc=cfg.postproc,
+                       replay_buffer=self.replay_buffer, extend_buffer=getattr(cfg, "extend_buffer", True),
+                       stacked_workers=stacked_workers)
+
     def next(self) -> Any:
         """The next batch, or None once ``total_frames`` are collected (torchrl's ``next()``).
 
@@ -160,3 +373,23 @@ class CollectorBase:
     def get_policy_version(self) -> int:
         """``policy_version`` as a method (torchrl has both)."""
         return self.policy_version
+
+
+class FromConfig:
+    """A read-only attribute that is the collector's ``config`` field of the same name (a
+    public torchrl attribute, read where it is kept rather than copied).
+
+    Example:
+        >>> class C:
+        ...     class config:
+        ...         frames_per_batch = 10
+        ...     frames_per_batch = FromConfig()
+        >>> C().frames_per_batch
+        10
+    """
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        return self if obj is None else getattr(obj.config, self.name)

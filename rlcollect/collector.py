@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rlcollect._context import worker_index
-from rlcollect.config import CollectorConfig, check_policy_sources, check_replay_buffer, check_weight_updater
+from rlcollect.config import CollectorConfig, bound_arguments
 from rlcollect.collector_state import check_state, load_all_or_nothing
-from rlcollect.data import TRAJ_ID_BLOCK, BatchBuffer, deliver, fresh_batch
+from rlcollect.data import TRAJ_ID_BLOCK, BatchBuffer, fresh_batch
 from rlcollect.envs.adapter import make_env
 from rlcollect.freerun import BackgroundLoop
 from rlcollect.inference.client import RemotePolicy
@@ -28,10 +28,8 @@ from rlcollect.policy import exploration_scope, has_weights, load_weights, make_
 from rlcollect.rollout import Rollout
 from rlcollect import torchrl_args
 from rlcollect.base import CollectorBase
-from rlcollect.torchrl_args import version_tracker
 from rlcollect.weights.local import LocalWeights, acting_policy, place_env
-from rlcollect.weights.models import delegate_to_updater, make_weight_updater, update_targets
-from rlcollect.weights.schemes import validate_schemes
+from rlcollect.weights.models import make_weight_updater
 
 if TYPE_CHECKING:
     from tensordict import TensorDict
@@ -112,40 +110,9 @@ class Collector(CollectorBase):
         weight_updater: Any = None,
     ):
         self._closed = True  # until construction succeeds, shutdown has nothing to do
-        torchrl_args.check_reset_when_done(reset_when_done)
-        track_policy_version, self._version_tracker = version_tracker(track_policy_version)
-        self.config = cfg = CollectorConfig(
-            frames_per_batch=frames_per_batch,
-            total_frames=total_frames,
-            device=device,
-            storing_device=storing_device,
-            env_device=env_device,
-            policy_device=policy_device,
-            create_env_kwargs=create_env_kwargs,
-            max_frames_per_traj=max_frames_per_traj,
-            init_random_frames=init_random_frames,
-            reset_at_each_iter=reset_at_each_iter,
-            postproc=postproc,
-            split_trajs=split_trajs,
-            exploration_type=exploration_type,
-            set_truncated=set_truncated,
-            use_buffers=use_buffers,
-            return_same_td=return_same_td,
-            extend_buffer=extend_buffer,
-            trust_policy=trust_policy,
-            compile_policy=compile_policy,
-            cudagraph_policy=cudagraph_policy,
-            no_cuda_sync=no_cuda_sync,
-            track_policy_version=track_policy_version,
-            worker_idx=worker_idx,
-        )
-        self._schemes = validate_schemes(weight_sync_schemes)
-        check_weight_updater(weight_updater, weight_sync_schemes)
-        if policy_factory is not None and not callable(policy_factory):
-            raise TypeError("policy_factory must be a callable returning the policy, got "
-                            f"{type(policy_factory).__name__}")
-        check_policy_sources(policy, policy_factory is not None, self._schemes)
-        check_replay_buffer(replay_buffer)
+        self.config = cfg = CollectorConfig(**bound_arguments(Collector.__init__, locals()))
+        self._version_tracker = cfg.version_tracker
+        self._schemes = cfg.schemes
         self.replay_buffer = replay_buffer
         if cfg.total_frames > 0 and cfg.total_frames % cfg.frames_per_batch:
             torchrl_args.warn(
@@ -174,7 +141,6 @@ class Collector(CollectorBase):
             self._weights = LocalWeights(self._runner.module, self.policy, self._weight_source, self._schemes,
                                          weakref.ref(self))
             self._weights.check_models()
-            self._in_updater = False
             self.weight_updater = make_weight_updater(weight_updater, self)
         except BaseException:
             self.env.close()
@@ -256,11 +222,8 @@ class Collector(CollectorBase):
         """Frames collected so far."""
         return self._frames
 
-    def frames_per_batch_worker(self, worker_idx: int | None = None) -> int:
-        """Frames in each batch (torchrl's; a single collector is its own only worker)."""
-        if worker_idx not in (None, 0):
-            raise ValueError(f"a single-process Collector has only worker 0; got worker_idx={worker_idx!r}")
-        return self.layout.frames
+    def _member_frames(self, index: int) -> int:
+        return self.layout.frames  # (a single collector is its own only worker)
 
     @contextlib.contextmanager
     def _rng_scope(self) -> Iterator[None]:
@@ -296,8 +259,7 @@ class Collector(CollectorBase):
         self._lag = policy_lag(self._version, [self._batch_meta(timing=False)])
         batch = buf.td
         self._last_batch_s = time.perf_counter() - start
-        return deliver(batch, storing_device=cfg.storing_device_or_default, split_trajs=cfg.split_trajs,
-                       postproc=cfg.postproc, replay_buffer=self.replay_buffer, extend_buffer=cfg.extend_buffer)
+        return self._deliver(batch, storing_device=cfg.storing_device_or_default)
 
     def collect_into(self, buf: BatchBuffer, random: bool = False, stop: Any = None) -> int:
         """Fill ``buf`` (a ``BatchBuffer`` of ``layout``) with the next batch, in place; returns
@@ -343,19 +305,8 @@ class Collector(CollectorBase):
         self._profiler.enable(path, rollouts, profiler_kwargs, next_index=self._iter)
 
     # -- control -----------------------------------------------------------------------------
-    def set_seed(self, seed: int, static_seed: bool = False) -> int:
-        """Seed the env (and the collector's own torch random stream); returns the next seed.
-
-        The env is reset on the next batch so that the seed takes effect from there.
-
-        Example:
-            >>> c = Collector("CartPole-v1", frames_per_batch=10)
-            >>> c.set_seed(0)
-            1
-        """
-        self._check_open()
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise TypeError(f"seed must be an int, got {seed!r}")
+    def _seed(self, seed: int, static_seed: bool) -> int:
+        # The env is reset on the next batch so that the seed takes effect from there.
         with self._quiet():
             next_seed = self.env.set_seed(seed, static_seed=static_seed)
             self._torch_rng = torch.Generator().manual_seed(seed).get_state()
@@ -395,33 +346,17 @@ class Collector(CollectorBase):
             with self._loop.pause():
                 yield
 
-    def shutdown(self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True) -> None:
-        """Stop running free (if started) and close the env. Idempotent.
-
-        torchrl's arguments: ``timeout`` (seconds to wait for the background loop, None: 10),
-        ``close_env`` (must be True: the collector owns its env), ``raise_on_error=False`` logs
-        an error met while stopping instead of raising it.
-
-        Example:
-            >>> c = Collector("CartPole-v1", frames_per_batch=10)
-            >>> c.shutdown(); c.shutdown()
-        """
-        torchrl_args.check_close_env(close_env, "Collector")
-        timeout = torchrl_args.check_timeout(timeout, 10.0)
+    def _release(self, timeout: float) -> None:
+        """Stop running free (if started) and close the env."""
         if self._closed:
             return
         self._closed = True
         loop, self._loop = getattr(self, "_loop", None), None
         try:
-            try:
-                if loop is not None:
-                    loop.stop(timeout)
-            finally:
-                self.env.close()
-        except Exception:
-            if raise_on_error:
-                raise
-            logger.exception("rlcollect: error while shutting down the Collector (raise_on_error=False)")
+            if loop is not None:
+                loop.stop(timeout)
+        finally:
+            self.env.close()
 
     # -- free-running ------------------------------------------------------------------------
     def start(self) -> None:
@@ -462,43 +397,9 @@ class Collector(CollectorBase):
             self.shutdown()
 
     # -- weights (rlcollect/weights/local.py) ------------------------------------------------
-    def update_policy_weights_(self, policy_or_weights: Any = None, *, weights: Any = None, policy: Any = None,
-                               worker_ids: Any = None, model_id: str | None = None,
-                               weights_dict: dict | None = None) -> None:
-        """Load new weights into the acting policy (or another model of ``weight_sync_schemes``)
-        and bump the policy version.
-
-        The weights (positionally, ``weights=`` or ``policy=``) may be None (taken from
-        ``policy`` when the acting copy came from ``policy_factory``; otherwise the acting
-        policy is the user's own module and only the version moves), an ``nn.Module``, a
-        TensorDict of parameters or a state dict. ``model_id`` names the model (default
-        ``"policy"``; others must be keys of ``weight_sync_schemes``); ``weights_dict=
-        {model_id: weights}`` updates several at once with one version. With ``weight_updater``
-        the call goes to it (torchrl's legacy path: no ``model_id`` / ``weights_dict``).
-
-        Example:
-            >>> import torch
-            >>> from rlcollect import Collector, CountingEnv
-            >>> class Policy(torch.nn.Module):
-            ...     def __init__(self):
-            ...         super().__init__()
-            ...         self.w = torch.nn.Parameter(torch.zeros(1))
-            ...     def forward(self, observation):
-            ...         return (observation[..., 0] * self.w[0] > 0).long()
-            >>> from rlcollect import Collector
-            >>> c = Collector(CountingEnv(), Policy(), frames_per_batch=10)
-            >>> c.update_policy_weights_(weights={"w": torch.ones(1)})
-            >>> c.policy_version
-            1
-        """
-        self._check_open()
-        if delegate_to_updater(self, policy_or_weights, weights=weights, policy=policy, model_id=model_id,
-                               weights_dict=weights_dict, worker_ids=worker_ids,
-                               hint="; use weight_sync_schemes for several models"):
-            return
-        targets = update_targets(policy_or_weights, weights=weights, policy=policy, model_id=model_id,
-                                 weights_dict=weights_dict)
-        loads = self._weights.plan(targets, worker_ids)
+    def _push_weights(self, models: dict[str, Any], worker_ids: Any) -> None:
+        """Load ``models``' weights into the acting modules, then bump the policy version."""
+        loads = self._weights.plan(models, worker_ids)
         if not loads:
             return
         with self._quiet():  # never between two steps of a running batch
@@ -586,10 +487,7 @@ class Collector(CollectorBase):
             "torch_rng": None if self._torch_rng is None else self._torch_rng.clone(),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a ``state_dict()``; the collector continues the saved stream. A malformed
-        state raises (KeyError/ValueError/TypeError) and leaves the collector as it was."""
-        self._check_open()
+    def _load(self, state: dict[str, Any]) -> None:
         # Everything that can fail is checked before anything is changed.
         frames, iters, version, torch_rng = check_state(state, self._rollout.check_state_dict)
         load_all_or_nothing(self._runner.module, self.env, state["policy"], state["env"])

@@ -1,16 +1,84 @@
 """Argument validation, done once in the main process, with errors that name the argument,
-the value received and what is accepted.  The validated ``CollectorConfig`` is what travels to
-worker processes."""
+the value received and what is accepted: the checks every collector family shares (both
+wings use them), ``bound_arguments`` (a constructor's call as the keyword arguments of its
+config: each argument is listed once, in the signature) and ``CollectorConfig``, the
+single-process collector's validated options.
+
+Example:
+    >>> def make(frames_per_batch, total_frames=-1, **extra):
+    ...     return bound_arguments(make, locals())
+    >>> make(10, sync=True)
+    {'frames_per_batch': 10, 'total_frames': -1, 'extra': {'sync': True}}
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import inspect
+import math
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from rlcollect.base import CollectorBase
 from rlcollect.policy import as_exploration_type
-from rlcollect.torchrl_args import check_trust_policy, endless_total_frames, random_frames, traj_limit
+from rlcollect.torchrl_args import (check_reset_when_done, check_trust_policy,
+                                    endless_total_frames, random_frames, traj_limit, version_tracker)
+from rlcollect.weights.schemes import validate_schemes
+
+#: The collector classes ``collector_class`` may name by string, imported when first named (so
+#: that nothing here imports the collector modules, which import this one).
+NAMED_COLLECTORS = {
+    "single": ("rlcollect.collector", "Collector"),
+    "sync": ("rlcollect.multiprocess.sync", "MultiSyncCollector"),
+    "async": ("rlcollect.multiprocess.asynchronous", "MultiAsyncCollector"),
+}
+
+
+def bound_arguments(function: Callable, values: dict[str, Any]) -> dict[str, Any]:
+    """The call's arguments, ``{name: value}`` for every parameter of ``function`` (``self``
+    left out; ``**kwargs`` as the dict of that name), read from ``values``: the ``locals()``
+    its body takes first thing.  What a constructor hands its config, each argument once."""
+    return {name: values[name] for name in inspect.signature(function).parameters if name != "self"}
+
+
+def flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def seconds(name: str, value: Any, accepted: str = "a positive number of seconds", finite: bool = False) -> float:
+    """A positive number of seconds (``finite``: and not infinite)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or \
+            (finite and not math.isfinite(value)):
+        raise ValueError(f"{name} must be {accepted}, got {value!r}")
+    return float(value)
+
+
+def resolve_collector_class(value: Any) -> type:
+    """``collector_class``: a collector class (``Collector``, a multi-process collector, or a
+    subclass), or one of ``"single"``, ``"sync"``, ``"async"``.
+
+    Example:
+        >>> resolve_collector_class("sync").__name__
+        'MultiSyncCollector'
+    """
+    if isinstance(value, str):
+        if value not in NAMED_COLLECTORS:
+            raise ValueError(f"collector_class must be a collector class or one of {sorted(NAMED_COLLECTORS)}, "
+                             f"got {value!r}")
+        module, name = NAMED_COLLECTORS[value]
+        return getattr(importlib.import_module(module), name)
+    # A collector that can fill a worker's batch slot (rlcollect/source.py): Collector, the
+    # multi-process ones and their subclasses (not DistributedCollector).
+    if isinstance(value, type) and issubclass(value, CollectorBase) and callable(getattr(value, "collect_into", None)):
+        return value
+    raise ValueError(
+        f"collector_class must be Collector, MultiSyncCollector, MultiAsyncCollector (or a subclass), "
+        f"or one of {sorted(NAMED_COLLECTORS)}; got {value!r}"
+    )
 
 
 def positive_int(name: str, value: Any) -> int:
@@ -108,9 +176,14 @@ def check_replay_buffer(replay_buffer: Any) -> None:
 
 @dataclasses.dataclass
 class CollectorConfig:
-    """Every option of a single-process ``Collector``, validated."""
+    """Every option of a single-process ``Collector`` (its arguments of the same names),
+    validated; ``schemes`` (the validated ``weight_sync_schemes``) and ``version_tracker`` (a
+    torchrl ``PolicyVersion`` given as ``track_policy_version``, or None) follow from them."""
 
     frames_per_batch: int
+    create_env_fn: Any = dataclasses.field(default=None, repr=False, compare=False)
+    policy: Any = dataclasses.field(default=None, repr=False, compare=False)
+    policy_factory: Callable[[], Any] | None = dataclasses.field(default=None, repr=False, compare=False)
     total_frames: int = -1
     device: torch.device | None = None
     storing_device: torch.device | None = None
@@ -133,8 +206,15 @@ class CollectorConfig:
     no_cuda_sync: bool = False
     track_policy_version: bool = False
     worker_idx: int | None = None
+    replay_buffer: Any = dataclasses.field(default=None, repr=False, compare=False)
+    weight_sync_schemes: dict | None = None
+    weight_updater: Any = dataclasses.field(default=None, repr=False, compare=False)
+    traj_id_start: int | None = None
+    reset_when_done: bool = True
 
     def __post_init__(self) -> None:
+        check_reset_when_done(self.reset_when_done)
+        self.track_policy_version, self.version_tracker = version_tracker(self.track_policy_version)
         positive_int("frames_per_batch", self.frames_per_batch)
         self.total_frames = total_frames_arg(self.total_frames)
         for name in ("device", "storing_device", "env_device", "policy_device"):
@@ -153,6 +233,13 @@ class CollectorConfig:
                      "extend_buffer", "no_cuda_sync", "track_policy_version"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        self.schemes = validate_schemes(self.weight_sync_schemes)
+        check_weight_updater(self.weight_updater, self.weight_sync_schemes)
+        if self.policy_factory is not None and not callable(self.policy_factory):
+            raise TypeError("policy_factory must be a callable returning the policy, got "
+                            f"{type(self.policy_factory).__name__}")
+        check_policy_sources(self.policy, self.policy_factory is not None, self.schemes)
+        check_replay_buffer(self.replay_buffer)
 
     @property
     def policy_device_or_default(self) -> torch.device | None:

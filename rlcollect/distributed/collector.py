@@ -6,7 +6,6 @@ delivers their batches."""
 from __future__ import annotations
 
 import collections
-import contextlib
 import logging
 import time
 import traceback
@@ -18,10 +17,8 @@ import cloudpickle
 import torch
 from tensordict import TensorDict
 
-from rlcollect import torchrl_args
 from rlcollect.base import CollectorBase
 from rlcollect.collector import Collector
-from rlcollect.data import deliver
 from rlcollect.distributed import protocol as P
 from rlcollect.distributed.auth import new_secret, read_secret_file, secret_from_env, write_secret_file
 from rlcollect.distributed.config import DistributedConfig
@@ -30,8 +27,7 @@ from rlcollect.distributed.pool import NodePool
 from rlcollect.distributed.recovery import Recovery
 from rlcollect.distributed.stats import distributed_stats
 from rlcollect.metrics import BatchClock, batch_meta, policy_lag
-from rlcollect.errors import WorkerError
-from rlcollect.weights.models import UnknownModelError, delegate_to_updater, make_weight_updater, update_targets
+from rlcollect.weights.models import UnknownModelError, make_weight_updater
 from rlcollect.weights.schemes import NoWeightSyncScheme
 
 logger = logging.getLogger("rlcollect")
@@ -88,6 +84,9 @@ class DistributedCollector(CollectorBase):
         >>> shapes
         [torch.Size([2, 100]), torch.Size([2, 100])]
     """
+
+    _updater_hint = ""
+    _member_name = "node"
 
     def __init__(
         self,
@@ -203,16 +202,6 @@ class DistributedCollector(CollectorBase):
             traceback.clear_frames(err.__traceback__)
             raise
 
-    @contextlib.contextmanager
-    def _guard(self) -> Iterator[None]:
-        """A node that died or stopped answering shuts the collector down."""
-        self._check_open()
-        try:
-            yield
-        except WorkerError:
-            self.shutdown()
-            raise
-
     def _take(self, msg: P.Message) -> TensorDict:
         """The batch ``msg`` announced, counted."""
         batch = self._pool.take(msg)
@@ -247,7 +236,7 @@ class DistributedCollector(CollectorBase):
             self._last_batch_s = time.perf_counter() - started
             self._last_batch_frames = self._frames - frames_before
         self._iter += 1
-        return self._deliver(batch)
+        return self._deliver(batch, storing_device=self.config.storing_device)
 
     def _next_one(self) -> TensorDict:
         self._pool.maybe_check()  # also when batches keep coming from the other nodes
@@ -337,10 +326,6 @@ class DistributedCollector(CollectorBase):
         self._round.clear()
         self._round_open = False
 
-    def _deliver(self, batch: TensorDict) -> TensorDict:
-        return deliver(batch, storing_device=self.config.storing_device, split_trajs=self.config.split_trajs,
-                       postproc=self.config.postproc)
-
     # -- control ------------------------------------------------------------------------------------------
     def _settle(self) -> None:
         """Wait until no node is on its way back (before a command meant for every node)."""
@@ -348,11 +333,8 @@ class DistributedCollector(CollectorBase):
         with self._guard():
             self._recovery.run(lambda: pool.wait_for(pool.settled, "waiting for relaunched nodes to rejoin"))
 
-    def set_seed(self, seed: int, static_seed: bool = False) -> int:
-        """Seed node 0 with ``seed``, node 1 with what that returned, and so on; returns the last
-        seed.  Async batches in flight are discarded; dropped nodes are skipped."""
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise TypeError(f"seed must be an int, got {seed!r}")
+    def _seed(self, seed: int, static_seed: bool) -> int:
+        # Async batches in flight are discarded; dropped nodes are skipped.
         self._discard_in_flight()
         with self._guard():
             for i in self._pool.serving_nodes():
@@ -378,11 +360,8 @@ class DistributedCollector(CollectorBase):
         out.update(frames=self._frames, iter=self._iter, policy_version=self._version)
         return out
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore ``state_dict()``; each node continues its saved stream (in-flight batches are
-        discarded).  A node that rejects its part raises its error; the collector stays usable."""
-        if not isinstance(state, dict):
-            raise TypeError(f"load_state_dict expects the dict state_dict() returned, got {type(state).__name__}")
+    def _load(self, state: dict[str, Any]) -> None:
+        # A node that rejects its part raises its error; the collector stays usable.
         self._settle()
         nodes = self._pool.serving_nodes()
         missing = [k for k in (*(f"node{i}" for i in nodes), "frames", "iter") if k not in state]
@@ -397,30 +376,11 @@ class DistributedCollector(CollectorBase):
         self._target = self.total_frames  # iteration continues to total_frames (or total_frames more)
 
     # -- weights ------------------------------------------------------------------------------------------
-    def update_policy_weights_(self, policy_or_weights: Any = None, *, weights: Any = None, policy: Any = None,
-                               worker_ids: Any = None, model_id: str | None = None,
-                               weights_dict: dict | None = None) -> None:
+    def _push_weights(self, models: dict[str, Any], worker_ids: Any) -> None:
         """Send new weights to every node (or the node indices ``worker_ids``), with a new
         version; each node passes them to its workers and acts with them from its next batch.
-        A node being relaunched gets them when it rejoins; a dropped node is skipped.
-
-        The weights (positionally, ``weights=`` or ``policy=``): None (rank 0's ``policy``), an
-        ``nn.Module``, a TensorDict of parameters, a state dict, or ``{node_index: weights}``.
-        ``model_id`` / ``weights_dict`` accept torchrl's forms, but a DistributedCollector has
-        only the ``"policy"`` model: any other id raises ``UnknownModelError`` (a KeyError).
-        With ``weight_updater`` the call goes to it (torchrl's legacy path).
-
-        Example (needs running nodes)::
-
-            collector.update_policy_weights_(policy)                  # every node
-            collector.update_policy_weights_(policy, worker_ids=[0])  # node 0 only
-        """
-        self._check_open()
-        if delegate_to_updater(self, policy_or_weights, weights=weights, policy=policy, model_id=model_id,
-                               weights_dict=weights_dict, worker_ids=worker_ids):
-            return
-        models = update_targets(policy_or_weights, weights=weights, policy=policy, model_id=model_id,
-                                weights_dict=weights_dict)
+        A node being relaunched gets them when it rejoins; a dropped node is skipped. Only the
+        ``"policy"`` model exists: any other id raises ``UnknownModelError`` (a KeyError)."""
         unknown = sorted(set(models) - {"policy"})
         if unknown:
             raise UnknownModelError(f"model_id {unknown}: a DistributedCollector has only the 'policy' model")
@@ -477,12 +437,11 @@ class DistributedCollector(CollectorBase):
         """``frames_per_batch`` as given: a sync batch's frames, or each async node's."""
         return self.frames_per_batch
 
-    def frames_per_batch_worker(self, worker_idx: int | None = None) -> int:
-        """Frames in each batch node ``worker_idx`` collects (every node collects the same)."""
-        if worker_idx is not None and (isinstance(worker_idx, bool) or not isinstance(worker_idx, int)
-                                       or not 0 <= worker_idx < self.num_nodes):
-            raise ValueError(f"worker_idx must be None or an int in 0..{self.num_nodes - 1}, got {worker_idx!r}")
-        return self.config.node_frames
+    def _members(self) -> int:
+        return self.num_nodes
+
+    def _member_frames(self, index: int) -> int:
+        return self.config.node_frames  # (every node collects the same)
 
     @property
     def device(self) -> list:
@@ -502,19 +461,6 @@ class DistributedCollector(CollectorBase):
         return list(self.config.devices["policy_device"])
 
     # -- shutdown ---------------------------------------------------------------------------------------
-    def shutdown(self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True) -> None:
-        """Close every node (then terminate, then kill, for the nodes this collector started),
-        and release the store and the process group.  Idempotent.  torchrl's ``timeout=None``
-        is 10 s; ``close_env`` must be True; ``raise_on_error=False`` logs an error instead."""
-        torchrl_args.check_close_env(close_env, "DistributedCollector")
-        timeout = torchrl_args.check_timeout(timeout, 10.0)
-        try:
-            self._release(timeout)
-        except Exception:
-            if raise_on_error:
-                raise
-            logger.exception("rlcollect: error while shutting down the DistributedCollector (raise_on_error=False)")
-
     def _release(self, timeout: float) -> None:
         self._closed = True
         pool = self._pool

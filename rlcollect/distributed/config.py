@@ -16,13 +16,13 @@ import cloudpickle
 
 from rlcollect.collector import Collector
 from rlcollect.torchrl_args import random_frames
-from rlcollect.config import (CollectorConfig, callable_or_none, kwargs_arg, non_negative_int, optional_positive_int,
-                              positive_int, total_frames_arg)
+from rlcollect.config import (CollectorConfig, callable_or_none, check_policy_sources, flag, kwargs_arg,
+                              non_negative_int, optional_positive_int, per_member, positive_int,
+                              resolve_collector_class, seconds, total_frames_arg)
 from rlcollect.data import TRAJ_ID_BLOCK
 from rlcollect.distributed.auth import SECRET_ENV, SecretError, read_secret_file, secret_from_env
 from rlcollect.distributed.launchers import LAUNCHERS, require_submitit
 from rlcollect.distributed.transport import default_host_address, resolve
-from rlcollect.multiprocess.config import resolve_collector_class
 from rlcollect.policy import as_exploration_type, has_weights
 from rlcollect.weights.schemes import DistributedWeightSyncScheme, NoWeightSyncScheme, validate_schemes
 
@@ -33,26 +33,6 @@ ASYNC_SLOTS = 2
 NODE_FAILURE_POLICIES = ("raise", "continue", "restart")
 #: The launchers that start the nodes themselves, and so can relaunch one.
 RELAUNCHING_LAUNCHERS = ("mp", "submitit")
-
-
-def _per_node(name: str, value: Any, n: int) -> list:
-    if isinstance(value, (list, tuple)):
-        if len(value) != n:
-            raise ValueError(f"{name} is a per-node list of length {len(value)}, but there are {n} nodes")
-        return list(value)
-    return [value] * n
-
-
-def _seconds(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
-    return float(value)
-
-
-def _flag(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, got {value!r}")
-    return value
 
 
 def _one_of(name: str, value: Any, accepted: tuple, hint: str = "") -> Any:
@@ -156,7 +136,7 @@ class DistributedConfig:
         else:
             env_fns = [self.create_env_fn] * positive_int("num_nodes", 1 if self.num_nodes is None else self.num_nodes)
         n = self.num_nodes = len(env_fns)
-        self.sync = _flag("sync", self.sync)
+        self.sync = flag("sync", self.sync)
         self.slots = 1 if self.sync else ASYNC_SLOTS
         positive_int("frames_per_batch", self.frames_per_batch)
         self.total_frames = total_frames_arg(self.total_frames)
@@ -179,11 +159,11 @@ class DistributedConfig:
             raise TypeError(f"slurm_kwargs must be a dict or None, got {type(self.slurm_kwargs).__name__}")
         self.tcp_port = _tcp_port(self.tcp_port, self.launcher)
         self.master_addr = _master_addr(self.master_addr, self.launcher)
-        self.timeout = _seconds("timeout", self.timeout)
-        self.heartbeat_timeout = _seconds("heartbeat_timeout", self.heartbeat_timeout)
-        self.node_timeout = None if self.node_timeout is None else _seconds("node_timeout", self.node_timeout)
-        self.start_timeout = _seconds("start_timeout", self.start_timeout)
-        self.rank0_timeout = _seconds("rank0_timeout", self.rank0_timeout)
+        self.timeout = seconds("timeout", self.timeout)
+        self.heartbeat_timeout = seconds("heartbeat_timeout", self.heartbeat_timeout)
+        self.node_timeout = None if self.node_timeout is None else seconds("node_timeout", self.node_timeout)
+        self.start_timeout = seconds("start_timeout", self.start_timeout)
+        self.rank0_timeout = seconds("rank0_timeout", self.rank0_timeout)
 
     def _check_secret(self) -> None:
         """The run's secret (auth.py): a readable 0600 file, or what the launcher needs."""
@@ -228,15 +208,13 @@ class DistributedConfig:
             raise ValueError(f"weight_sync_schemes['policy'] must be DistributedWeightSyncScheme ('distributed') or "
                              f"NoWeightSyncScheme ('none') for nodes, got {scheme!r}")
         self.scheme = scheme
-        self.factories = factories = _per_node("policy_factory", self.policy_factory, self.num_nodes)
+        self.factories = factories = per_member("policy_factory", self.policy_factory, self.num_nodes, "node")
         if any(f is not None and not callable(f) for f in factories):
             raise TypeError("policy_factory must be a callable returning the policy (or a per-node list of them)")
-        if any(f is not None for f in factories) and self.policy is not None and "policy" not in schemes:
-            raise ValueError("policy and policy_factory were both given but weight_sync_schemes has no 'policy' "
-                             "scheme: pass weight_sync_schemes={'policy': DistributedWeightSyncScheme()} (policy is "
-                             "then only the source of weights), or give just one of policy / policy_factory")
+        check_policy_sources(self.policy, any(f is not None for f in factories), schemes,
+                             scheme="DistributedWeightSyncScheme")
         self.weight_source = self.policy if has_weights(self.policy) else None
-        _flag("update_after_each_batch", self.update_after_each_batch)
+        flag("update_after_each_batch", self.update_after_each_batch)
         interval = self.max_weight_update_interval
         if isinstance(interval, bool) or not isinstance(interval, int) or (interval < 1 and interval != -1):
             raise ValueError(f"max_weight_update_interval must be a positive int, or -1 for none; got {interval!r}")
@@ -255,9 +233,9 @@ class DistributedConfig:
             raise ValueError(f"num_workers_per_collector={self.num_workers_per_collector} needs a multi-process node "
                              "collector_class ('sync' or 'async'); a single Collector node has one worker")
         kwargs_lists = [kwargs_arg("collector_kwargs", k)
-                        for k in _per_node("collector_kwargs", self.collector_kwargs, n)]
-        env_kwargs = _per_node("create_env_kwargs", self.create_env_kwargs, n)
-        devices = {name: _per_node(name, self.devices[name], n) for name in PER_NODE_ARGS}
+                        for k in per_member("collector_kwargs", self.collector_kwargs, n, "node")]
+        env_kwargs = per_member("create_env_kwargs", self.create_env_kwargs, n, "node")
+        devices = {name: per_member(name, self.devices[name], n, "node") for name in PER_NODE_ARGS}
         self.storing_device = devices["storing_device"][0] or devices["device"][0]
         self.devices = devices  # {name: one per node}
         inner_options = self.inner_options

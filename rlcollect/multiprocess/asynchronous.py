@@ -93,7 +93,7 @@ class MultiAsyncCollector(MultiCollectorBase):
         if self.total_frames < 0:
             return True
         # per worker: frames_per_batch may be one size per worker (torchrl's list)
-        sizes = self._worker_frames_per_batch
+        sizes = self.config.worker_frames
         coming = sum(len(slots) * sizes[i] for i, slots in enumerate(self._in_flight))
         coming += sum(sizes[index] for index, _ in self._ready)
         return self._frames + coming < self.total_frames

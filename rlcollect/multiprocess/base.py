@@ -17,9 +17,9 @@ from tensordict import TensorDict
 
 from rlcollect.collector import Collector, frames_written
 from rlcollect import torchrl_args
-from rlcollect.base import CollectorBase
-from rlcollect.data import deliver, slot_buffer
-from rlcollect.errors import WorkerError
+from rlcollect.base import CollectorBase, FromConfig
+from rlcollect.config import bound_arguments
+from rlcollect.data import slot_buffer
 from rlcollect.multiprocess import config as mpconfig
 from rlcollect.multiprocess import protocol as P
 from rlcollect.freerun import BackgroundLoop
@@ -32,7 +32,7 @@ from rlcollect.multiprocess.restart import RestartPolicy, WorkerRestarts
 from rlcollect.multiprocess.shm import allocate_slot, check_free_space, slot_bytes
 from rlcollect.multiprocess.stats import WorkerStats
 from rlcollect.policy import has_weights, load_weights
-from rlcollect.weights.models import delegate_to_updater, make_weight_updater, update_targets
+from rlcollect.weights.models import make_weight_updater
 
 logger = logging.getLogger("rlcollect")
 
@@ -51,6 +51,22 @@ class MultiCollectorBase(CollectorBase):
     _shutdown_on_error = True
     _loop: BackgroundLoop | None = None  # free running, when this process writes the buffer
     _free: FreeRunningWorkers | None = None  # free running, when the workers write it
+    # torchrl's public attributes: the validated arguments, read from the config
+    frames_per_batch = FromConfig()
+    total_frames = FromConfig()
+    policy = FromConfig()
+    replay_buffer = FromConfig()
+    init_random_frames = FromConfig()
+    mp_start_method = FromConfig()
+    worker_timeout = FromConfig()
+    start_timeout = FromConfig()
+    preemptive_threshold = FromConfig()
+    cat_results = FromConfig()
+    collector_class = FromConfig()
+    update_at_each_batch = FromConfig()
+    per_worker_weights = FromConfig()
+    postproc = FromConfig()
+    split_trajs = FromConfig()
 
     def __init__(
         self,
@@ -96,43 +112,19 @@ class MultiCollectorBase(CollectorBase):
         max_wait_us: float = 0.0,
         **inner_options: Any,
     ):
+        args = bound_arguments(MultiCollectorBase.__init__, locals())
         self._pool = None
         self._central: CentralInference | None = None
         self._closed = True
-        self.config = cfg = mpconfig.MultiConfig(
-            sync=self._sync, owner=type(self).__name__, create_env_fn=create_env_fn, policy=policy,
-            num_workers=num_workers, policy_factory=policy_factory, frames_per_batch=frames_per_batch,
-            total_frames=total_frames, device=device, storing_device=storing_device, env_device=env_device,
-            policy_device=policy_device, create_env_kwargs=create_env_kwargs, collector_class=collector_class,
-            preemptive_threshold=preemptive_threshold, cat_results=cat_results,
-            update_at_each_batch=update_at_each_batch, num_threads=num_threads, num_sub_threads=num_sub_threads,
-            mp_start_method=mp_start_method, worker_timeout=worker_timeout, start_timeout=start_timeout,
-            on_worker_failure=on_worker_failure, max_worker_restarts=max_worker_restarts,
-            init_random_frames=init_random_frames, postproc=postproc, split_trajs=split_trajs,
-            return_same_td=return_same_td, replay_buffer=replay_buffer, extend_buffer=extend_buffer,
-            use_buffers=use_buffers, weight_sync_schemes=weight_sync_schemes, per_worker_weights=per_worker_weights,
-            weight_updater=weight_updater, collector_kwargs=collector_kwargs, worker_idx=worker_idx,
-            reset_when_done=reset_when_done, local_init_rb=local_init_rb, inference=inference, env_splits=env_splits,
-            max_wait_us=max_wait_us, inner_options=inner_options)
+        self.config = cfg = mpconfig.MultiConfig(sync=self._sync, owner=type(self).__name__, **args)
         n = self.num_workers = cfg.num_workers
         self._version_tracker = cfg.version_tracker
-        # Batches always cross from the workers through shared-memory slots; use_buffers=False
-        # (torchrl: no preallocated buffers) is honoured where it is observable: every batch
-        # delivered is freshly allocated memory, never a view that the next batch overwrites.
-        for name in ("use_buffers", "local_init_rb", "frames_per_batch", "total_frames", "preemptive_threshold",
-                     "cat_results", "mp_start_method", "worker_timeout", "start_timeout", "collector_class",
-                     "replay_buffer", "extend_buffer", "postproc", "split_trajs", "return_same_td",
-                     "update_at_each_batch", "per_worker_weights", "init_random_frames", "policy"):
-            setattr(self, name, getattr(cfg, name))
-        self._worker_frames_per_batch = cfg.worker_frames
         self.requested_frames_per_batch = sum(cfg.worker_frames)
         self._schemes, self._workers_write, self._weight_source = cfg.schemes, cfg.workers_write, cfg.weight_source
         self._storing_devices = cfg.storing_devices
         self._storing_device = cfg.storing_devices[0]
         payloads = [cloudpickle.dumps(spec) for spec in cfg.specs]
-        self._restart = RestartPolicy(on_worker_failure, max_worker_restarts, cfg.specs)
-        self._in_updater = False
-        self.weight_updater = None
+        self._restart = RestartPolicy(cfg.on_worker_failure, cfg.max_worker_restarts, cfg.specs)
         # -- start ---------------------------------------------------------------------------------
         start.check_fork_is_safe(self.mp_start_method, [d for ds in cfg.devices.values() for d in ds], policy)
         start.check_not_bootstrapping()
@@ -215,9 +207,7 @@ class MultiCollectorBase(CollectorBase):
     def _deliver(self, batch: TensorDict, stacked_workers: bool = False,
                  worker: int | None = None) -> TensorDict | None:
         storing = self._storing_device if worker is None else self._storing_devices[worker]
-        return deliver(batch, storing_device=storing, split_trajs=self.split_trajs,
-                       postproc=self.postproc, replay_buffer=self.replay_buffer, extend_buffer=self.extend_buffer,
-                       stacked_workers=stacked_workers)
+        return super()._deliver(batch, storing_device=storing, stacked_workers=stacked_workers)
 
     def _running(self) -> bool:
         return self._loop is not None or (self._free is not None and self._free.running)
@@ -232,37 +222,18 @@ class MultiCollectorBase(CollectorBase):
                             "batches reach total_frames depends on which workers deliver them")
         return self.frames_per_batch
 
-    def frames_per_batch_worker(self, worker_idx: int | None = None) -> int:
-        """Frames in each batch worker ``worker_idx`` collects (torchrl's; None: worker 0).
+    def _members(self) -> int:
+        return self.num_workers
 
-        Example:
-            >>> from rlcollect import MultiAsyncCollector
-            >>> c = MultiAsyncCollector(["CartPole-v1"] * 2, frames_per_batch=[10, 30], total_frames=80)
-            >>> c.frames_per_batch_worker(1), c.requested_frames_per_batch
-            (30, 40)
-            >>> c.shutdown()
-        """
-        index = 0 if worker_idx is None else worker_idx
-        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < self.num_workers:
-            raise ValueError(f"worker_idx must be None or an int in 0..{self.num_workers - 1}, got {worker_idx!r}")
-        return self._worker_frames_per_batch[index]
+    def _member_frames(self, index: int) -> int:
+        return self.config.worker_frames[index]
 
     def _next_batch(self) -> TensorDict | None:
         raise NotImplementedError
 
-    @contextlib.contextmanager
-    def _guard(self) -> Iterator[None]:
-        """A control call that fails because a worker died shuts the collector down."""
-        self._check_open()
-        try:
-            yield
-        except WorkerError:
-            self.shutdown()
-            raise
-        except Exception as err:
-            if err is self._inference_error():  # the policy raised in the main process: nothing can go on
-                self.shutdown()
-            raise
+    def _fatal_error(self) -> BaseException | None:
+        """The error central inference's policy raised in the main process: nothing can go on."""
+        return self._inference_error()
 
     def _quiesce(self) -> None:
         """Wait for the replies workers still owe (async keeps the batches for delivery)."""
@@ -276,19 +247,8 @@ class MultiCollectorBase(CollectorBase):
             return [self._pool.receive(i) for i in indices]
 
     # -- control --------------------------------------------------------------------------------
-    def set_seed(self, seed: int, static_seed: bool = False) -> int:
-        """Seed worker 0 with ``seed``, worker 1 with what that returned, and so on; returns the
-        last seed.  Batches collected before the call and not yet delivered are discarded.
-
-        Example:
-            >>> from rlcollect import MultiSyncCollector
-            >>> c = MultiSyncCollector("CartPole-v1", num_workers=2, frames_per_batch=20)
-            >>> c.set_seed(0)
-            2
-            >>> c.shutdown()
-        """
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise TypeError(f"seed must be an int, got {seed!r}")
+    def _seed(self, seed: int, static_seed: bool) -> int:
+        # Batches collected before the call and not yet delivered are discarded.
         with self._control(), self._guard():
             self._discard_in_flight()
             for i in range(self.num_workers):
@@ -343,10 +303,7 @@ class MultiCollectorBase(CollectorBase):
         out["policy_version"] = self._version
         return out
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore ``state_dict()``; the workers continue their saved streams."""
-        if not isinstance(state, dict):
-            raise TypeError(f"load_state_dict expects the dict state_dict() returned, got {type(state).__name__}")
+    def _load(self, state: dict[str, Any]) -> None:
         missing = [k for k in (*(f"worker{i}" for i in range(self.num_workers)), "frames", "iter") if k not in state]
         if missing:
             raise KeyError(f"{type(self).__name__}.load_state_dict: missing keys {missing}")
@@ -359,43 +316,7 @@ class MultiCollectorBase(CollectorBase):
         self._version = int(state.get("policy_version", self._version))
 
     # -- weights (weight_sync.py) ------------------------------------------------------------
-    def update_policy_weights_(self, policy_or_weights: Any = None, *, weights: Any = None, policy: Any = None,
-                               worker_ids: Any = None, model_id: str | None = None,
-                               weights_dict: dict | None = None) -> None:
-        """Push new weights to the workers (all, or ``worker_ids``) with a new version.
-
-        The weights (positionally, ``weights=`` or ``policy=``): None (the main ``policy``'s),
-        an ``nn.Module``, a TensorDict of parameters, a state dict, or with
-        ``per_worker_weights=True`` a dict ``{worker_index: weights}``. ``model_id`` names the
-        model (default ``"policy"``; any other must be a key of ``weight_sync_schemes``, an
-        attribute path in each worker's collector such as ``"policy.module[0]"``);
-        ``weights_dict={model_id: weights}`` updates several models with one version. The
-        workers take them between two batches; every frame records the version that acted in
-        ``("collector", "policy_version")`` when ``track_policy_version=True``. With
-        ``weight_updater`` the call goes to it instead (no ``model_id`` / ``weights_dict``).
-
-        Example:
-            >>> import torch
-            >>> from rlcollect import MultiSyncCollector, CountingEnv
-            >>> class Policy(torch.nn.Module):
-            ...     def __init__(self):
-            ...         super().__init__()
-            ...         self.bias = torch.nn.Parameter(torch.zeros(1))
-            ...     def forward(self, observation):
-            ...         return (observation[..., 0] * 0 + self.bias[0]).long()
-            >>> c = MultiSyncCollector(CountingEnv, Policy(), num_workers=2, frames_per_batch=8)
-            >>> c.update_policy_weights_(weights={"bias": torch.ones(1)})
-            >>> c.worker_policy_versions()
-            [1, 1]
-            >>> c.shutdown()
-        """
-        self._check_open()
-        if delegate_to_updater(self, policy_or_weights, weights=weights, policy=policy, model_id=model_id,
-                               weights_dict=weights_dict, worker_ids=worker_ids,
-                               hint="; use weight_sync_schemes for several models"):
-            return
-        models = update_targets(policy_or_weights, weights=weights, policy=policy, model_id=model_id,
-                                weights_dict=weights_dict)
+    def _push_weights(self, models: dict[str, Any], worker_ids: Any) -> None:
         if self._central is not None:
             self._update_central(models)
             return
@@ -628,25 +549,10 @@ class MultiCollectorBase(CollectorBase):
                             workers=[i])
 
     # -- shutdown -------------------------------------------------------------------------------------
-    def shutdown(self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True) -> None:
-        """Stop every worker (close -> terminate -> kill within ``timeout``, None: 10 s), free
-        shared memory, restore the main process's torch threads. Idempotent.  torchrl's
-        ``close_env`` must be True (workers own their envs); ``raise_on_error=False`` logs an
-        error met while stopping instead of raising it.
-
-        Example:
-            >>> from rlcollect import MultiSyncCollector
-            >>> c = MultiSyncCollector("CartPole-v1", num_workers=2, frames_per_batch=20)
-            >>> c.shutdown(); c.shutdown()
-        """
-        torchrl_args.check_close_env(close_env, type(self).__name__)
-        timeout = torchrl_args.check_timeout(timeout, 10.0)
-        try:
-            self._shutdown(timeout)
-        except Exception:
-            if raise_on_error:
-                raise
-            logger.exception("rlcollect: error while shutting down %s (raise_on_error=False)", type(self).__name__)
+    def _release(self, timeout: float) -> None:
+        """Stop every worker (close -> terminate -> kill within ``timeout``), free shared
+        memory, restore the main process's torch threads."""
+        self._shutdown(timeout)
 
     def _shutdown(self, timeout: float) -> None:
         if self._closed and self._pool is None:

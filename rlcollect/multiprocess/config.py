@@ -16,7 +16,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 from collections.abc import Callable
 from typing import Any
@@ -25,10 +24,10 @@ import cloudpickle
 import torch
 
 from rlcollect import torchrl_args
-from rlcollect.base import CollectorBase
 from rlcollect.collector import Collector
 from rlcollect.config import (CollectorConfig, check_policy_sources, check_replay_buffer, check_weight_updater,
-                              kwargs_arg, optional_positive_int, per_member, positive_int, total_frames_arg)
+                              kwargs_arg, optional_positive_int, per_member, positive_int, resolve_collector_class,
+                              seconds, total_frames_arg)
 from rlcollect.multiprocess import start
 from rlcollect.multiprocess.pool import DEFAULT_START_TIMEOUT_S
 from rlcollect.multiprocess.restart import RestartPolicy
@@ -44,40 +43,9 @@ INNER_OPTIONS = (
     "max_frames_per_traj", "reset_at_each_iter", "exploration_type", "set_truncated", "trust_policy",
     "compile_policy", "cudagraph_policy", "no_cuda_sync", "track_policy_version",
 )
-#: The collector classes ``collector_class`` may name by string. The multi-process ones are
-#: built on this package's base module: named by path and imported when first named, so that
-#: nothing here imports the modules that import it.
-_NAMED = {
-    "single": ("rlcollect.collector", "Collector"),
-    "sync": ("rlcollect.multiprocess.sync", "MultiSyncCollector"),
-    "async": ("rlcollect.multiprocess.asynchronous", "MultiAsyncCollector"),
-}
 #: Where warnings point: the user's call (user -> collector __init__ -> MultiConfig __init__ ->
 #: __post_init__ -> a check here).
 _USER = 5
-
-
-def resolve_collector_class(value: Any) -> type:
-    """``collector_class``: a collector class (``Collector``, a multi-process collector, or a
-    subclass), or one of ``"single"``, ``"sync"``, ``"async"``.
-
-    Example:
-        >>> resolve_collector_class("sync").__name__
-        'MultiSyncCollector'
-    """
-    if isinstance(value, str):
-        if value not in _NAMED:
-            raise ValueError(f"collector_class must be a collector class or one of {sorted(_NAMED)}, got {value!r}")
-        module, name = _NAMED[value]
-        return getattr(importlib.import_module(module), name)
-    # A collector that can fill a worker's batch slot (rlcollect/source.py): Collector, the
-    # multi-process ones and their subclasses (not DistributedCollector).
-    if isinstance(value, type) and issubclass(value, CollectorBase) and callable(getattr(value, "collect_into", None)):
-        return value
-    raise ValueError(
-        f"collector_class must be Collector, MultiSyncCollector, MultiAsyncCollector (or a subclass), "
-        f"or one of {sorted(_NAMED)}; got {value!r}"
-    )
 
 
 def _pickled(name: str, value: Any, hint: str) -> None:
@@ -93,12 +61,6 @@ def _shared_buffer(replay_buffer: Any) -> bool:
     from rlcollect.buffers.replay import ReplayBuffer
 
     return isinstance(replay_buffer, ReplayBuffer)
-
-
-def _seconds(name: str, value: Any, accepted: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be {accepted}, got {value!r}")
-    return float(value)
 
 
 def _cat_results(value: Any, sync: bool) -> str | int:
@@ -232,10 +194,10 @@ class MultiConfig:
         self.mp_start_method = start.resolve_start_method(self.mp_start_method)
         RestartPolicy(self.on_worker_failure, self.max_worker_restarts, [])  # validates both arguments
         if self.worker_timeout is not None:
-            self.worker_timeout = _seconds("worker_timeout", self.worker_timeout,
-                                           "a positive number of seconds or None")
-        self.start_timeout = _seconds("start_timeout", self.start_timeout, "a positive, finite number of seconds "
-                                      f"(default {DEFAULT_START_TIMEOUT_S:g})")
+            self.worker_timeout = seconds("worker_timeout", self.worker_timeout,
+                                          "a positive number of seconds or None", finite=True)
+        self.start_timeout = seconds("start_timeout", self.start_timeout, "a positive, finite number of seconds "
+                                     f"(default {DEFAULT_START_TIMEOUT_S:g})", finite=True)
         optional_positive_int("num_threads", self.num_threads)
         positive_int("num_sub_threads", self.num_sub_threads)
         self.collector_class = resolve_collector_class(self.collector_class)
