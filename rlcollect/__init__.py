@@ -29,10 +29,10 @@ _EXPORTS = {
     "FaultyEnv": "rlcollect.envs.testing",
     "GymEnv": "rlcollect.envs.gym",
     "InjectedFault": "rlcollect.envs.testing",
-    "MultiAsyncCollector": "rlcollect.multiprocess.asynchronous",
+    "MultiAsyncCollector": "rlcollect.multiprocess.collector",
     "MultiCollector": "rlcollect.multiprocess.factory",
     "MultiProcessWeightSyncScheme": "rlcollect.weights.schemes",
-    "MultiSyncCollector": "rlcollect.multiprocess.sync",
+    "MultiSyncCollector": "rlcollect.multiprocess.collector",
     "NoWeightSyncScheme": "rlcollect.weights.schemes",
     "ReplayBuffer": "rlcollect.buffers.replay",
     "SerialEnv": "rlcollect.envs.serial",
@@ -74,10 +74,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from rlcollect.envs.serial import SerialEnv
     from rlcollect.envs.testing import BusyEnv, CountingEnv, FaultyEnv, InjectedFault, SleepEnv
     from rlcollect.envs.vector import VectorEnv
-    from rlcollect.multiprocess.asynchronous import MultiAsyncCollector
+    from rlcollect.multiprocess.collector import MultiAsyncCollector
     from rlcollect.multiprocess.factory import MultiCollector
     from rlcollect.errors import WorkerError
-    from rlcollect.multiprocess.sync import MultiSyncCollector
+    from rlcollect.multiprocess.collector import MultiSyncCollector
     from rlcollect.tensorboard import TensorBoardLogger
     from rlcollect.policy import ExplorationType
     from rlcollect.weights.schemes import (

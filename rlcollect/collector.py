@@ -20,12 +20,10 @@ from rlcollect.collector_state import check_state, load_all_or_nothing
 from rlcollect.data import TRAJ_ID_BLOCK, BatchBuffer, fresh_batch
 from rlcollect.envs.adapter import make_env
 from rlcollect.freerun import BackgroundLoop
-from rlcollect.inference.client import RemotePolicy
-from rlcollect.inference.split import SplitEnvs, remote_rollout
 from rlcollect.metrics import BatchClock, StepTimes, batch_meta, policy_lag, stats_keys, worker_keys
 from rlcollect.profiling import RolloutProfiler
 from rlcollect.policy import exploration_scope, has_weights, load_weights, make_runner
-from rlcollect.rollout import Rollout
+from rlcollect.rollout import build_env, make_rollout
 from rlcollect import torchrl_args
 from rlcollect.base import CollectorBase
 from rlcollect.weights.local import LocalWeights, acting_policy, place_env
@@ -121,20 +119,9 @@ class Collector(CollectorBase):
                 stacklevel=2,
             )
 
-        # Central inference (rlcollect/inference/): the policy is served by the main process, and
-        # the env is built once per split of the worker's envs.
-        splits = policy.splits if isinstance(policy, RemotePolicy) else 1
         with worker_index(worker_idx):
-            self.env = make_env(create_env_fn, cfg.create_env_kwargs)
-            if splits > 1:
-                parts = [self.env]
-                try:
-                    parts += [make_env(create_env_fn, cfg.create_env_kwargs) for _ in range(splits - 1)]
-                except BaseException:
-                    for part in parts:
-                        part.close()
-                    raise
-                self.env = SplitEnvs(parts)
+            # (a policy that builds its own rollout may build the env in parts: rollout.build_env)
+            self.env = build_env(policy, lambda: make_env(create_env_fn, cfg.create_env_kwargs))
         try:
             place_env(self.env, cfg.env_device)
             self._setup(policy, policy_factory, traj_id_start)
@@ -161,22 +148,14 @@ class Collector(CollectorBase):
         options = dict(max_frames_per_traj=cfg.max_frames_per_traj, set_truncated=cfg.set_truncated,
                        track_version=cfg.track_policy_version)
         time_steps = math.ceil(cfg.frames_per_batch / rows)
-        if isinstance(policy, RemotePolicy):
-            self.policy, self._weight_source = policy, None
-            self._rollout = remote_rollout(policy, env, time_steps, traj_id_start, options)
-            self._runner = self._rollout.runner
-        else:
-            self.policy, self._weight_source = acting_policy(policy, policy_factory, cfg.policy_device_or_default)
-            self._runner = make_runner(
-                self.policy,
-                list(env.obs_layout),
-                env.batch_size,
-                cfg.policy_device_or_default,
-                cfg.compile_policy,
-                cfg.cudagraph_policy,
-                cfg.trust_policy,
-            )
-            self._rollout = Rollout(env, self._runner, time_steps, traj_id_start=traj_id_start, **options)
+        self.policy, self._weight_source = acting_policy(policy, policy_factory, cfg.policy_device_or_default)
+        device = cfg.policy_device_or_default
+        self._rollout = make_rollout(
+            self.policy, env,
+            lambda: make_runner(self.policy, list(env.obs_layout), env.batch_size, device, cfg.compile_policy,
+                                cfg.cudagraph_policy, cfg.trust_policy),
+            time_steps, traj_id_start, options)
+        self._runner = self._rollout.runner
         if cfg.frames_per_batch % rows:
             torchrl_args.warn(
                 f"frames_per_batch={cfg.frames_per_batch} is not a multiple of the env's {rows} rows: "
@@ -185,8 +164,6 @@ class Collector(CollectorBase):
             )
         with exploration_scope(cfg.exploration_type):
             self.layout = self._rollout.discover_layout()
-        if isinstance(policy, RemotePolicy):
-            policy.describe(self._rollout)
         self._buffer: BatchBuffer | None = None  # the in-place batch, allocated on first use
         # torchrl's: the frames of one batch, frames_per_batch rounded up to whole env rows
         self.requested_frames_per_batch = self.layout.frames
@@ -283,8 +260,8 @@ class Collector(CollectorBase):
             steps = self._rollout.fill(buf, random=random, version=self._version, stop=stop)
         self._step_times.add(self._rollout.step_seconds[:steps])
         frames = steps * self.layout.rows
-        if getattr(self._runner, "reports_version", False) and not random:
-            self._version = self._rollout.last_version  # central inference: the main process's version
+        if self._runner.reports_version and not random:
+            self._version = self._rollout.last_version  # the policy acts elsewhere: its version moves there
         self._last_collected = (frames, *self._rollout.version_range)
         self._frames += frames
         self._iter += 1

@@ -31,8 +31,8 @@ from rlcollect.weights.schemes import validate_schemes
 #: that nothing here imports the collector modules, which import this one).
 NAMED_COLLECTORS = {
     "single": ("rlcollect.collector", "Collector"),
-    "sync": ("rlcollect.multiprocess.sync", "MultiSyncCollector"),
-    "async": ("rlcollect.multiprocess.asynchronous", "MultiAsyncCollector"),
+    "sync": ("rlcollect.multiprocess.collector", "MultiSyncCollector"),
+    "async": ("rlcollect.multiprocess.collector", "MultiAsyncCollector"),
 }
 
 

@@ -96,12 +96,16 @@ class RandomRunner:
 
     is_random = True
     module = None
+    reports_version = False
 
 
 class ModuleRunner:
     """Calls a plain ``nn.Module`` or callable with the observations its forward asks for."""
 
     is_random = False
+    #: Whether each answer says which policy version computed it (a runner whose policy acts in
+    #: another process, whose version may move between two steps); the rollout then records it.
+    reports_version = False
 
     def __init__(self, fn: Callable, in_keys: list[NestedKey], device: torch.device | None):
         self.fn = fn
@@ -131,6 +135,7 @@ class TensorDictRunner:
     """Calls a ``TensorDictModuleBase`` on a TensorDict holding the observations."""
 
     is_random = False
+    reports_version = False
 
     def __init__(self, module: Any, batch_size: torch.Size, device: torch.device | None):
         from tensordict import TensorDict

@@ -33,6 +33,8 @@ costs one copy per carried key per step, and nothing for policies that write not
 from __future__ import annotations
 
 from time import perf_counter
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -291,7 +293,7 @@ class Rollout:
             self.reset_all()
         env, runner, n_time = self.env, self.runner, self.time
         random = random or runner.is_random
-        versioned = not random and getattr(runner, "reports_version", False)
+        versioned = not random and runner.reports_version
         versions = self._versions
         obs_items = list(self._obs.items())
         policy_in, policy_tensors = self._policy_in.arrays, self._policy_in.tensors
@@ -491,3 +493,22 @@ class Rollout:
         self.step_count[:] = state["step_count"]
         self.needs_reset = bool(state["needs_reset"])
         self._ids_used = bool(state["ids_used"])
+
+
+def build_env(policy: Any, make_one: Callable[[], EnvBase]) -> EnvBase:
+    """The env a collector steps: ``make_one()``, or, for a policy that builds its own rollout
+    (``policy.make_rollout``), what that policy makes of ``make_one`` (``policy.make_env``:
+    central inference builds one env per split of a worker's envs)."""
+    own = getattr(policy, "make_env", None)
+    return make_one() if own is None else own(make_one)
+
+
+def make_rollout(policy: Any, env: EnvBase, runner: Callable[[], Any], time: int, traj_id_start: int,
+                 options: dict) -> Any:
+    """The rollout of ``env``: ``policy.make_rollout(env, time, traj_id_start, options)`` for a
+    policy that builds its own (central inference's ``RemotePolicy``), else a ``Rollout`` with
+    the runner ``runner()`` builds."""
+    own = getattr(policy, "make_rollout", None)
+    if own is not None:
+        return own(env, time, traj_id_start, options)
+    return Rollout(env, runner(), time, traj_id_start=traj_id_start, **options)

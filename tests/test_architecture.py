@@ -144,7 +144,7 @@ def _classes() -> dict[str, list[str]]:
 
 def test_no_class_inherits_from_two_rlcollect_classes():
     classes = _classes()
-    assert classes["rlcollect.multiprocess.sync.MultiSyncCollector"]  # the resolver sees rlcollect bases
+    assert classes["rlcollect.multiprocess.collector.MultiSyncCollector"]  # the resolver sees rlcollect bases
     assert {name: bases for name, bases in classes.items() if len(bases) > 1} == {}
 
 

@@ -59,7 +59,7 @@ def test_workers_need_the_multiprocess_collectors(capsys, monkeypatch):
 
     # As in a version without them: the lazy export fails to import.
     monkeypatch.delattr(rlcollect, "MultiSyncCollector", raising=False)
-    monkeypatch.setitem(sys.modules, "rlcollect.multiprocess.sync", None)
+    monkeypatch.setitem(sys.modules, "rlcollect.multiprocess.collector", None)
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["collect", "--workers", "2", "--frames", "100"])
     assert exit_info.value.code == 2

@@ -10,4 +10,7 @@ loop in the main process runs the policy for all of them, batched.
   the other steps), as one env and one rollout to the collector;
 - ``server.py``: ``InferenceServer``, the main process's thread that gathers the ready slots,
   runs one forward and writes the actions back.
+
+What a collector holds of it (``CentralInference``) is ``multiprocess/acting.py``'s ``Central``:
+where the policy acts is that role's choice, and nothing else in the collectors knows it.
 """

@@ -128,13 +128,38 @@ class RemoteRunner:
 
 class RemotePolicy:
     """What a worker's collector gets as its policy with central inference: one pipe per split
-    of its envs (``conns``); the collector builds ``len(conns)`` envs and a rollout for each."""
+    of its envs (``conns``). It builds its own env and rollout (the collector asks
+    ``make_env`` and ``make_rollout``, rlcollect/rollout.py): ``len(conns)`` envs, a rollout
+    for each (split.py), each with a ``RemoteRunner``."""
 
     def __init__(self, conns: list[Any]):
         self.conns = list(conns)
         self.runners: list[RemoteRunner] = []
         self.inputs: list[dict[NestedKey, ArraySpec]] = []
         self.env_keys: list[NestedKey] = []
+        self.rollout: Any = None
+
+    def make_env(self, make_one: Any) -> Any:
+        """One env per split (``make_one()`` builds one), as one env (``SplitEnvs``)."""
+        from rlcollect.inference.split import SplitEnvs
+
+        parts = [make_one()]
+        if self.splits == 1:
+            return parts[0]
+        try:
+            parts += [make_one() for _ in range(self.splits - 1)]
+        except BaseException:
+            for part in parts:
+                part.close()
+            raise
+        return SplitEnvs(parts)
+
+    def make_rollout(self, env: Any, time: int, traj_id_start: int, options: dict) -> Any:
+        """A rollout per split of ``env``, each asking the main process for its actions."""
+        from rlcollect.inference.split import remote_rollout
+
+        self.rollout = remote_rollout(self, env, time, traj_id_start, options)
+        return self.rollout
 
     @property
     def splits(self) -> int:
@@ -153,6 +178,8 @@ class RemotePolicy:
 
     def specs(self) -> list[SlotSpec]:
         """Each split's slot, reported by the worker once its rollouts know their inputs."""
+        if not self.inputs:
+            self.describe(self.rollout)
         return [r.spec(inputs, self.env_keys) for r, inputs in zip(self.runners, self.inputs)]
 
     def attach(self, flat: torch.Tensor, spec: SlotSpec, total_rows: int, slots: list[tuple[int, int]],

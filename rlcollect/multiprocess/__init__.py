@@ -5,10 +5,16 @@
 - ``shm.py``: the shared-memory batch slots, where a batch crosses the process boundary;
 - ``pool.py``, ``handle.py``, ``reaper.py``, ``start.py``: supervision (start-up, each worker's
   state, liveness, timeouts, shutdown);
-- ``restart.py``: where a failed worker is replaced; ``weight_sync.py``: the workers' weights;
-  ``freerun.py``: workers writing a replay buffer on their own; ``stats.py``: their statistics;
-- ``config.py``: the validated options and the workers' specs;
-- ``base.py``, ``sync.py``, ``asynchronous.py``, ``factory.py``: the public collector classes.
+- ``collector.py``: the public collector classes (``MultiSyncCollector``,
+  ``MultiAsyncCollector``, ``MultiCollector``), thin faces that wire the parts below in one
+  place, as ``distributed/collector.py`` does for nodes;
+- ``slots.py``: the batch slots lent to the user and reclaimed; ``gather.py``: how batches are
+  gathered (``SyncGather``, ``AsyncGather``);
+- ``acting.py``: where the policy acts, in the workers (``InWorkers``: their weights) or in
+  this process for all of them (``Central``: rlcollect/inference/);
+- ``recovery.py``: where a failed worker is replaced; ``freerun.py``: free running (the workers
+  writing a replay buffer on their own, or a background thread); ``stats.py``: statistics;
+- ``config.py``: the validated options and the workers' specs.
 
 Nothing is imported here, so that a worker importing ``worker.py`` stays light.
 """

@@ -30,10 +30,110 @@ from rlcollect.config import (CollectorConfig, check_policy_sources, check_repla
                               seconds, total_frames_arg)
 from rlcollect.multiprocess import start
 from rlcollect.multiprocess.pool import DEFAULT_START_TIMEOUT_S
-from rlcollect.multiprocess.restart import RestartPolicy
+from rlcollect.multiprocess.recovery import RestartPolicy
 from rlcollect.policy import as_exploration_type, has_weights
 from rlcollect.torchrl_args import version_tracker
 from rlcollect.weights.schemes import validate_schemes
+
+#: The ``Args:`` section of the multi-process collectors' docstrings (``MultiSyncCollector``,
+#: ``MultiAsyncCollector``, ``MultiCollector``): one entry per parameter of their signature.
+ARGS_DOC = """
+    Args:
+        create_env_fn (env | str | callable | list): what each worker builds its env from: an
+            env instance (pickled to the workers), a gymnasium id, a callable returning an env,
+            or a list with one of these per worker (``num_workers`` is then its length).
+            Required. Must be picklable (a module-level function, ``functools.partial``).
+        policy (nn.Module | TensorDictModule | callable | None): the policy; None (default)
+            acts randomly. Sent to each worker, which acts with its own copy whose weights
+            ``update_policy_weights_()`` keeps in sync from this one; with
+            ``inference="central"`` it acts in this process for every worker.
+        num_workers (int | None): the number of worker processes. Required unless
+            ``create_env_fn`` is a list (default None).
+        policy_factory (callable | list | None): builds the policy inside each worker (one per
+            worker in a list) instead of sending ``policy``; with ``policy`` too, ``policy`` is
+            only the source of weights and ``weight_sync_schemes`` must name ``"policy"``
+            (default None).
+        frames_per_batch (int | list[int]): frames per yielded batch. Sync: the total over the
+            workers (each collects ``ceil(F / num_workers)``); async: each worker's batch. A
+            list gives each worker its own count. Required.
+        total_frames (int): stop after this many frames; -1 (default), None or any negative
+            int: never.
+        device (str | torch.device | list | None): the default for the three devices below,
+            per worker in a list (default None: the CPU).
+        storing_device (str | torch.device | list | None): where delivered batches are stored
+            (default None: ``device``); sync collectors need one for all workers.
+        env_device (str | torch.device | list | None): where each worker's env runs (default
+            None: ``device``).
+        policy_device (str | torch.device | list | None): where the policy runs (default
+            None: ``device``); one device with ``inference="central"``.
+        create_env_kwargs (dict | list | None): keyword arguments for ``create_env_fn`` (one
+            dict per worker in a list; default None: none).
+        collector_class (type | str): the collector each worker runs: ``Collector`` (default),
+            ``MultiSyncCollector`` / ``MultiAsyncCollector`` (or ``"single"``, ``"sync"``,
+            ``"async"``) to nest, with the inner ``num_workers`` in ``collector_kwargs``.
+        preemptive_threshold (float | None): sync only: once this fraction (0..1) of the
+            workers delivered, the others stop at their next step and their unfilled frames
+            are masked or dropped (default None: wait for all).
+        cat_results (str | int | None): how sync batches are joined: ``"stack"`` (default,
+            also None) gives ``(N, *env_batch, T)``; an int dim concatenates along it (``0``:
+            the first dim, ``-1``: time). Async accepts only None / ``"stack"``.
+        update_at_each_batch (bool): push ``policy``'s weights before each batch (async: to
+            the delivering worker) (default False).
+        num_threads (int | None): torch threads of the main process (default None: cores
+            minus workers, at least 1).
+        num_sub_threads (int): torch threads of each worker (default 1).
+        mp_start_method (str | None): ``"fork"``, ``"forkserver"`` or ``"spawn"``; None
+            (default) picks ``"fork"`` where it is safe (no CUDA initialised, no other thread)
+            and ``"forkserver"`` otherwise.
+        worker_timeout (float | None): seconds a worker may take for one batch or reply
+            before it counts as failed (default None: no limit).
+        start_timeout (float): seconds a worker may take to start (default 120); a slower one
+            raises ``WorkerError`` "during start-up".
+        on_worker_failure (str): ``"raise"`` (default): a failed worker shuts the collector
+            down and raises ``WorkerError`` with its index and traceback; ``"restart"``:
+            replace it and collect its share again.
+        max_worker_restarts (int): restarts allowed per worker with ``"restart"`` (default 3).
+        init_random_frames (int | None): the batches started before this many frames were
+            delivered (or written to ``replay_buffer``) act randomly (default None: 0).
+        postproc (callable | None): applied to each batch before it is yielded or written
+            (default None).
+        split_trajs (bool): yield ``split_trajectories(batch)`` (default False).
+        return_same_td (bool): torchrl's; accepted for parity (every delivered batch is its
+            own memory, never overwritten by the next) (default False).
+        replay_buffer (object | None): an object with ``extend()``: batches go there and
+            iteration yields None; an ``rlcollect.ReplayBuffer`` is written by the workers
+            themselves (default None).
+        extend_buffer (bool): write batches to ``replay_buffer`` as a whole (default True).
+        use_buffers (bool): torchrl's; both values accepted: batches always cross through
+            shared-memory slots and every delivered batch is fresh memory (default True).
+        weight_sync_schemes (dict | None): ``{model_id: scheme}``: how each model's weights
+            reach the workers (``"shared"`` memory by default for ``"policy"``, ``"process"``
+            pipes, ``"none"``) (default None).
+        per_worker_weights (bool): one weight store per worker, so that
+            ``update_policy_weights_({i: weights})`` may differ per worker (default False).
+        weight_updater (object | callable | None): torchrl's legacy weight updater, called by
+            ``update_policy_weights_`` instead of the built-in path (default None).
+        collector_kwargs (dict | None): extra keyword arguments of each worker's collector
+            (default None).
+        worker_idx (int | None): this collector's index when it runs inside another
+            collector's worker (its trajectory ids stay unique) (default None).
+        reset_when_done (bool): torchrl's; must be True (default): an env is reset in the
+            step it ends.
+        local_init_rb (bool | None): torchrl's; accepted, without effect (a replay buffer's
+            storage exists when it is created) (default None).
+        inference (str): ``"worker"`` (default): each worker runs its own copy of the policy;
+            ``"central"``: the workers only step envs and this process runs the policy for all
+            of them, one batched forward per step (rlcollect's; torchrl has no such argument).
+        env_splits (int | None): with ``inference="central"``, the groups each worker's envs
+            are split into, stepped while the others wait for actions (default None: 2).
+        max_wait_us (float): with ``inference="central"``, how long a forward waits for more
+            workers once one is ready, in microseconds (default 0).
+        **inner_options: options passed unchanged to each worker's ``Collector``:
+            ``max_frames_per_traj`` (truncate trajectories), ``reset_at_each_iter``,
+            ``exploration_type`` (default ``"random"``), ``set_truncated``, ``trust_policy``,
+            ``compile_policy``, ``cudagraph_policy``, ``no_cuda_sync``, ``track_policy_version``
+            (each as in ``Collector``); any other name is a ``TypeError``.
+"""
 
 PER_WORKER_ARGS = ("device", "storing_device", "env_device", "policy_device")
 #: ``inference``: each worker runs its own copy of the policy, or the main process runs it for all.

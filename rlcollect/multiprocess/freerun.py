@@ -1,5 +1,11 @@
 """Free-running multi-process collection (docs/replay-buffer.md, "Free-running"): what
-``start()``, ``pause()`` and ``async_shutdown()`` do with the workers.
+``start()``, ``pause()`` and ``async_shutdown()`` do, behind one interface with two
+strategies (``free_running(config)`` picks one):
+
+- ``start(step)``; ``suspend()`` / ``resume()`` (``pause()``'s block: nothing is written in
+  between; ``suspend`` returns the frames written since ``start``); ``stop()`` (the frames
+  written); ``check()`` (a failure surfaced, the frames it had written); ``running``;
+  ``close(timeout)`` (at shutdown: the error a background loop hit, or None).
 
 With an rlcollect ``ReplayBuffer`` the workers write into it themselves: ``start()`` sends each
 worker ``run_free`` and returns; a worker then collects batch after batch straight into the
@@ -16,12 +22,68 @@ itself.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from rlcollect.errors import WorkerError
+from rlcollect.freerun import BackgroundLoop
 from rlcollect.multiprocess import protocol as P
-from rlcollect.multiprocess.restart import WorkerRestarts
+from rlcollect.multiprocess.recovery import WorkerRestarts
 from rlcollect.multiprocess.stats import WorkerStats
+
+
+def free_running(config: Any, pool: Any, restarts: WorkerRestarts, stats: WorkerStats) -> Any:
+    """The workers write the replay buffer themselves (an rlcollect ``ReplayBuffer``), or
+    this process does from a background thread."""
+    if config.workers_write:
+        return FreeRunningWorkers(pool, restarts, stats, config.init_random_frames)
+    return BackgroundThread()
+
+
+class BackgroundThread:
+    """This process collects in a background thread (``rlcollect.freerun.BackgroundLoop``) and
+    extends the buffer itself."""
+
+    def __init__(self) -> None:
+        self.loop: BackgroundLoop | None = None
+        self._paused: Any = None
+
+    @property
+    def running(self) -> bool:
+        return self.loop is not None
+
+    def start(self, step: Callable[[], Any]) -> None:
+        self.loop = BackgroundLoop(step, name="rlcollect-multi-collector")
+        self.loop.start()
+
+    def suspend(self) -> int:
+        """Wait for the batch in progress (re-raising the error the loop hit)."""
+        self._paused = self.loop.pause()
+        self._paused.__enter__()
+        return 0
+
+    def resume(self) -> None:
+        paused, self._paused = self._paused, None
+        if paused is not None:
+            paused.__exit__(None, None, None)
+
+    def check(self) -> int:
+        return 0
+
+    def stop(self) -> int:
+        return self.close(10.0, raise_error=True) or 0
+
+    def close(self, timeout: float, raise_error: bool = False) -> BaseException | None:
+        loop, self.loop = self.loop, None
+        if loop is None:
+            return None
+        try:
+            loop.stop(timeout)
+        except Exception as err:  # noqa: BLE001  (raised once everything is shut down)
+            if raise_error:
+                raise
+            return err
+        return None
 
 
 class FreeRunningWorkers:
@@ -40,10 +102,19 @@ class FreeRunningWorkers:
         self.init_random_frames = init_random_frames
         self.running = False
 
-    def start(self) -> None:
+    def start(self, step: Any = None) -> None:
         for i in range(len(self.pool)):
             self.pool.send(i, P.RUN_FREE, self.init_random_frames)
         self.running = True
+
+    def suspend(self) -> int:
+        return self.stop()
+
+    def resume(self) -> None:
+        self.start()
+
+    def close(self, timeout: float) -> None:
+        self.running = False
 
     def stop(self) -> int:
         """Send ``pause`` to every worker and read what they owe: the ``run_free`` reply (the

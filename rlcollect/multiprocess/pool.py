@@ -385,6 +385,14 @@ class WorkerPool:
             return already
         return [h.index for h in self._wait(handles, timeout)]
 
+    def busy(self, index: int) -> bool:
+        """Whether worker ``index`` owes a reply."""
+        return bool(self.handles[index].pending)
+
+    def next_reply(self, index: int) -> str:
+        """The command whose reply worker ``index`` sends next."""
+        return self.handles[index].pending[0]
+
     def pids(self) -> list[int]:
         return [h.process.pid for h in self.handles]
 

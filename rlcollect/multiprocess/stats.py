@@ -22,6 +22,8 @@ class WorkerStats:
 
     def __init__(self, num_workers: int):
         self.num_workers = num_workers
+        self.frames = 0  # frames collected (delivered, or written by the workers)
+        self.batches = 0  # batches yielded (or written)
         self.worker_frames = [0] * num_workers
         self.worker_versions = [0] * num_workers
         self.worker_steps: list[tuple[float | None, float | None]] = [(None, None)] * num_workers  # env-step mean, p95

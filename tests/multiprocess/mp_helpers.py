@@ -224,7 +224,7 @@ def build(cls, *args, **kwargs):
 def running(cls, *args, **kwargs):
     """A collector that is shut down on exit, after which its workers must be gone."""
     collector = build(cls, *args, **kwargs)
-    pids = collector._pool.pids()
+    pids = collector.worker_pids()
     try:
         yield collector
     finally:
@@ -240,7 +240,7 @@ def make_multi():
 
     def factory(cls, *args, **kwargs):
         collector = build(cls, *args, **kwargs)
-        made.append((collector, collector._pool.pids()))
+        made.append((collector, collector.worker_pids()))
         return collector
 
     yield factory

@@ -218,14 +218,14 @@ def test_a_worker_killed_mid_step_is_restarted():
                  inference="central", on_worker_failure="restart") as c:
         it = iter(c)
         next(it)
-        victim = c._pool.handles[0].process.pid
+        victim = c.worker_pids()[0]
         killer = threading.Timer(0.05, os.kill, (victim, signal.SIGKILL))  # while it steps the next batch
         killer.start()
         batches = take(it, 3)
         killer.join()
         assert c.stats()["restarts"] == 1
         assert all(b.shape == torch.Size([2, 4, 50]) for b in batches)
-        assert c._pool.handles[0].process.pid != victim
+        assert c.worker_pids()[0] != victim
     assert_gone([victim])
 
 
@@ -234,7 +234,7 @@ def test_a_worker_killed_mid_step_raises_with_its_index():
                  inference="central") as c:
         it = iter(c)
         next(it)
-        os.kill(c._pool.handles[1].process.pid, signal.SIGKILL)
+        os.kill(c.worker_pids()[1], signal.SIGKILL)
         started = time.monotonic()
         with pytest.raises(WorkerError) as info:
             take(it, 5)
@@ -304,7 +304,7 @@ def test_a_dropped_collector_stops_its_inference_thread():
     shm_before = shm_entries()
     c = MultiSyncCollector(CARTPOLE2, RowPolicy(), num_workers=2, frames_per_batch=32, inference="central",
                            mp_start_method="forkserver")
-    pids = c._pool.pids()
+    pids = c.worker_pids()
     next(iter(c))
     del c
     gc.collect()
@@ -381,7 +381,7 @@ def test_central_env_workers_run_sched_batch_and_the_main_process_does_not():
     with running(MultiSyncCollector, CARTPOLE2, RowPolicy(), num_workers=2, frames_per_batch=40,
                  inference="central") as c:
         next(iter(c))
-        assert [os.sched_getscheduler(pid) for pid in c._pool.pids()] == [os.SCHED_BATCH] * 2
+        assert [os.sched_getscheduler(pid) for pid in c.worker_pids()] == [os.SCHED_BATCH] * 2
         assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the trainer and the inference thread keep theirs
     with running(MultiSyncCollector, CARTPOLE2, RowPolicy(), num_workers=2, frames_per_batch=40) as c:
-        assert [os.sched_getscheduler(pid) for pid in c._pool.pids()] == [os.SCHED_OTHER] * 2
+        assert [os.sched_getscheduler(pid) for pid in c.worker_pids()] == [os.SCHED_OTHER] * 2

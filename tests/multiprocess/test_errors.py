@@ -27,7 +27,7 @@ from mp_helpers import (
     wait_gone,
 )
 
-import rlcollect.multiprocess.base as base
+import rlcollect.multiprocess.collector as face
 from rlcollect import InjectedFault, MultiAsyncCollector, MultiSyncCollector, WorkerError
 
 pytestmark = pytest.mark.timeout(60)
@@ -43,7 +43,7 @@ def no_workers(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a worker pool was started before the arguments were validated")
 
-    monkeypatch.setattr(base, "WorkerPool", refuse)
+    monkeypatch.setattr(face, "WorkerPool", refuse)
 
 
 def _locked_factory():
@@ -118,7 +118,7 @@ def _assert_closed_and_gone(collector, pids, timeout=3.0):
 def test_exception_in_a_worker_is_reraised_with_its_type_and_traceback(cls):
     collector = cls(faulty_env, num_workers=2, frames_per_batch=8, mp_start_method=START,
                     create_env_kwargs={"fault": "raise", "at_step": 3, "worker_ids": [1]})
-    pids = collector._pool.pids()
+    pids = collector.worker_pids()
     try:
         with pytest.raises(InjectedFault) as info:
             # Async: worker 0 may deliver many batches before worker 1's failure is read.
@@ -179,7 +179,7 @@ def test_worker_killed_mid_batch_is_a_worker_error_within_3_s(cls):
     # Each batch takes worker 1 about 10 s (200 steps of 50 ms): it is killed in the middle.
     collector = cls(slow_env, num_workers=2, frames_per_batch=400 if cls is MultiSyncCollector else 200,
                     mp_start_method=START)
-    pids = collector._pool.pids()
+    pids = collector.worker_pids()
     killed_at = []
 
     def kill():
@@ -211,7 +211,7 @@ def test_worker_killed_mid_batch_is_a_worker_error_within_3_s(cls):
 def test_worker_dying_on_its_own_is_a_worker_error(fault, exitcode, words):
     collector = MultiSyncCollector(faulty_env, num_workers=1, frames_per_batch=4, mp_start_method=START,
                                    create_env_kwargs={"fault": fault, "at_step": 6})
-    pids = collector._pool.pids()
+    pids = collector.worker_pids()
     try:
         next(collector)  # steps 1-4
         with pytest.raises(WorkerError) as info:
@@ -229,7 +229,7 @@ def test_worker_dying_on_its_own_is_a_worker_error(fault, exitcode, words):
 def test_hung_worker_is_a_worker_error_after_worker_timeout(cls):
     collector = cls(faulty_env, num_workers=1, frames_per_batch=4, worker_timeout=1, mp_start_method=START,
                     create_env_kwargs={"fault": "hang", "at_step": 2})
-    pids = collector._pool.pids()
+    pids = collector.worker_pids()
     try:
         started = time.monotonic()
         with pytest.raises(WorkerError) as info:

@@ -42,7 +42,7 @@ def _closed(collector) -> bool:
 @pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
 def test_with_block_shuts_down(cls):
     with cls(counting5, num_workers=2, frames_per_batch=4, mp_start_method=START) as collector:
-        pids = collector._pool.pids()
+        pids = collector.worker_pids()
         assert all(pid_alive(p) for p in pids)
         next(collector)
     assert not wait_gone(pids, 0.5), "shutdown returned before its workers were gone"
@@ -51,7 +51,7 @@ def test_with_block_shuts_down(cls):
 
 def test_shutdown_is_idempotent_and_bounded():
     collector = MultiSyncCollector(counting5, num_workers=2, frames_per_batch=4, mp_start_method=START)
-    pids = collector._pool.pids()
+    pids = collector.worker_pids()
     next(collector)
     started = time.monotonic()
     collector.shutdown(timeout=2)
@@ -68,7 +68,7 @@ def test_shutdown_is_idempotent_and_bounded():
 @pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
 def test_garbage_collection_ends_the_workers(cls):
     collector = cls(counting5, num_workers=2, frames_per_batch=4, mp_start_method=START)
-    pids = collector._pool.pids()
+    pids = collector.worker_pids()
     next(collector)  # the collector's own iterator now refers back to it: a reference cycle
     del collector
     gc.collect()
@@ -80,7 +80,7 @@ def test_a_dropped_collector_is_freed_at_once(cls):
     """Its collaborators (weights, restarts, statistics) hold no reference back to it: dropping
     the last reference frees it and ends the workers without waiting for a garbage collection."""
     collector = cls(counting5, num_workers=2, frames_per_batch=4, mp_start_method=START)
-    pids = collector._pool.pids()
+    pids = collector.worker_pids()
     ref = weakref.ref(collector)
     gc.disable()
     try:
@@ -97,7 +97,7 @@ def test_exception_escaping_iteration_shuts_the_workers_down(cls):
         raise ArithmeticError("raised by postproc in the main process")
 
     collector = cls(counting5, num_workers=2, frames_per_batch=4, postproc=postproc, mp_start_method=START)
-    pids = collector._pool.pids()
+    pids = collector.worker_pids()
     with pytest.raises(ArithmeticError, match="postproc"):
         for _ in collector:
             pass
@@ -115,7 +115,7 @@ PARENT = textwrap.dedent("""
         collector = MultiSyncCollector(functools.partial(CountingEnv, max_steps=5), num_workers=2,
                                        frames_per_batch=8, mp_start_method=sys.argv[1])
         next(collector)
-        print(" ".join(map(str, collector._pool.pids())), flush=True)
+        print(" ".join(map(str, collector.worker_pids())), flush=True)
         if sys.argv[2] == "sleep":
             time.sleep(600)
         # else: the interpreter exits with the collector never shut down
@@ -175,7 +175,7 @@ def test_interpreter_exit_without_shutdown_ends_the_workers(tmp_path):
 def _cycle(method: str, keep: list) -> None:
     collector = MultiSyncCollector(counting5, num_workers=2 if method == START else 1, frames_per_batch=4,
                                    mp_start_method=method)
-    pids = collector._pool.pids()
+    pids = collector.worker_pids()
     next(collector)
     collector.shutdown()
     assert not wait_gone(pids, 1.0)

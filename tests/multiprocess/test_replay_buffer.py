@@ -103,7 +103,7 @@ def test_four_workers_running_free_write_each_frame_exactly_once():
     rb = ReplayBuffer(1_000_000)
     collector = MultiAsyncCollector(endless, num_workers=4, frames_per_batch=200, replay_buffer=rb,
                                     mp_start_method=START)
-    pids = collector._pool.pids()
+    pids = collector.worker_pids()
     try:
         collector.start()
         wait_for(lambda: rb.write_count >= 40_000, timeout=60)

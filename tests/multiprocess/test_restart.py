@@ -15,7 +15,7 @@ from mp_helpers import (BLOCK, POLICY_VERSION, START, TRAJ_IDS, WORKER_ID, Value
                         check_counting_stream, rows_of)
 
 from rlcollect import FaultyEnv, GymEnv, MultiAsyncCollector, MultiSyncCollector, WorkerError
-from rlcollect.multiprocess.sync import STACKED_SLOTS
+from rlcollect.multiprocess.slots import STACKED_SLOTS
 
 pytestmark = pytest.mark.timeout(120)
 #: The env of the tests that kill workers themselves: 2 CartPole envs per worker.
@@ -33,7 +33,7 @@ def test_sync_restart_after_each_fault_kind(tmp_path, fault):
     env = transient(tmp_path, fault)
     collector = MultiSyncCollector(env, ValuePolicy(w=1), num_workers=2, frames_per_batch=20, total_frames=200,
                                    on_worker_failure="restart", track_policy_version=True, mp_start_method=START)
-    first_pids = collector._pool.pids()
+    first_pids = collector.worker_pids()
     try:
         batches = list(collector)
         stats = collector.stats()
@@ -43,7 +43,7 @@ def test_sync_restart_after_each_fault_kind(tmp_path, fault):
             assert batch.shape == (2, 10)
             assert (batch[TRAJ_IDS] >= 0).all()
             assert batch[POLICY_VERSION].unique().tolist() == [0]
-        assert collector._pool.pids()[1] != first_pids[1]
+        assert collector.worker_pids()[1] != first_pids[1]
         # worker 0 never failed: its stream is continuous across every batch
         for row in rows_of(batches[0][0:1]):
             check_counting_stream(row, 4)
@@ -144,7 +144,7 @@ def test_a_restarted_worker_keeps_its_handle_through_each_state(tmp_path):
                                    on_worker_failure="restart", mp_start_method=START)
     handles = list(collector._pool.handles)
     attached = handles[1].attachment
-    pids = collector._pool.pids()
+    pids = collector.worker_pids()
     try:
         assert [h.state for h in handles] == [WorkerState.SERVING] * 2
         for _ in range(3):
@@ -153,7 +153,7 @@ def test_a_restarted_worker_keeps_its_handle_through_each_state(tmp_path):
         assert [h.incarnation for h in handles] == [0, 1]
         assert [h.state for h in handles] == [WorkerState.SERVING] * 2
         assert handles[1].attachment is not None and handles[1].attachment[0] is attached[0]
-        pids += collector._pool.pids()[1:]
+        pids += collector.worker_pids()[1:]
     finally:
         collector.shutdown()
     assert [h.state for h in handles] == [WorkerState.CLOSED] * 2
@@ -208,7 +208,7 @@ def test_a_sync_worker_killed_between_two_batches_is_restarted(inference):
         second = next(collector)
         assert collector.stats()["restarts"] == 1 and second.shape == first.shape
         assert (second[TRAJ_IDS] >= 0).all()
-        pids += collector._pool.pids()
+        pids += collector.worker_pids()
     finally:
         collector.shutdown()
     assert_gone(pids)
@@ -242,7 +242,7 @@ def test_workers_killed_at_random_moments_are_each_restarted(cls, inference):
                 batch = next(it)
                 assert batch.shape[-1] == shape[-1] and (batch[TRAJ_IDS] >= 0).all()
         assert collector.stats()["restarts"] == 12
-        pids += collector._pool.pids()
+        pids += collector.worker_pids()
     finally:
         collector.shutdown()
     assert_gone(pids)

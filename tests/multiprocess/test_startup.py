@@ -64,7 +64,7 @@ def test_default_with_another_thread_is_a_preloaded_fork_server(make_multi, cls,
     assert collector._pool.context.get_start_method() == "forkserver"
     server = forkserver._forkserver._forkserver_pid
     # The workers are forks of the one fork server, whose preload list has rlcollect's modules ...
-    assert [_ppid(pid) for pid in collector._pool.pids()] == [server, server]
+    assert [_ppid(pid) for pid in collector.worker_pids()] == [server, server]
     assert set(start.PRELOAD) <= set(forkserver._forkserver._preload_modules)
     assert forkserver._forkserver._preload_modules[0] == start.SERVER_GUARD  # launched from the main thread
     # ... and which has imported torch (its shared library is mapped) before forking them.
@@ -124,7 +124,7 @@ FORKING_SCRIPT = textwrap.dedent("""
 
     def ppids(collector):
         out = []
-        for pid in collector._pool.pids():
+        for pid in collector.worker_pids():
             with open(f"/proc/{pid}/stat", "rb") as f:
                 out.append(int(f.read().rsplit(b")", 1)[-1].split()[1]) == os.getpid())
         return out

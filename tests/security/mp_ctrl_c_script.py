@@ -12,7 +12,7 @@ if __name__ == "__main__":
     env = functools.partial(SleepEnv, step_time=0.01, obs_dim=1)
     print("building", flush=True)
     with MultiSyncCollector(env, num_workers=2, frames_per_batch=200, mp_start_method=method) as collector:
-        print("pids", *collector._pool.pids(), collector._pool.reaper.pid, flush=True)
+        print("pids", *collector.worker_pids(), collector._pool.reaper.pid, flush=True)
         for i, _ in enumerate(collector):
             if i == 0:
                 print("collecting", flush=True)

@@ -14,11 +14,9 @@ from rlcollect.multiprocess import shm
 if __name__ == "__main__":
     if sys.argv[1] == "torch":
         shm.check_free_space = lambda needed, what: None
-        import rlcollect.multiprocess.base as base
+        import rlcollect.multiprocess.slots as slots
 
-        import rlcollect.multiprocess.sync as sync
-
-        base.check_free_space = sync.check_free_space = shm.check_free_space
+        slots.check_free_space = shm.check_free_space
     env = functools.partial(CountingEnv, obs_dim=256, max_steps=None)  # 2000 frames: about 4 MiB a slot
     try:
         MultiSyncCollector(env, num_workers=2, frames_per_batch=2000, mp_start_method="fork")

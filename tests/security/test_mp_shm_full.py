@@ -49,7 +49,7 @@ def test_free_space_is_checked_before_any_slot_is_allocated(monkeypatch):
     allocated = []
     real_allocate = shm.allocate_slot
     record = lambda layout: allocated.append(layout) or real_allocate(layout)  # noqa: E731
-    monkeypatch.setattr("rlcollect.multiprocess.base.allocate_slot", record)
+    monkeypatch.setattr("rlcollect.multiprocess.slots.allocate_slot", record)
     monkeypatch.setattr(shm, "allocate_slot", record)  # what MultiSync's stacked slots allocate through
     before = _own_torch_files()
     with pytest.raises(OSError) as info:

@@ -87,8 +87,8 @@ def test_sigkill_mid_batch_raises_worker_error(cls, sentinel_first):
         try:
             batches = iter(collector)
             next(batches)
-            victim = collector._pool.pids()[0]
-            others = collector._pool.pids()[1:]
+            victim = collector.worker_pids()[0]
+            others = collector.worker_pids()[1:]
             when = _kill_later(victim, delay)
             with pytest.raises(WorkerError) as info:
                 for _ in range(20):  # async: the other worker's batches arrive meanwhile
@@ -118,7 +118,7 @@ def test_sigkill_mid_batch_restarts_once_per_kill(cls, sentinel_first):
         batches = iter(collector)
         next(batches)
         for k, delay in enumerate(KILL_AT, start=1):
-            victim = collector._pool.pids()[0]
+            victim = collector.worker_pids()[0]
             when = _kill_later(victim, delay)
             if cls is MultiSyncCollector:
                 batch = next(batches)
@@ -132,7 +132,7 @@ def test_sigkill_mid_batch_restarts_once_per_kill(cls, sentinel_first):
             when["timer"].join()
             assert "t" in when
             assert collector.stats()["restarts"] == k, f"kill {k} at {delay} s"
-            assert collector._pool.pids()[0] != victim
+            assert collector.worker_pids()[0] != victim
             # every frame of the delivered batch was collected (no unwritten slot)
             assert bool((batch["next", "observation"] == batch["observation"] + 1).all())
         assert [w["restarts"] for w in collector.stats()["workers"]] == [len(KILL_AT), 0]

@@ -236,7 +236,7 @@ def test_parallel_env_processes_end_when_their_worker_is_killed(leak_checker):
                            total_frames=-1)
     it = iter(c)
     next(it)
-    worker = c._pool.pids()[0]  # no public accessor for a worker's pid
+    worker = c.worker_pids()[0]  # no public accessor for a worker's pid
     # ParallelEnv's processes, and the fork server that starts them when the worker's start
     # method is "forkserver" (inherited from ours, the default).
     theirs = list(leak_checker.descendants(worker))
@@ -281,7 +281,7 @@ def test_a_worker_terminated_while_closing_its_parallel_env_unlinks_its_semaphor
     c = MultiSyncCollector([slow_to_close_parallel_cartpole], None, frames_per_batch=FRAMES, total_frames=FRAMES)
     try:
         (batch,) = list(c)
-        worker = c._pool.pids()[0]  # no public accessor for a worker's pid
+        worker = c.worker_pids()[0]  # no public accessor for a worker's pid
         theirs = list(leak_checker.descendants(worker))
     finally:
         c.shutdown(timeout=2.0)  # 1.2 s to exit, then SIGTERM

@@ -1,11 +1,24 @@
-"""What the sync and async multi-process collectors share: the worker pool and their shared
-batch slots, seeding, state, shutdown, and the public calls that their collaborators (config.py,
-weight_sync.py, restart.py, freerun.py, stats.py) do the work of."""
+"""``MultiSyncCollector``, ``MultiAsyncCollector`` and ``MultiCollector``: thin faces that wire
+the parts of the multi-process wing in one place (``_build``) and answer torchrl's calls.
+
+The parts, each handed its dependencies here and calling none of the others but through them:
+
+- ``WorkerPool`` (pool.py): the worker processes, their pipes and liveness;
+- the slots (slots.py): where the workers write and what is lent to the user;
+- the gather (gather.py): ``SyncGather`` or ``AsyncGather``, one batch at a time;
+- where the policy acts (acting.py): ``InWorkers`` or ``Central``;
+- ``WorkerRestarts`` (recovery.py): a failed worker replaced, or its error raised;
+- free running (freerun.py): the workers, or a background thread, writing the replay buffer;
+- ``WorkerStats`` (stats.py): the counters and statistics.
+
+The face reads its options from ``self.config`` (config.py), each argument listed once (the
+signature); the torchrl face itself (``shutdown``, ``set_seed``, ``update_policy_weights_``,
+...) is ``CollectorBase``'s (rlcollect/base.py).
+"""
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import weakref
 from collections.abc import Callable, Iterator
@@ -15,42 +28,48 @@ import cloudpickle
 import torch
 from tensordict import TensorDict
 
-from rlcollect.collector import Collector, frames_written
 from rlcollect import torchrl_args
 from rlcollect.base import CollectorBase, FromConfig
+from rlcollect.collector import Collector
 from rlcollect.config import bound_arguments
-from rlcollect.data import slot_buffer
+from rlcollect.data import BatchLayout
 from rlcollect.multiprocess import config as mpconfig
 from rlcollect.multiprocess import protocol as P
-from rlcollect.freerun import BackgroundLoop
-from rlcollect.inference.central import CentralInference
-from rlcollect.multiprocess.freerun import FreeRunningWorkers
-from rlcollect.multiprocess.weight_sync import WorkerWeights
 from rlcollect.multiprocess import start
+from rlcollect.multiprocess.acting import acting_for
+from rlcollect.multiprocess.config import ARGS_DOC
+from rlcollect.multiprocess.freerun import free_running
+from rlcollect.multiprocess.gather import AsyncGather, SyncGather
 from rlcollect.multiprocess.pool import DEFAULT_START_TIMEOUT_S, WorkerPool
-from rlcollect.multiprocess.restart import RestartPolicy, WorkerRestarts
-from rlcollect.multiprocess.shm import allocate_slot, check_free_space, slot_bytes
+from rlcollect.multiprocess.recovery import RestartPolicy, WorkerRestarts
 from rlcollect.multiprocess.stats import WorkerStats
-from rlcollect.policy import has_weights, load_weights
 from rlcollect.weights.models import make_weight_updater
 
-logger = logging.getLogger("rlcollect")
 
-START_METHODS = start.START_METHODS
-#: (distributed/config.py imports it from here.)
+class _Attach:
+    """``attach(i)``: hand worker ``i`` its slots, stop flag, weight store and (central
+    inference) its rows of the shared block."""
+
+    def __init__(self, pool: WorkerPool, slots: Any, stops: list[torch.Tensor], acting: Any):
+        self.pool, self.slots, self.stops, self.acting = pool, slots, stops, acting
+
+    def __call__(self, index: int) -> None:
+        self.pool.attach(index, self.slots.handed(index), self.stops[index], self.acting.store_for(index),
+                         self.acting.attachment(index))
 
 
 class MultiCollectorBase(CollectorBase):
-    """Shared machinery of ``MultiSyncCollector`` and ``MultiAsyncCollector``: the worker pool
-    (pool.py), their shared batch slots (shm.py), and collaborators built once the workers have
-    started: ``WorkerWeights`` (weight_sync.py), ``WorkerRestarts`` (restart.py),
-    ``FreeRunningWorkers`` (freerun.py) and ``WorkerStats`` (stats.py)."""
+    """What ``MultiSyncCollector`` and ``MultiAsyncCollector`` are: one face, wired in
+    ``_build``; the two differ only in the gather they are built with."""
 
-    _sync: bool = True
-    _slots_per_worker = 1
+    _sync = True
     _shutdown_on_error = True
-    _loop: BackgroundLoop | None = None  # free running, when this process writes the buffer
-    _free: FreeRunningWorkers | None = None  # free running, when the workers write it
+    _pool: WorkerPool | None = None
+    _acting: Any = None
+    _gather: Any = None
+    _free: Any = None
+    _stats: WorkerStats | None = None
+    _stops: list = []
     # torchrl's public attributes: the validated arguments, read from the config
     frames_per_batch = FromConfig()
     total_frames = FromConfig()
@@ -113,104 +132,83 @@ class MultiCollectorBase(CollectorBase):
         **inner_options: Any,
     ):
         args = bound_arguments(MultiCollectorBase.__init__, locals())
-        self._pool = None
-        self._central: CentralInference | None = None
         self._closed = True
         self.config = cfg = mpconfig.MultiConfig(sync=self._sync, owner=type(self).__name__, **args)
         n = self.num_workers = cfg.num_workers
         self._version_tracker = cfg.version_tracker
+        # torchrl's: the frames of one batch of every worker
         self.requested_frames_per_batch = sum(cfg.worker_frames)
-        self._schemes, self._workers_write, self._weight_source = cfg.schemes, cfg.workers_write, cfg.weight_source
-        self._storing_devices = cfg.storing_devices
-        self._storing_device = cfg.storing_devices[0]
-        payloads = [cloudpickle.dumps(spec) for spec in cfg.specs]
         self._restart = RestartPolicy(cfg.on_worker_failure, cfg.max_worker_restarts, cfg.specs)
-        # -- start ---------------------------------------------------------------------------------
-        start.check_fork_is_safe(self.mp_start_method, [d for ds in cfg.devices.values() for d in ds], policy)
+        self._stats = WorkerStats(n)
+        self._version = 0
+        self._iterator: Iterator | None = None
+        start.check_fork_is_safe(cfg.mp_start_method, [d for ds in cfg.devices.values() for d in ds], policy)
         start.check_not_bootstrapping()
         self._previous_threads = torch.get_num_threads()
         torch.set_num_threads(num_threads or max(1, (os.cpu_count() or 1) - n))
-        self._frames = 0
-        self._iter = 0
-        self._version = 0
-        self._stats = WorkerStats(n)
-        self._iterator: Iterator | None = None
-        context = start.get_context(self.mp_start_method)
+        acting = None
         try:
-            channels = guard = None
-            if cfg.inference == "central":  # rlcollect/inference/: the policy acts here, for every worker
-                options = cfg.inner_options
-                self._central = CentralInference(
-                    policy, splits=cfg.env_splits, device=cfg.central_device,
-                    exploration_type=options.get("exploration_type", "random"), allocate=allocate_slot,
-                    max_wait_us=cfg.max_wait_us,
-                    compile_policy=options.get("compile_policy"), trust_policy=options.get("trust_policy"))
-                channels, guard = self._central.channels(context), self._central.lock
-            self._pool = WorkerPool(context, payloads, num_sub_threads, self.worker_timeout, self.start_timeout,
-                                    channels=channels, start_guard=guard)
+            acting = acting_for(cfg)
+            context = start.get_context(cfg.mp_start_method)
+            self._pool = WorkerPool(context, [cloudpickle.dumps(spec) for spec in cfg.specs], cfg.num_sub_threads,
+                                    cfg.worker_timeout, cfg.start_timeout, channels=acting.channels(context),
+                                    start_guard=acting.start_guard)
         except BaseException:
             torch.set_num_threads(self._previous_threads)  # no shutdown() will run to restore it
-            if self._central is not None:
-                self._central.close()
+            if acting is not None:
+                acting.close()
             raise
-        self._finalizer = weakref.finalize(self, _shutdown, self._pool, self._previous_threads, self._central)
+        self._acting = acting
+        self._finalizer = weakref.finalize(self, _shutdown, self._pool, self._previous_threads, acting)
         self._closed = False
         try:
-            self._attach()
-            self._weights.check_models()
+            self._build()
+            self._acting.check_models()
             self.weight_updater = make_weight_updater(weight_updater, self)
         except BaseException:
             self.shutdown()
             raise
 
-    # -- set-up ------------------------------------------------------------------------------------
-    def _attach(self) -> None:
-        """Allocate every worker's shared batch slots and weight store and hand them over;
-        build the collaborators that need the started workers."""
-        pool = self._pool
+    def _build(self) -> None:
+        """Wire the parts that need the started workers (their reported layouts)."""
+        cfg, pool, acting = self.config, self._pool, self._acting
         self.layouts = [h.info["layout"] for h in pool.handles]
-        if self._central is not None:
-            self._central.attach([h.info for h in pool.handles])
-        self._allocate_slots()
-        self._stops = [torch.zeros(1, dtype=torch.uint8).share_memory_() for _ in range(self.num_workers)]
-        self._weights = WorkerWeights(pool, self._schemes, self.policy, self._weight_source, self.per_worker_weights,
-                                      queued=not self._sync, models=weakref.ref(self))
-        self._restarts = WorkerRestarts(self._restart, pool, self.layouts, self.collector_class is Collector,
-                                        after=self._weights.resend,
-                                        # (the inference side's own attribute: no reference back to this collector)
-                                        give_up=None if self._central is None else lambda c=self._central: c.error)
-        if self._workers_write:
-            self._free = FreeRunningWorkers(pool, self._restarts, self._stats, self.init_random_frames)
+        acting.start(pool, weakref.ref(self))
+        gather_class = SyncGather if self._sync else AsyncGather
+        slots = gather_class.make_slots(cfg, self.layouts)
+        self._stops = stops = [torch.zeros(1, dtype=torch.uint8).share_memory_() for _ in range(self.num_workers)]
+        restarts = WorkerRestarts(self._restart, pool, self.layouts, cfg.collector_class is Collector,
+                                  after=acting.resend, give_up=lambda a=acting: a.fatal_error)
+        attach = _Attach(pool, slots, stops, acting)
         for i in range(self.num_workers):
-            self._attach_worker(i)
+            attach(i)
+        slots.settle()
+        self._gather = gather_class(cfg, pool, slots, attach, restarts, self._stats, stops)
+        self._free = free_running(cfg, pool, restarts, self._stats)
 
-    def _allocate_slots(self) -> None:
-        """``self._slots[i]``: what worker ``i`` is handed (one flat slot per batch it may fill
-        at once); ``self._buffers[i]``: their typed views in this process."""
-        # Known only now (the workers report their layouts): check before allocating anything,
-        # rather than fail half-way (or have a write hit SIGBUS) on a full /dev/shm.
-        needed = sum(self._slots_per_worker * slot_bytes(layout) for layout in self.layouts)
-        check_free_space(needed, f"the batch slots of {self.num_workers} workers ({self._slots_per_worker} each)")
-        self._slots = [[allocate_slot(layout) for _ in range(self._slots_per_worker)] for layout in self.layouts]
-        self._buffers = [[slot_buffer(flat, layout) for flat in slots]
-                         for slots, layout in zip(self._slots, self.layouts)]
+    # -- the counters, kept with the statistics (which the gather updates) -------------------------
+    _frames = property(lambda self: self._stats.frames, lambda self, v: setattr(self._stats, "frames", v))
+    _iter = property(lambda self: self._stats.batches, lambda self, v: setattr(self._stats, "batches", v))
 
-    def _attach_worker(self, index: int) -> None:
-        inference = self._central.attachments[index] if self._central is not None else None
-        self._pool.attach(index, self._slots[index], self._stops[index], self._weights.store_for(index), inference)
+    # -- iteration ---------------------------------------------------------------------------------
+    def _next_batch(self) -> TensorDict | None:
+        with self._guard():
+            batch, where = self._gather.next_batch(self._version, self._update_each_batch)
+        self._iter += 1
+        return None if batch is None else self._deliver(batch, **where)
 
-    def _inference_error(self) -> BaseException | None:
-        """The error central inference's policy raised (a worker waiting for it failed because of it)."""
-        return None if self._central is None else self._central.error
-
-    # -- delivery -------------------------------------------------------------------------------
-    def _deliver(self, batch: TensorDict, stacked_workers: bool = False,
-                 worker: int | None = None) -> TensorDict | None:
-        storing = self._storing_device if worker is None else self._storing_devices[worker]
-        return super()._deliver(batch, storing_device=storing, stacked_workers=stacked_workers)
+    def _update_each_batch(self, index: int | None) -> int:
+        """``update_at_each_batch``: before a sync batch (``index`` None), or after an async
+        batch of worker ``index`` (to it alone, unless one shared store serves all)."""
+        if self.config.update_at_each_batch and self.config.weight_source is not None:
+            if index is None or self._acting.shared_weights:
+                self.update_policy_weights_()
+            else:
+                self.update_policy_weights_(worker_ids=[index])
+        return self._version
 
     def _running(self) -> bool:
-        return self._loop is not None or (self._free is not None and self._free.running)
+        return self._free is not None and self._free.running
 
     def _check_iterable(self) -> None:
         if self._running():
@@ -228,19 +226,26 @@ class MultiCollectorBase(CollectorBase):
     def _member_frames(self, index: int) -> int:
         return self.config.worker_frames[index]
 
-    def _next_batch(self) -> TensorDict | None:
-        raise NotImplementedError
-
     def _fatal_error(self) -> BaseException | None:
-        """The error central inference's policy raised in the main process: nothing can go on."""
-        return self._inference_error()
+        return None if self._acting is None else self._acting.fatal_error
 
-    def _quiesce(self) -> None:
-        """Wait for the replies workers still owe (async keeps the batches for delivery)."""
+    def worker_pids(self) -> list[int]:
+        """The process id of each worker, in worker order (a restarted worker's replacement
+        from then on).
+
+        Example:
+            >>> from rlcollect import MultiSyncCollector
+            >>> c = MultiSyncCollector("CartPole-v1", num_workers=2, frames_per_batch=20)
+            >>> len(c.worker_pids())
+            2
+            >>> c.shutdown()
+        """
+        self._check_open()
+        return self._pool.pids()
 
     def _broadcast(self, command: str, *args: Any, workers: list[int] | None = None) -> list:
         with self._control(), self._guard():
-            self._quiesce()
+            self._gather.quiesce()
             indices = range(self.num_workers) if workers is None else workers
             for i in indices:
                 self._pool.send(i, command, *args)
@@ -250,7 +255,7 @@ class MultiCollectorBase(CollectorBase):
     def _seed(self, seed: int, static_seed: bool) -> int:
         # Batches collected before the call and not yet delivered are discarded.
         with self._control(), self._guard():
-            self._discard_in_flight()
+            self._gather.discard()
             for i in range(self.num_workers):
                 self._restart.seeds[i] = seed
                 seed = self._pool.request(i, P.SEED, seed, static_seed)
@@ -261,6 +266,9 @@ class MultiCollectorBase(CollectorBase):
         ``reset_idx`` (torchrl's: one bool per worker) is True; their next frames start new
         trajectories.  Batches collected before the call and not yet delivered are discarded.
 
+        Args:
+            reset_idx (list[bool] | None): which workers to reset (default None: all).
+
         Example:
             >>> from rlcollect import MultiSyncCollector
             >>> c = MultiSyncCollector("CartPole-v1", num_workers=2, frames_per_batch=20)
@@ -269,18 +277,16 @@ class MultiCollectorBase(CollectorBase):
         """
         chosen = torchrl_args.chosen_workers(reset_idx, self.num_workers)
         with self._control(), self._guard():
-            self._discard_in_flight()
+            self._gather.discard()
             for i in chosen:
                 self._pool.request(i, P.RESET)
-
-    def _discard_in_flight(self) -> None:
-        self._quiesce()
 
     def getattr_policy(self, name: str) -> Any:
         """An attribute of worker 0's policy (with ``inference="central"``: of the policy the
         main process runs, the one every worker's actions come from)."""
-        if self._central is not None:
-            return getattr(self._central.policy, name)
+        local = None if self._acting is None else self._acting.local_policy
+        if local is not None:
+            return getattr(local, name)
         return self._broadcast(P.GETATTR_POLICY, name, workers=[0])[0]
 
     def getattr_env(self, name: str) -> Any:
@@ -294,7 +300,7 @@ class MultiCollectorBase(CollectorBase):
         return getattr(self.replay_buffer, name)
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"worker0": ..., ..., "frames", "iter", "traj_pool"}``."""
+        """``{"worker0": ..., ..., "frames", "iter", "traj_pool", "policy_version"}``."""
         states = self._broadcast(P.STATE_DICT)
         out: dict[str, Any] = {f"worker{i}": s for i, s in enumerate(states)}
         out["frames"] = self._frames
@@ -308,59 +314,18 @@ class MultiCollectorBase(CollectorBase):
         if missing:
             raise KeyError(f"{type(self).__name__}.load_state_dict: missing keys {missing}")
         with self._control(), self._guard():
-            self._discard_in_flight()
+            self._gather.discard()
             for i in range(self.num_workers):
                 self._pool.request(i, P.LOAD_STATE_DICT, state[f"worker{i}"])
         self._frames = int(state["frames"])
         self._iter = int(state["iter"])
         self._version = int(state.get("policy_version", self._version))
 
-    # -- weights (weight_sync.py) ------------------------------------------------------------
+    # -- weights (acting.py) ------------------------------------------------------------------------
     def _push_weights(self, models: dict[str, Any], worker_ids: Any) -> None:
-        if self._central is not None:
-            self._update_central(models)
-            return
-        plan = self._weights.plan(models, worker_ids)
+        plan = self._acting.plan(models, worker_ids)
         if plan:
             self._push(plan, lambda: self._version + 1)
-
-    @contextlib.contextmanager
-    def updating_weights(self) -> Iterator[None]:
-        """See ``CollectorBase.updating_weights``: with ``inference="central"`` the block holds the
-        inference loop's lock (forwards wait for it) and the version moves at its end."""
-        if self._central is None:
-            yield
-            self.update_policy_weights_()
-            return
-        self._check_open()
-        with self._central.lock:
-            yield
-            self._version += 1
-            self._central.server.version = self._version
-        self._stats.note_pushed(range(self.num_workers), self._version)
-
-    def increment_version(self) -> None:
-        """Bump the policy version without new weights (with ``inference="central"``, the
-        version the next forward tags its frames with)."""
-        if self._central is None:
-            super().increment_version()
-            return
-        with self._central.lock:
-            self._version += 1
-            self._central.server.version = self._version
-
-    def _update_central(self, models: dict[str, Any]) -> None:
-        """Central inference: the weights are loaded into the acting policy (a no-op when it is
-        the trainer's own, updated in place), the version moves, the next forward uses both."""
-        unknown = sorted(set(models) - {"policy"})
-        if unknown:
-            raise ValueError(f"model_id {unknown[0]!r}: with inference='central' only 'policy' is updated (the "
-                             "workers hold no model)")
-        with self._guard():
-            self._check_free()
-        self._version += 1
-        self._central.update(models["policy"], self._version)
-        self._stats.note_pushed(range(self.num_workers), self._version)
 
     def _push(self, plan: list[tuple[str, dict[int, Any]]], version: Callable[[], int]) -> None:
         """Send ``plan``'s weights with the version ``version()`` returns (asked once a worker
@@ -369,29 +334,49 @@ class MultiCollectorBase(CollectorBase):
             self._check_free()
         self._version = version()
         for mid, targets in plan:
-            with (contextlib.nullcontext() if self._weights.shared(mid) else self._control()), self._guard():
-                self._weights.push(mid, targets, self._version)
+            with (contextlib.nullcontext() if self._acting.shared(mid) else self._control()), self._guard():
+                self._acting.push(mid, targets, self._version)
             self._stats.note_pushed(targets, self._version)
+
+    @contextlib.contextmanager
+    def updating_weights(self) -> Iterator[None]:
+        """See ``CollectorBase.updating_weights``: with ``inference="central"`` the block holds the
+        inference loop's lock (forwards wait for it) and the version moves at its end."""
+        self._check_open()
+        with self._acting.updating(self.update_policy_weights_, self._bump_version):
+            yield
+
+    def _bump_version(self) -> int:
+        self._version += 1
+        self._stats.note_pushed(range(self.num_workers), self._version)
+        return self._version
+
+    def increment_version(self) -> None:
+        """Bump the policy version without new weights (with ``inference="central"``, the
+        version the next forward tags its frames with)."""
+        acting = self._acting
+        if acting is None:  # shut down: only the number moves
+            super().increment_version()
+            return
+        with acting.lock:
+            self._version += 1
+            acting.set_version(self._version)
 
     def get_model(self, model_id: str) -> Any:
         """The main process's model ``model_id``: ``"policy"`` is the ``policy`` given (the source
         of weights), any other an attribute path from this collector (``"policy.module[0]"``);
         models that exist only inside the workers (``"env.x"``) raise ``UnknownModelError``.
 
-        Example (``policy`` a module with a ``head`` sub-module)::
-
-            collector = MultiSyncCollector(make_env, policy, num_workers=2, frames_per_batch=100,
-                                           weight_sync_schemes={"policy.head": "process"})
-            collector.get_model("policy.head") is policy.head   # True
-            collector.update_policy_weights_(model_id="policy.head")  # policy.head's weights, to every worker
+        With ``weight_sync_schemes={"policy.head": "process"}``, ``get_model("policy.head")`` is
+        ``policy.head`` and ``update_policy_weights_(model_id="policy.head")`` sends its weights.
         """
-        return self._weights.get_model(model_id)
+        return self._acting.get_model(model_id)
 
     def get_cached_weights(self, model_id: str) -> Any:
         """The shared-memory weights the workers copy from (``{name: tensor}``, worker 0's with
         ``per_worker_weights=True``) for ``"policy"`` with the shared scheme; None otherwise
         (as torchrl: nothing cached)."""
-        return self._weights.cached(model_id)
+        return self._acting.cached(model_id)
 
     def worker_policy_versions(self) -> list[int]:
         """The weights version each worker acts with (after its next batch starts).
@@ -409,33 +394,41 @@ class MultiCollectorBase(CollectorBase):
     @property
     def weight_spec(self) -> dict | None:
         """Names, shapes and dtypes of the workers' policy parameters and buffers (None: none)."""
-        return self._central.weight_spec if self._central is not None else self._weights.spec
+        return self._acting.weight_spec
 
     def weights_module(self, model_id: str = "policy") -> Any:
         """The main process's ``policy`` (the source of the workers' weights); only ``"policy"``."""
         if model_id != "policy":
             raise ValueError(f"model_id {model_id!r}: a nested multi-process collector updates only 'policy'")
-        return self._central.policy if self._central is not None else self.policy
+        return self._acting.module()
 
     def set_weights(self, state: Any, version: int, model_id: str = "policy") -> None:
         """Have every worker act with ``state`` (None: ``policy``'s weights, as they are now)
         from its next batch on, with ``policy_version`` set to ``version`` (the number of the
         worker or node that runs this collector, not a bump)."""
         self._check_open()
-        module = self.weights_module(model_id)
-        if self._central is not None:
-            self._central.set_weights(state, version)
-            self._version = version
-            return
-        if state is not None and has_weights(module):
-            load_weights(module, state)  # the main copy stays the one the workers act with
-        plan = self._weights.plan({"policy": state}, None)
-        if plan:
-            self._push(plan, lambda: version)
+        self.weights_module(model_id)
+        adopted = self._acting.set_weights(state, version, self._push)
+        if adopted is not None:
+            self._version = adopted
 
     def batch_info(self) -> dict:
         """The last batch filled for an outer collector (see ``WorkerStats.batch_info``)."""
         return self._stats.batch_info()
+
+    @property
+    def layout(self) -> BatchLayout:
+        """The layout of one delivered batch, for an outer collector's slot (sync: only with
+        ``cat_results="stack"``; async: every worker's batches must have the same shape)."""
+        return self._gather.layout()
+
+    def collect_into(self, buf: Any, random: bool = False, stop: Any = None) -> int:
+        """Collect one batch straight into ``buf`` (the outer worker's shared slot); ``stop`` is
+        not watched (each inner worker has its own)."""
+        with self._guard():
+            frames = self._gather.collect_into(buf, random, self._version)
+        self._iter += 1
+        return frames
 
     # -- free running (freerun.py) ------------------------------------------------------------------
     def start(self) -> None:
@@ -456,31 +449,23 @@ class MultiCollectorBase(CollectorBase):
         if self._running():
             raise RuntimeError("start() was already called; use pause() to stop writing for a while")
         with self._guard():
-            self._discard_in_flight()
-            if self._free is not None:
-                self._free.start()
-            else:
-                self._loop = BackgroundLoop(self._next_batch, name="rlcollect-multi-collector")
-                self._loop.start()
+            self._gather.discard()
+            self._free.start(self._next_batch)
 
     @contextlib.contextmanager
     def pause(self) -> Iterator[None]:
         """Within the block nothing is written to the buffer (batches in progress finish first)."""
         self._check_open()
-        if self._loop is not None:
-            with self._loop.pause():
-                yield
-            return
         if not self._running():
             raise RuntimeError("pause() needs a collector running free: call start() first")
         with self._guard():
-            self._frames += self._free.stop()
+            self._frames += self._free.suspend()
         try:
             yield
         finally:
             if not self._closed:
                 with self._guard():
-                    self._free.start()
+                    self._free.resume()
 
     def _check_free(self) -> None:
         """Surface a worker that failed while running free (restarting it when allowed)."""
@@ -498,21 +483,19 @@ class MultiCollectorBase(CollectorBase):
 
     def async_shutdown(self, timeout: float | None = None) -> None:
         """Stop running free (writes stop after the batches in progress), then shut down
-        (``timeout=None``: 10 s, as ``shutdown``)."""
+        (``timeout=None``: 10 s, as ``shutdown``).
+
+        Args:
+            timeout (float | None): seconds to wait for the batches in progress and the
+                workers (default None: 10 s).
+        """
         timeout = 10.0 if timeout is None else timeout
         try:
-            if not self._closed:
-                if self._loop is not None:
-                    loop, self._loop = self._loop, None
-                    loop.stop(timeout)
-                elif self._running():
-                    with self._guard():
-                        self._frames += self._free.stop()
+            if not self._closed and self._running():
+                with self._guard():
+                    self._frames += self._free.stop()
         finally:
             self.shutdown(timeout)
-
-    def _random_now(self) -> bool:
-        return frames_written(self.replay_buffer, self._frames) < self.init_random_frames
 
     # -- statistics (stats.py) --------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
@@ -534,8 +517,9 @@ class MultiCollectorBase(CollectorBase):
         alive = self._pool.alive() if self._pool is not None and not self._closed else [False] * self.num_workers
         out = self._stats.summary(frames=self._frames, batches=self._iter, version=self._version, alive=alive,
                                   restarts=self._restart.counts, replay_buffer=self.replay_buffer)
-        if self._central is not None:
-            out["inference"] = self._central.stats()
+        extra = None if self._acting is None else self._acting.stats()
+        if extra is not None:
+            out["inference"] = extra
         return out
 
     # -- observability ------------------------------------------------------------------------------
@@ -552,43 +536,81 @@ class MultiCollectorBase(CollectorBase):
     def _release(self, timeout: float) -> None:
         """Stop every worker (close -> terminate -> kill within ``timeout``), free shared
         memory, restore the main process's torch threads."""
-        self._shutdown(timeout)
-
-    def _shutdown(self, timeout: float) -> None:
         if self._closed and self._pool is None:
             return
         self._closed = True
-        if self._free is not None:
-            self._free.running = False
-        loop, self._loop = self._loop, None
-        loop_error = None
-        if loop is not None:
-            try:
-                loop.stop(timeout)
-            except Exception as err:  # noqa: BLE001  (raised once everything is shut down)
-                loop_error = err
-        for stop in getattr(self, "_stops", []):
+        free_error = self._free.close(timeout) if self._free is not None else None
+        for stop in self._stops:
             stop[0] = 1
         pool, self._pool = self._pool, None
-        central, self._central = self._central, None
+        acting, self._acting = self._acting, None
         if pool is not None:
             self._finalizer.detach()
-            _shutdown(pool, self._previous_threads, central, timeout)
-        self._slots = self._buffers = None
-        # The collaborators hold the pool (its handles hold what they were attached with) and
-        # the weight stores: shared tensors, each holding a file descriptor until it is freed.
-        self._weights = self._restarts = self._free = None
-        self._stops = []  # shared tensors: each holds a file descriptor until it is freed
+            _shutdown(pool, self._previous_threads, acting, timeout)
+        # The parts hold the pool (its handles hold what they were attached with), the slots
+        # and the weight stores: shared tensors, each holding a file descriptor until it is freed.
+        self._gather = self._free = None
+        self._stops = []
         # An iterator that ended with an exception would answer StopIteration from now on; a
         # fresh one says that the collector is shut down.
         self._iterator = None
-        if loop_error is not None:
-            raise loop_error
+        if free_error is not None:
+            raise free_error
 
 
-def _shutdown(pool: WorkerPool, threads: int, central: CentralInference | None = None, timeout: float = 10.0) -> None:
-    if central is not None:  # first: a worker waiting for its actions gets an error at once, and exits
-        central.close()
+def _shutdown(pool: WorkerPool, threads: int, acting: Any = None, timeout: float = 10.0) -> None:
+    if acting is not None:  # first: a worker waiting for its actions gets an error at once, and exits
+        acting.close()
     pool.shutdown(timeout)
     torch.set_num_threads(threads)
 
+
+class MultiSyncCollector(MultiCollectorBase):
+    __doc__ = """Run a collector in each of ``num_workers`` processes and yield their batches together.
+
+    Each batch holds exactly one contribution from every worker, collected with the same
+    weights (an update made between batches is seen by every frame of the next batch).
+    Workers write into shared memory allocated once; only short messages cross the pipes.
+    When the workers' batches have the same layout, they write into one stacked shared slot
+    and the batch you get is a view of it (two such slots take turns; a slot is reused only
+    once you no longer hold its batch, else a reserve slot is used and the batch copied).
+
+    With ``cat_results="stack"`` (default) a batch has shape ``(N, *env_batch, T)``; ``0``
+    concatenates the workers' batches along the first dim, ``-1`` along time.
+    ``preemptive_threshold=p``: once a fraction ``p`` of the workers delivered, the others stop
+    at their next step; their unfilled frames are masked (``("collector", "mask")`` False,
+    traj id -1) with "stack", or dropped with an int ``cat_results`` (counted in
+    ``stats()["dropped_frames"]``).
+""" + ARGS_DOC + """
+    Example:
+        >>> from rlcollect import MultiSyncCollector
+        >>> with MultiSyncCollector("CartPole-v1", num_workers=2, frames_per_batch=200, total_frames=400) as c:
+        ...     shapes = [batch.shape for batch in c]
+        >>> shapes
+        [torch.Size([2, 100]), torch.Size([2, 100])]
+    """
+
+    _sync = True
+
+
+class MultiAsyncCollector(MultiCollectorBase):
+    __doc__ = """Run a collector in each of ``num_workers`` processes and yield each worker's batch as
+    soon as it is ready.
+
+    Each worker has three shared-memory slots: the batch you get is a view of the slot the
+    worker wrote (nothing is copied), lent to you until you let go of it, while the worker fills
+    the other two, so it never waits for the trainer. A worker's slot is never overwritten while
+    you hold its batch: when you already hold one batch of that worker, the next one is copied
+    out of its slot instead. Every yielded batch is one worker's ``frames_per_batch`` frames
+    with ``("collector", "worker_id")``.
+    ``set_seed``, ``reset`` and ``load_state_dict`` discard the batches in flight.
+""" + ARGS_DOC + """
+    Example:
+        >>> from rlcollect import MultiAsyncCollector
+        >>> with MultiAsyncCollector("CartPole-v1", num_workers=2, frames_per_batch=100, total_frames=300) as c:
+        ...     shapes = [batch.shape for batch in c]
+        >>> shapes
+        [torch.Size([100]), torch.Size([100]), torch.Size([100])]
+    """
+
+    _sync = False

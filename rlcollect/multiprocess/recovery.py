@@ -1,8 +1,10 @@
-"""Restart policy for failed workers (``on_worker_failure="restart"``).
+"""Recovery of failed workers (``on_worker_failure``): the multi-process wing's
+``recovery.py``, as the distributed wing's is for nodes.
 
-Decides whether a failed worker may be replaced, and builds the replacement's spec: the same
-env factory and kwargs, a fresh seed, and a fresh block of trajectory ids so that the new
-worker's ids never collide with the old one's.
+``RestartPolicy`` decides whether a failed worker may be replaced, and builds the
+replacement's spec: the same env factory and kwargs, a fresh seed, and a fresh block of
+trajectory ids so that the new worker's ids never collide with the old one's.
+``WorkerRestarts`` replaces the worker (or re-raises its error).
 """
 
 from __future__ import annotations
@@ -79,8 +81,8 @@ class WorkerRestarts:
             of trajectory ids).
         after: called with the worker's index once the replacement is attached (to send it the
             current weights, say).
-        give_up: returns the error that makes any restart pointless (central inference's
-            policy raised in the main process: every worker waiting for it failed), or None.
+        give_up: returns the error that makes any restart pointless (the policy acting for
+            the workers raised in the main process: every worker waiting for it failed), or None.
     """
 
     def __init__(self, policy: RestartPolicy, pool: Any, layouts: list, single: bool,

@@ -1,0 +1,448 @@
+"""How a multi-process collector gathers its workers' batches: ``SyncGather`` (one batch from
+every worker, all collected with the same weights) and ``AsyncGather`` (first ready, first
+served, each batch one worker's).
+
+Each gets its collaborators in its constructor (the worker pool, the slots, the restarts, the
+statistics) and calls none of them back but through those: the collector asks it for the next
+batch, it answers with the batch and where it is delivered. A worker that fails is restarted
+(when allowed) and its share collected again, so a batch never mixes frames from before and
+after.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from rlcollect.collector import frames_written
+from rlcollect.data import MASK, WORKER_ID, BatchLayout
+from rlcollect.envs.base import ArraySpec
+from rlcollect.errors import WorkerError
+from rlcollect.metrics import policy_lag
+from rlcollect.multiprocess import protocol as P
+from rlcollect.multiprocess import shm
+from rlcollect.multiprocess.slots import StackedSlots, WorkerSlots
+
+#: ``update(index)``: the collector's weight update due with each batch (``index`` None: before
+#: a sync batch; an async batch's worker after it), returning the version acting from then on.
+Update = Callable[[Any], int]
+
+
+def check_layouts(layouts: list[BatchLayout], cat_results: str | int) -> int | None:
+    """The dim the workers' batches are concatenated along (None: stacked), checked against
+    the layouts they reported."""
+    shapes = {(tuple(lay.batch_size), lay.time) for lay in layouts}
+    keys = {tuple(sorted(map(str, lay.fields))) for lay in layouts}
+    if len(keys) > 1:
+        raise ValueError("the workers' batches hold different keys; they cannot be combined into one batch")
+    if cat_results == "stack" and len(shapes) > 1:
+        raise ValueError(
+            f"cat_results='stack' needs every worker's batch to have the same shape, got {sorted(shapes)}; "
+            "use cat_results=0 (same T) or -1 (same env batch size)"
+        )
+    if cat_results == "stack":
+        return None
+    dims = {len(b) + 1 for b, _ in shapes}
+    ndim = min(dims)
+    if len(dims) > 1 or not -ndim <= cat_results < ndim:
+        raise ValueError(f"cat_results={cat_results} is not a dim of the workers' batches (shapes "
+                         f"{sorted(shapes)}, {ndim} dims: give one in {-ndim}..{ndim - 1})")
+    dim = cat_results % ndim
+    full = {(*b, t) for b, t in shapes}
+    if len({s[:dim] + s[dim + 1:] for s in full}) > 1:
+        raise ValueError(f"cat_results={cat_results} needs the workers' batches to agree on every dim "
+                         f"but dim {dim}, got {sorted(shapes)}")
+    # 0 keeps its meaning of "along the first dim, same T"; the last dim is time
+    return -1 if dim == ndim - 1 and cat_results != 0 else dim
+
+
+def _name_time(batch: TensorDict) -> TensorDict:
+    batch.names = [None] * (batch.batch_dims - 1) + ["time"]
+    return batch
+
+
+class _Gather:
+    """What both gathers hold.
+
+    Args:
+        config: the collector's ``MultiConfig``.
+        pool: the ``WorkerPool``.
+        slots: the batch slots (slots.py).
+        attach: ``attach(i)`` hands worker ``i`` its slots again (the sync reserve slot).
+        restarts: ``WorkerRestarts``: replaces a failed worker or re-raises its error.
+        stats: ``WorkerStats``: the counters (``frames``) and statistics.
+        stops: each worker's shared stop flag.
+    """
+
+    def __init__(self, config: Any, pool: Any, slots: Any, attach: Callable[[int], None], restarts: Any,
+                 stats: Any, stops: list[torch.Tensor]):
+        self.config, self.pool, self.slots, self.attach = config, pool, slots, attach
+        self.restarts, self.stats, self.stops = restarts, stats, stops
+        self.num_workers = len(pool)
+        self.layouts = slots.layouts if isinstance(slots, WorkerSlots) else [slots.layout] * self.num_workers
+
+    def random_now(self) -> bool:
+        """Whether the next batch acts randomly (``init_random_frames``)."""
+        return frames_written(self.config.replay_buffer, self.stats.frames) < self.config.init_random_frames
+
+    def quiesce(self) -> None:
+        """Wait for the replies workers still owe."""
+
+    def discard(self) -> None:
+        """Drop the batches collected and not yet delivered (``set_seed``, ``reset``, ...)."""
+        self.quiesce()
+
+
+class SyncGather(_Gather):
+    """One batch from every worker (``MultiSyncCollector``)."""
+
+    @staticmethod
+    def make_slots(config: Any, layouts: list[BatchLayout]) -> StackedSlots | WorkerSlots:
+        """The slots for ``layouts``: stacked when the delivered batch can be a view of them."""
+        cat_dim = check_layouts(layouts, config.cat_results)  # before anything is allocated
+        first = layouts[0]
+        # A view needs one layout for all and a gather that is a stack (or a cat along dim 0);
+        # workers that write into a replay buffer deliver nothing.
+        stacked = (shm.can_count_references() and not config.workers_write
+                   and all(lay == first for lay in layouts[1:])
+                   and (config.cat_results == "stack" or (cat_dim == 0 and config.preemptive_threshold is None
+                                                          and len(first.batch_size) > 0)))
+        return StackedSlots(first, len(layouts)) if stacked else WorkerSlots(layouts, 1)
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.stacked = isinstance(self.slots, StackedSlots)
+        self.cat_dim = check_layouts(self.layouts, self.config.cat_results)
+
+    @property
+    def current(self) -> int:
+        return self.slots.current if self.stacked else 0
+
+    def next_batch(self, version: int, update: Update) -> tuple[TensorDict | None, dict]:
+        """``(batch, where)``: the next batch (None when the workers wrote it into the replay
+        buffer) and the keyword arguments of its delivery."""
+        version = update(None)
+        started = time.perf_counter()
+        infos = self.collect_all(self.random_now())
+        self.stats.wait.add(time.perf_counter() - started)
+        if self.config.workers_write:  # the workers put their parts into the replay buffer
+            self._account(infos, version)
+            self.stats.last_batch_s = time.perf_counter() - started
+            return None, {}
+        batch = self._gather(infos, version)
+        self.stats.last_batch_s = time.perf_counter() - started
+        return batch, {"storing_device": self.config.storing_devices[0],
+                       "stacked_workers": self.config.cat_results == "stack"}
+
+    def _account(self, infos: list[dict], version: int) -> int:
+        valid = sum(info["frames"] for info in infos)
+        self.stats.note_batch(list(enumerate(infos)), version)
+        self.stats.frames += valid
+        self.stats.last_batch_frames = valid
+        return valid
+
+    def _reattach(self) -> None:
+        """Hand every worker its part of the reserve slot just made."""
+        for i in range(self.num_workers):
+            try:
+                self.attach(i)
+            except WorkerError as err:  # it died meanwhile: its replacement is attached to the reserve too
+                if err.worker_index != i:
+                    raise
+                self.restarts.recover(i, err)
+
+    def collect_all(self, random: bool) -> list[dict]:
+        """One batch from every worker (acting randomly when ``random``). A worker that fails is
+        restarted (when allowed) and its share is collected again, so a batch never mixes
+        frames from before and after."""
+        pool, n, timeout_s = self.pool, self.num_workers, self.config.worker_timeout
+        if self.stacked and self.slots.pick():
+            self._reattach()
+        for stop in self.stops:
+            stop[0] = 0
+        deadlines: dict[int, float] = {}
+        current = self.current
+
+        def start(i: int) -> None:
+            pool.send(i, P.COLLECT, current, random)
+            if timeout_s is not None:
+                deadlines[i] = time.monotonic() + timeout_s
+
+        def start_or_recover(i: int) -> None:
+            """``start(i)``; a worker found dead by it (killed since its last batch) is replaced
+            first, as often as the restart policy allows."""
+            while True:
+                try:
+                    start(i)
+                    return
+                except WorkerError as err:
+                    if err.worker_index != i:
+                        raise
+                    self.restarts.recover(i, err)
+
+        for i in range(n):
+            start_or_recover(i)
+        threshold = self.config.preemptive_threshold
+        need = n if threshold is None else max(1, math.ceil(threshold * n))
+        infos: list[dict | None] = [None] * n
+        waiting = list(range(n))
+        while waiting:
+            try:
+                timeout = None if not deadlines else max(0.0, min(deadlines[i] for i in waiting) - time.monotonic())
+                ready = pool.ready(waiting, timeout)
+                if not ready and not deadlines:
+                    continue  # woken without a reply (pool.ready reports deaths): wait again
+                if not ready:
+                    late = min(waiting, key=lambda i: deadlines[i])
+                    raise pool.timed_out(late, timeout_s)
+                for i in ready:
+                    infos[i] = pool.receive(i)
+                    waiting.remove(i)
+            except Exception as err:
+                index = getattr(err, "worker_index", None)
+                if index not in waiting:
+                    raise
+                self.restarts.recover(index, err)
+                start_or_recover(index)
+            if threshold is not None and n - len(waiting) >= need:
+                for i in waiting:
+                    self.stops[i][0] = 1
+        return infos
+
+    def _gather(self, infos: list[dict], version: int) -> TensorDict:
+        valid = self._account(infos, version)
+        cat_results = self.config.cat_results
+        if self.stacked:  # the batch is a view of the stacked slot the workers wrote
+            return _name_time(self.slots.batch(stacked=cat_results == "stack"))
+        tds = [self.slots.buffer(i, 0).td for i in range(self.num_workers)]
+        if cat_results == "stack":
+            return _name_time(torch.stack(tds, 0))
+        if self.config.preemptive_threshold is not None:
+            steps = [int(info["frames"] // max(1, lay.rows)) for info, lay in zip(infos, self.layouts)]
+            if self.cat_dim != -1:
+                keep = min(steps)
+                dropped = valid - sum(keep * lay.rows for lay in self.layouts)
+                self.stats.dropped += dropped  # counted out: only delivered frames count
+                self.stats.frames -= dropped
+                self.stats.last_batch_frames -= dropped
+                steps = [keep] * len(steps)
+                # the lag over the frames delivered: the first `keep` steps of each worker
+                self.stats.lag = policy_lag(version, [{**info["meta"], "frames": keep * lay.rows}
+                                                      for info, lay in zip(infos, self.layouts)])
+            tds = [td[..., :s] for td, s in zip(tds, steps)]
+            tds = [td.exclude(MASK) for td in tds]
+        return _name_time(torch.cat(tds, self.cat_dim))
+
+    # -- nesting: a MultiSyncCollector running inside another collector's worker ------------------
+    def layout(self) -> BatchLayout:
+        """The layout of one stacked batch (only for ``cat_results="stack"``)."""
+        if self.config.cat_results != "stack":
+            raise ValueError("a nested MultiSyncCollector needs cat_results='stack'")
+        first = self.layouts[0]
+        return BatchLayout(dict(first.fields), (self.num_workers, *first.batch_size), first.time)
+
+    def collect_into(self, buf: Any, random: bool, version: int) -> int:
+        """Collect one stacked batch straight into ``buf``; returns its valid frames."""
+        infos = self.collect_all(random)
+        rows = self.layouts[0].rows
+        for i in range(self.num_workers):
+            for key, tensor in self.slots.buffer(i, self.current).tensors.items():
+                buf.tensors[key][i * rows:(i + 1) * rows].copy_(tensor)
+        valid = sum(info["frames"] for info in infos)
+        self.stats.note_batch(list(enumerate(infos)), version)
+        self.stats.frames += valid
+        return valid
+
+
+class AsyncGather(_Gather):
+    """Each worker's batches as soon as they are ready (``MultiAsyncCollector``): every worker
+    keeps its three slots busy but the one whose batch is lent to the user."""
+
+    SLOTS_PER_WORKER = 3
+
+    @staticmethod
+    def make_slots(config: Any, layouts: list[BatchLayout]) -> WorkerSlots:
+        return WorkerSlots(layouts, AsyncGather.SLOTS_PER_WORKER)
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        n = self.num_workers
+        self.ready: collections.deque[tuple[int, dict]] = collections.deque()
+        self.in_flight: list[set[int]] = [set() for _ in range(n)]
+        # When each worker last showed progress (a reply, or being given work while idle):
+        # worker_timeout is judged per worker, so a hung worker is caught while others deliver.
+        self.progress: list[float] = [time.monotonic()] * n
+        self.armed = False
+        self.rotation = 0
+        # Batches delivered as views of their slot (lent until nothing refers to them).
+        self.views = shm.can_count_references() and not self.config.workers_write
+
+    def _arm(self, random: bool | None) -> None:
+        for i in range(self.num_workers):
+            for slot in range(self.SLOTS_PER_WORKER):
+                if not self.slots.is_lent(i, slot):
+                    self._collect(i, slot, random)
+        self.armed = True
+
+    def _reclaim(self, random: bool | None) -> None:
+        """Give the workers back the slots whose batches nothing refers to any more."""
+        for i, slot in self.slots.reclaim():
+            if self.armed:
+                self._collect(i, slot, random)
+
+    def _collect(self, index: int, slot: int, random: bool | None, needed_only: bool = True) -> None:
+        """Have worker ``index`` fill ``slot``, acting randomly when ``random`` (None: when
+        ``init_random_frames`` says so now; a nested collector is told by its worker)."""
+        if needed_only and not self._needed():
+            return
+        if not self.pool.busy(index):
+            self.progress[index] = time.monotonic()  # the worker starts working now
+        self.in_flight[index].add(slot)
+        try:
+            self.pool.send(index, P.COLLECT, slot, self.random_now() if random is None else random)
+        except WorkerError as err:  # it died since its last batch: replaced, and asked again, as in _poll
+            if err.worker_index != index:
+                raise
+            self._fail(err, random)
+
+    def _needed(self) -> bool:
+        """Whether another batch is needed to reach ``total_frames``: the workers never run past
+        it (with a replay buffer they write what they collect, so that would write extra)."""
+        total = self.config.total_frames
+        if total < 0:
+            return True
+        # per worker: frames_per_batch may be one size per worker (torchrl's list)
+        sizes = self.config.worker_frames
+        coming = sum(len(slots) * sizes[i] for i, slots in enumerate(self.in_flight))
+        coming += sum(sizes[index] for index, _ in self.ready)
+        return self.stats.frames + coming < total
+
+    def _take(self, random: bool | None, lending: bool = True) -> tuple[int, dict, float]:
+        """The next ready batch's ``(worker, reply, when the wait started)``; ``lending``: the
+        batch may be lent (slots are reclaimed first, the wait is counted)."""
+        if not self.armed:
+            self._arm(random)
+        if lending:
+            self._reclaim(random)
+        started = time.perf_counter()
+        while not self.ready:
+            self._poll(random)
+        if lending:
+            self.stats.wait.add(time.perf_counter() - started)
+        index, info = self.ready.popleft()
+        return index, info, started
+
+    def next_batch(self, version: int, update: Update) -> tuple[TensorDict | None, dict]:
+        """``(batch, where)``: the next worker's batch (None when it wrote it into the replay
+        buffer) and the keyword arguments of its delivery."""
+        index, info, started = self._take(None)
+        slot = info["slot"]
+        if self.config.workers_write:  # the worker put its batch into the replay buffer
+            self._account(index, info, started, version)
+            self._collect(index, slot, None)
+            return None, {}
+        # A view of the slot when none of this worker's is lent already (it keeps two filling).
+        lend = self.views and not self.slots.lent(index)
+        batch = self.slots.view(index, slot)
+        if not lend:
+            batch = batch.clone()
+        batch.set(WORKER_ID, torch.full(batch.shape, index, dtype=torch.int64))
+        _name_time(batch)
+        self._account(index, info, started, version)
+        update(index)
+        if lend:
+            self.slots.lend(index, slot)
+        else:
+            self._collect(index, slot, None)
+        return batch, {"storing_device": self.config.storing_devices[index]}
+
+    def _account(self, index: int, info: dict, started: float, version: int) -> None:
+        self.stats.frames += info["frames"]
+        self.stats.note_batch([(index, info)], version)
+        self.stats.last_batch_frames = info["frames"]
+        self.stats.last_batch_s = time.perf_counter() - started
+
+    def _poll(self, random: bool | None) -> None:
+        """Read every reply that is waiting (workers in rotating order, for fairness), so that
+        a failure surfaces at once. A failed worker is restarted when allowed; the batches it
+        was filling are lost and collected anew (``random``: acting randomly), the ones it had
+        finished stay queued."""
+        pool, n, timeout_s = self.pool, self.num_workers, self.config.worker_timeout
+        busy = [i for i in range(n) if pool.busy(i)]
+        if not busy:
+            raise RuntimeError("no worker is collecting")
+        timeout = None
+        if timeout_s is not None:
+            first_deadline = min(self.progress[i] for i in busy) + timeout_s
+            timeout = max(0.0, first_deadline - time.monotonic())
+        try:
+            ready = pool.ready(busy, timeout)
+            if timeout_s is not None:
+                now = time.monotonic()
+                late = [i for i in busy if i not in ready and now - self.progress[i] > timeout_s]
+                if late:
+                    raise pool.timed_out(late[0], timeout_s)
+        except Exception as err:
+            self._fail(err, random)
+            return
+        ready.sort(key=lambda i: (i - self.rotation) % n)
+        if ready:
+            self.rotation = ready[0] + 1
+        for index in ready:
+            command = pool.next_reply(index)
+            try:
+                value = pool.receive(index)
+            except Exception as err:
+                self._fail(err, random)
+                continue
+            self.progress[index] = time.monotonic()
+            if command == P.COLLECT:
+                self.in_flight[index].discard(value["slot"])
+                self.ready.append((index, value))
+
+    def _fail(self, err: Exception, random: bool | None) -> None:
+        index = getattr(err, "worker_index", None)
+        if index is None or not 0 <= index < self.num_workers:
+            raise err
+        lost = sorted(self.in_flight[index])
+        self.in_flight[index].clear()
+        self.restarts.recover(index, err)
+        for slot in lost:
+            self._collect(index, slot, random, needed_only=False)
+
+    def quiesce(self) -> None:
+        """Collect every reply still owed; finished batches stay queued for delivery."""
+        while any(self.pool.busy(i) for i in range(self.num_workers)):
+            self._poll(None)
+
+    def discard(self) -> None:
+        self.quiesce()
+        self.ready.clear()
+        for slots in self.in_flight:
+            slots.clear()
+        self.armed = False
+
+    # -- nesting: a MultiAsyncCollector running inside another collector's worker -----------------
+    def layout(self) -> BatchLayout:
+        """The layout of one delivered batch (every worker's batches must have the same shape)."""
+        if len({(tuple(lay.batch_size), lay.time) for lay in self.layouts}) > 1:
+            raise ValueError("a nested MultiAsyncCollector needs every worker's batch to have the same shape")
+        first = self.layouts[0]
+        return BatchLayout({**first.fields, WORKER_ID: ArraySpec((), np.dtype(np.int64))}, first.batch_size, first.time)
+
+    def collect_into(self, buf: Any, random: bool, version: int) -> int:
+        """Copy the next ready batch straight into ``buf``; returns its frames."""
+        index, info, started = self._take(random, lending=False)
+        for key, tensor in self.slots.buffer(index, info["slot"]).tensors.items():
+            buf.tensors[key].copy_(tensor)
+        buf.tensors[WORKER_ID].fill_(index)
+        self._account(index, info, started, version)
+        self._collect(index, info["slot"], random)
+        return info["frames"]

@@ -1,0 +1,175 @@
+"""The shared-memory batch slots of a multi-process collector: what each worker is handed to
+write into, what is lent to the user (a delivered batch that is a view of a slot), and when a
+slot is reclaimed (nothing outside the collector refers to its memory any more).
+
+- ``WorkerSlots``: ``per_worker`` flat slots for each worker (async: 3, so a worker fills two
+  while the user holds the third; sync when the workers' batches cannot be stacked: 1).
+- ``StackedSlots``: sync, when every worker's batch has the same layout: the workers write
+  into one stacked slot and the delivered batch is a view of it. Two stacked slots take turns,
+  and a slot is reused only once nothing outside the collector refers to its memory. When the
+  user still holds both, the workers write into a third, reserve slot and the batch is copied
+  out of it (a slot is one file descriptor: batches kept by the hundred must not each hold one).
+
+Neither calls the worker pool: whoever hands the slots to the workers asks ``handed(i)``.
+
+Example:
+    >>> import numpy as np, torch
+    >>> from rlcollect.data import BatchLayout
+    >>> from rlcollect.envs.base import ArraySpec
+    >>> layout = BatchLayout({"x": ArraySpec((), np.dtype(np.float32))}, torch.Size([2]), 3)
+    >>> slots = WorkerSlots([layout, layout], per_worker=3)
+    >>> slots.settle()
+    >>> batch = slots.view(0, 1)
+    >>> slots.lend(0, 1); slots.lent(0), slots.reclaim()
+    (True, [])
+    >>> del batch
+    >>> slots.reclaim(), slots.lent(0)
+    ([(0, 1)], False)
+"""
+
+from __future__ import annotations
+
+import gc
+
+import torch
+
+from rlcollect.data import BatchBuffer, BatchLayout, SlotPart, slot_buffer, stacked_tensors
+from rlcollect.multiprocess.shm import allocate_slot, allocate_stacked, check_free_space, references, slot_bytes
+
+#: Stacked slots kept: the batch the user holds while the next one is collected, and that one.
+STACKED_SLOTS = 2
+
+
+class WorkerSlots:
+    """``per_worker`` flat slots for each worker, their typed views in this process, and which
+    of them are lent to the user.
+
+    Args:
+        layouts: each worker's batch layout (as it reported it).
+        per_worker: slots per worker.
+    """
+
+    def __init__(self, layouts: list[BatchLayout], per_worker: int):
+        # Known only now (the workers report their layouts): check before allocating anything,
+        # rather than fail half-way (or have a write hit SIGBUS) on a full /dev/shm.
+        needed = sum(per_worker * slot_bytes(layout) for layout in layouts)
+        check_free_space(needed, f"the batch slots of {len(layouts)} workers ({per_worker} each)")
+        self.layouts = layouts
+        self.flats = [[allocate_slot(layout) for _ in range(per_worker)] for layout in layouts]
+        self.buffers = [[slot_buffer(flat, layout) for flat in flats] for flats, layout in zip(self.flats, layouts)]
+        self._own: list[list[int]] = []
+        self._lent: list[set[int]] = [set() for _ in layouts]
+
+    def handed(self, index: int) -> list:
+        """What worker ``index`` is handed: one flat slot per batch it may fill at once."""
+        return self.flats[index]
+
+    def settle(self) -> None:
+        """Count the references the collector itself holds to each slot (once every worker has
+        been handed its slots): more than these means a lent batch is still held."""
+        self._own = [[references(flat) for flat in flats] for flats in self.flats]
+
+    def buffer(self, index: int, slot: int) -> BatchBuffer:
+        """The collector's own typed view of worker ``index``'s ``slot``."""
+        return self.buffers[index][slot]
+
+    def view(self, index: int, slot: int):
+        """A fresh TensorDict view of the slot (the collector's own views must not change in
+        number: a lent batch is told apart by the references beyond them)."""
+        return slot_buffer(self.flats[index][slot], self.layouts[index]).td
+
+    def lend(self, index: int, slot: int) -> None:
+        self._lent[index].add(slot)
+
+    def lent(self, index: int) -> bool:
+        """Whether a batch of worker ``index`` is lent to the user now."""
+        return bool(self._lent[index])
+
+    def is_lent(self, index: int, slot: int) -> bool:
+        return slot in self._lent[index]
+
+    def reclaim(self) -> list[tuple[int, int]]:
+        """The ``(worker, slot)`` pairs whose lent batches nothing refers to any more (they are
+        no longer lent)."""
+        freed = []
+        for i, lent in enumerate(self._lent):
+            for slot in list(lent):
+                if references(self.flats[i][slot]) <= self._own[i][slot]:
+                    lent.discard(slot)
+                    freed.append((i, slot))
+        return freed
+
+
+class StackedSlots:
+    """The stacked slots of a sync collector whose workers' batches share one layout.
+
+    Args:
+        layout: the layout every worker reported.
+        num_workers: the number of workers.
+    """
+
+    def __init__(self, layout: BatchLayout, num_workers: int):
+        n = self.num_workers = num_workers
+        self.layout = layout
+        check_free_space(STACKED_SLOTS * n * slot_bytes(layout),
+                         f"the batch slots of {n} workers ({STACKED_SLOTS} shared stacked slots)")
+        self.parts: list[list[SlotPart]] = [[] for _ in range(n)]
+        self.buffers: list[list[BatchBuffer]] = [[] for _ in range(n)]
+        self.sets: list[tuple[torch.Tensor, int]] = []  # (flat slot, its references in the collector)
+        self.current = 0  # the slot (of each worker) the next batch is collected into
+        for _ in range(STACKED_SLOTS):
+            self._new_set()
+
+    def handed(self, index: int) -> list:
+        """What worker ``index`` is handed: its part of every stacked slot."""
+        return self.parts[index]
+
+    def settle(self) -> None:
+        """(The references are counted as each stacked slot is made.)"""
+
+    def buffer(self, index: int, slot: int) -> BatchBuffer:
+        return self.buffers[index][slot]
+
+    def _new_set(self) -> None:
+        """Allocate one more stacked slot (index ``len(self.sets)``) for every worker."""
+        layout, n = self.layout, self.num_workers
+        flat = allocate_stacked(layout, n)
+        for i in range(n):
+            part = SlotPart(flat, i, n)
+            self.parts[i].append(part)
+            self.buffers[i].append(slot_buffer(part, layout))
+        self.sets.append((flat, references(flat)))
+
+    def pick(self) -> bool:
+        """Choose the stacked slot the next batch goes into (``current``): one no delivered
+        batch refers to, else the reserve. True when the reserve was made just now: the
+        workers must then be handed their parts of it."""
+        order = [(self.current + k) % STACKED_SLOTS for k in range(1, STACKED_SLOTS + 1)]  # the other one first
+        for attempt in range(2):
+            for s in order:
+                flat, own = self.sets[s]
+                if references(flat) <= own:
+                    self.current = s
+                    return False
+            if attempt == 0:
+                gc.collect()  # a batch in a reference cycle is only freed by the collector
+        # The user holds every slot: collect into the reserve (handed to the workers once) and copy.
+        made = len(self.sets) == STACKED_SLOTS
+        if made:
+            check_free_space(self.num_workers * slot_bytes(self.layout), "the reserve batch slot")
+            self._new_set()
+        self.current = STACKED_SLOTS
+        return made
+
+    def batch(self, stacked: bool):
+        """The batch the workers just wrote, as a view of the current stacked slot (copied out
+        of the reserve); ``stacked``: shape ``(N, *env_batch, T)``, else concatenated along the
+        first dim."""
+        layout, n = self.layout, self.num_workers
+        flat = self.sets[self.current][0]
+        size = (n, *layout.batch_size) if stacked else (n * layout.batch_size[0], *layout.batch_size[1:])
+        batch = BatchBuffer(BatchLayout(layout.fields, torch.Size(size), layout.time),
+                            tensors=stacked_tensors(flat, layout, n)).td
+        if self.current == STACKED_SLOTS:  # the reserve: the batch is copied out
+            batch = batch.clone()
+        return batch
