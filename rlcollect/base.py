@@ -62,6 +62,9 @@ class CollectorBase:
     #: What ``frames_per_batch_worker``'s error calls a member ("worker", "node").
     _member_name = "worker"
     _in_updater = False
+    #: The private methods a collector may override (besides those that raise
+    #: NotImplementedError here): hooks with a default (tests/test_architecture.py).
+    _HOOKS = ("_check_iterable", "_name_when_closed", "_members", "_fatal_error")
 
     # -- iteration -------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:

@@ -56,7 +56,7 @@ class _ObsBuffers:
     """One set of observation buffers, as numpy rows and as policy-ready torch views."""
 
     def __init__(self, env: EnvBase):
-        self.arrays = env._new_obs_buffers()
+        self.arrays = env.new_obs_buffers()
         shape = tuple(env.batch_size)
         self.tensors = {k: torch.from_numpy(a).reshape(*shape, *a.shape[1:]) for k, a in self.arrays.items()}
 
@@ -117,7 +117,7 @@ class Rollout:
         self.rows = rows = env.num_rows
         # Staged keys: slice 0 holds the current observations between batches (the carry).
         # Direct keys (large ones) have only their carry here; their frames live in the batch.
-        buffers = env._new_obs_buffers()
+        buffers = env.new_obs_buffers()
         self._direct = [k for k, a in buffers.items() if a[0].nbytes >= DIRECT_ROW_BYTES]
         self._obs = {k: np.zeros((time + 1, *a.shape), a.dtype) for k, a in buffers.items() if k not in self._direct}
         self._carry = {k: (np.zeros_like(a) if k in self._direct else self._obs[k][0]) for k, a in buffers.items()}
@@ -163,7 +163,7 @@ class Rollout:
 
     def reset_all(self) -> None:
         """Reset every row; the next frames start new trajectories."""
-        self.env._reset_rows(None, self._env_view(self._carry))
+        self.env.reset_rows(None, self._env_view(self._carry))
         for key in self._policy_only:
             self._carry[key][...] = 0
         if self._ids_used:
@@ -288,7 +288,7 @@ class Rollout:
         ``stop`` (preemption): a shared flag checked before each step; once it is set the
         remaining steps are marked invalid (traj id -1, ``("collector", "mask")`` False).
         """
-        self.env._arm_checks()
+        self.env.arm_checks()
         if self.needs_reset:
             self.reset_all()
         env, runner, n_time = self.env, self.runner, self.time
@@ -309,7 +309,7 @@ class Rollout:
         kept = [self._obs[key] for key in self._policy_only] if random else []
         env_keys, policy_only = self._env_keys, self._policy_only
         action_dtype = env.action_layout.dtype
-        step_rows, sample, reset_rows = env._step_rows, env._sample_actions, env._reset_rows
+        step_rows, sample, reset_rows = env.step_rows, env.sample_actions, env.reset_rows
         reward, terminated, truncated = self._reward, self._terminated, self._truncated
         step_count, max_steps, counts = self.step_count, self.max_frames_per_traj, self._step_counts
         last = n_time - 1 if self.set_truncated else -1

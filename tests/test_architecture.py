@@ -1,8 +1,11 @@
 """Facts about the package's structure that a reviewer can check (docs/architecture.md): no import
 cycles between rlcollect's modules, no class that inherits from two rlcollect classes (the
-collaborators of a collector are composed, not mixed in), and nothing in the package imports the
-benchmark suite (``bench/`` is not installed). Read from the source with ``ast``: nothing is
-imported or run."""
+collaborators of a collector are composed, not mixed in), no class that overrides a private
+method its rlcollect base implements (only the hooks a base declares), no module that reads
+the private attributes of another module's objects, both wings built of the same rooms, central
+inference known only to its role, no module past ~600 lines, and nothing in the package imports
+the benchmark suite (``bench/`` is not installed). Read from the source with ``ast``: nothing
+is imported or run."""
 
 from __future__ import annotations
 
@@ -150,3 +153,163 @@ def test_no_class_inherits_from_two_rlcollect_classes():
 
 def test_the_package_does_not_import_the_benchmarks():
     assert [m for m in MODULES if any(t == "bench" or t.startswith("bench.") for t, _ in _imports(m))] == []
+
+
+def _defined_classes() -> dict[str, ast.ClassDef]:
+    return {f"{module}.{node.name}": node for module, path in MODULES.items()
+            for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ClassDef)}
+
+
+def _methods(node: ast.ClassDef) -> dict[str, ast.FunctionDef]:
+    return {n.name: n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def _declared_hooks(node: ast.ClassDef) -> set[str]:
+    """The private methods a base declares for its subclasses: listed in its ``_HOOKS``, or
+    with a body that only raises ``NotImplementedError`` (or passes)."""
+    hooks = set()
+    for stmt in node.body:
+        if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_HOOKS" for t in stmt.targets):
+            hooks |= {elt.value for elt in stmt.value.elts}
+    for name, fn in _methods(node).items():
+        body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+        if not body or (len(body) == 1 and (isinstance(body[0], ast.Pass) or (
+                isinstance(body[0], ast.Raise) and "NotImplementedError" in ast.unparse(body[0])))):
+            hooks.add(name)
+    return hooks
+
+
+#: Overrides outside this branch's rooms, named with their reason (none in rlcollect's collectors).
+KNOWN_OVERRIDES = {
+    # distributed/heartbeat.py: a beater's error is stored by each kind (the reliability branch's room)
+    "rlcollect.distributed.heartbeat.NodeWatch._store_error",
+    "rlcollect.distributed.heartbeat.Rank0Beat._store_error",
+}
+
+
+def _private_overrides() -> list[str]:
+    classes, defined = _classes(), _defined_classes()
+
+    def ancestors(name: str) -> list[str]:
+        out, todo = [], list(classes.get(name, []))
+        while todo:
+            base = todo.pop(0)
+            out.append(base)
+            todo += classes.get(base, [])
+        return out
+
+    found = []
+    for name, node in defined.items():
+        for method in _methods(node):
+            if not method.startswith("_") or method.startswith("__"):
+                continue
+            for base in ancestors(name):
+                if method in _methods(defined[base]):
+                    if method not in _declared_hooks(defined[base]):
+                        found.append(f"{name}.{method}")
+                    break
+    return sorted(set(found) - KNOWN_OVERRIDES)
+
+
+def test_no_class_overrides_a_private_method_of_an_rlcollect_base():
+    """Parts are composed, not templated: a subclass overrides only the hooks its base declares."""
+    assert _private_overrides() == []
+
+
+def _private_names_by_module() -> dict[str, set[str]]:
+    """The private attributes and methods each module's classes define (``self._x = ...``, ``def _x``)."""
+    out: dict[str, set[str]] = {}
+    for module, path in MODULES.items():
+        names = out.setdefault(module, set())
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                for item in ast.walk(node):
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name.startswith("_") \
+                            and not item.name.startswith("__"):
+                        names.add(item.name)
+                    elif isinstance(item, ast.Attribute) and isinstance(item.ctx, ast.Store) and \
+                            isinstance(item.value, ast.Name) and item.value.id == "self" and \
+                            item.attr.startswith("_") and not item.attr.startswith("__"):
+                        names.add(item.attr)
+    return out
+
+
+#: Reads of other libraries' private API (not rlcollect objects), each with its reason.
+THIRD_PARTY = {
+    ("rlcollect.distributed.transport", "options._timeout"),  # torch's ProcessGroupGloo options
+    ("rlcollect.distributed.transport", "options._devices"),
+    ("rlcollect.distributed.transport", "options._threads"),
+    ("rlcollect.multiprocess.start", "server._preload_modules"),  # multiprocessing's fork server
+    ("rlcollect.multiprocess.start", "server._forkserver_pid"),
+    ("rlcollect.multiprocess.shm", "sharer._lock"),  # multiprocessing's resource sharer
+    ("rlcollect.distributed.launchers", "job._process"),  # submitit's local job
+}
+
+
+def _foreign_private_reads() -> list[str]:
+    own = _private_names_by_module()
+    found = []
+    for module, path in MODULES.items():
+        others = set().union(*(names for m, names in own.items() if m != module)) - own[module]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Attribute) and node.attr in others):
+                continue
+            value = node.value
+            if isinstance(value, ast.Name) and value.id in ("self", "cls"):
+                continue
+            if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "super":
+                continue
+            if (module, ast.unparse(node)) not in THIRD_PARTY:
+                found.append(f"{module}:{node.lineno} {ast.unparse(node)}")
+    return found
+
+
+def test_no_module_reads_another_modules_private_attributes():
+    """What one room uses of another is public: the env <-> rollout array interface included."""
+    assert _foreign_private_reads() == []
+
+
+WING_ROOMS = ("collector.py", "gather.py", "pool.py", "recovery.py")
+
+
+@pytest.mark.skipif(not (PACKAGE / "distributed" / "gather.py").exists(),
+                    reason="distributed/gather.py lands with the reliability branch")
+def test_both_wings_have_the_same_rooms():
+    """A role is found by file name alone, in either wing."""
+    for wing in ("multiprocess", "distributed"):
+        assert [room for room in WING_ROOMS if not (PACKAGE / wing / room).exists()] == [], wing
+
+
+def test_the_multiprocess_wing_has_its_rooms():
+    assert [room for room in WING_ROOMS if not (PACKAGE / "multiprocess" / room).exists()] == []
+
+
+#: Where central inference may be known: its own folder, the role that chooses where the policy
+#: acts, the options that validate ``inference=`` and the worker that hands the pipes it was
+#: started with to the client (``RemotePolicy``).
+INFERENCE_ROOMS = ("rlcollect.inference", "rlcollect.multiprocess.acting", "rlcollect.multiprocess.config",
+                   "rlcollect.multiprocess.worker")
+
+
+def _inference_knowers() -> list[str]:
+    found = []
+    for module, path in MODULES.items():
+        if module.startswith(INFERENCE_ROOMS):
+            continue
+        if any(t == "rlcollect.inference" or t.startswith("rlcollect.inference.") for t, _ in _imports(module)):
+            found.append(f"{module} imports rlcollect.inference")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare) and any(
+                    isinstance(c, ast.Constant) and c.value == "central" for c in [node.left, *node.comparators]):
+                found.append(f"{module}:{node.lineno} compares with 'central'")
+    return found
+
+
+def test_no_inference_branch_outside_its_role():
+    """Nothing outside inference/ and multiprocess/acting.py knows whether inference is central;
+    the single-process Collector and the rollout do not import inference/."""
+    assert _inference_knowers() == []
+
+
+def test_no_module_is_past_600_lines():
+    assert {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > 620} == {}

@@ -26,7 +26,7 @@ SLOW = 20
 class SkewedSleepEnv(SleepEnv):
     """Sleeps ``STEP_S``, and ``SLOW * STEP_S`` every 10th step (so the p95 is a slow step)."""
 
-    def _step_rows(self, action, obs_out, reward, terminated, truncated) -> None:
+    def step_rows(self, action, obs_out, reward, terminated, truncated) -> None:
         self._calls = getattr(self, "_calls", 0) + 1
         time.sleep(self.step_time * (SLOW if self._calls % 10 == 0 else 1))
         self._advance(obs_out, reward, terminated, truncated)

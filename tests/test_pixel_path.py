@@ -23,6 +23,7 @@ from tensordict import TensorDict
 from tensordict.nn import TensorDictModuleBase
 
 import rlcollect.data as data_module
+from rlcollect.multiprocess.slots import StackedSlots
 import rlcollect.multiprocess.shm as shm_module
 import rlcollect.rollout as rollout_module
 from rlcollect import CountingEnv, GymEnv, MultiSyncCollector
@@ -251,7 +252,7 @@ def _sync(stacked: bool, monkeypatch, cat_results="stack", workers: int = 2):
             functools.partial(CountingEnv, max_steps=7, batch_size=[ROWS], obs_dim=1024), None,
             num_workers=workers, frames_per_batch=workers * ROWS * T, total_frames=-1, cat_results=cat_results,
             mp_start_method="fork")
-    assert collector._stacked is stacked
+    assert isinstance(collector.slots, StackedSlots) is stacked
     return collector
 
 
@@ -279,17 +280,17 @@ def test_multisync_batches_alias_the_slots_and_are_never_overwritten(monkeypatch
     collector = _sync(True, monkeypatch)
     try:
         it = iter(collector)
-        slots = [flat.untyped_storage().data_ptr() for flat, _ in collector._sets]
+        slots = [flat.untyped_storage().data_ptr() for flat, _ in collector.slots.sets]
         assert len(slots) == 2
         a = next(it)
         # the workers wrote into the memory the user got: every field is a view of one slot
-        assert {t.untyped_storage().data_ptr() for t in a.values(True, True)} == {slots[collector._set]}
+        assert {t.untyped_storage().data_ptr() for t in a.values(True, True)} == {slots[collector.slots.current]}
         a_copy = a.clone()
         b = next(it)  # a is still held: b goes into the other slot
         assert _storage(b) != _storage(a) and {_storage(a), _storage(b)} == set(slots)
         held = [next(it) for _ in range(3)]  # a and b are held: the reserve slot, copied out
-        assert len(collector._sets) == 3  # one reserve, however many batches are kept
-        reserve = collector._sets[2][0].untyped_storage().data_ptr()
+        assert len(collector.slots.sets) == 3  # one reserve, however many batches are kept
+        reserve = collector.slots.sets[2][0].untyped_storage().data_ptr()
         for c in held:
             assert _storage(c) not in (*slots, reserve)
         assert len({_storage(c) for c in held}) == 3
@@ -298,7 +299,7 @@ def test_multisync_batches_alias_the_slots_and_are_never_overwritten(monkeypatch
         for _ in range(4):  # released batches: the two slots take turns again
             c = next(it)
             assert _storage(c) in slots
-        assert [flat.untyped_storage().data_ptr() for flat, _ in collector._sets][:2] == slots
+        assert [flat.untyped_storage().data_ptr() for flat, _ in collector.slots.sets][:2] == slots
     finally:
         collector.shutdown()
 
@@ -310,7 +311,7 @@ def test_multiasync_lends_views_and_copies_when_one_is_held(monkeypatch):
                                     None, num_workers=2, frames_per_batch=ROWS * T, total_frames=-1,
                                     mp_start_method="fork")
     try:
-        slots = {flat.untyped_storage().data_ptr(): (i, s) for i, flats in enumerate(collector._slots)
+        slots = {flat.untyped_storage().data_ptr(): (i, s) for i, flats in enumerate(collector.slots.flats)
                  for s, flat in enumerate(flats)}
         it = iter(collector)
         held, copies = [], 0

@@ -105,8 +105,8 @@ class StopAt(CountingEnv):
         super().__init__(**kwargs)
         self.stop, self.at, self.steps = stop, at, 0
 
-    def _step_rows(self, action, obs_out, reward, terminated, truncated) -> None:
-        super()._step_rows(action, obs_out, reward, terminated, truncated)
+    def step_rows(self, action, obs_out, reward, terminated, truncated) -> None:
+        super().step_rows(action, obs_out, reward, terminated, truncated)
         self.steps += 1
         if self.steps == self.at:
             self.stop[0] = 1

@@ -111,7 +111,7 @@ class TensorDictEnvAdapter(EnvBase):
             else:
                 out[rows] = value[rows]
 
-    def _reset_rows(self, rows, obs_out) -> None:
+    def reset_rows(self, rows, obs_out) -> None:
         if rows is None or not self.batch_size:
             td = self.env.reset()
             if self._check_reset:
@@ -134,7 +134,7 @@ class TensorDictEnvAdapter(EnvBase):
                 torch.from_numpy(mask).reshape(self.batch_size)
             ]
 
-    def _step_rows(self, action, obs_out, reward, terminated, truncated) -> None:
+    def step_rows(self, action, obs_out, reward, terminated, truncated) -> None:
         td = self._root
         batched = torch.from_numpy(action).reshape((*self.batch_size, *self.action_layout.shape))
         td.set("action", batched.to(self.device))
@@ -155,7 +155,7 @@ class TensorDictEnvAdapter(EnvBase):
         truncated[:] = False if trunc is None else trunc.detach().cpu().numpy().reshape(n)
         self._root = nxt.exclude("reward", *DONE_KEYS).clone()
 
-    def _sample_actions(self, out) -> None:
+    def sample_actions(self, out) -> None:
         out[:] = self._rand_action_tensor().detach().cpu().numpy().reshape(out.shape)
 
     def _seed(self, seed: int) -> None:
@@ -202,6 +202,14 @@ class TensorDictEnvAdapter(EnvBase):
 
     def __repr__(self) -> str:
         return f"{type(self.env).__name__}(batch_size={list(self.batch_size)})"
+
+    def move_to(self, device: torch.device) -> None:
+        """Move the wrapped env (and the observations it carries) to ``device`` (``env_device``)."""
+        inner = self.env
+        if torch.device(getattr(inner, "device", None) or "cpu") != device:
+            self.env = inner.to(device) or inner
+            self._root = self._root.to(device)
+        self.device = device
 
     def close(self) -> None:
         close = getattr(self.env, "close", None)

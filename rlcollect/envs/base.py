@@ -1,12 +1,26 @@
 """The environment protocol and the base class of rlcollect's native environments.
 
 A native environment works on *rows*: ``n = prod(batch_size)`` independent copies (``n = 1``
-for an unbatched env).  The collector's hot loop talks to it through a small array interface
-(``_reset_rows``, ``_step_rows``, ``_sample_actions``) that writes into preallocated numpy
-buffers, so that no TensorDict is built per step.  The torchrl-style TensorDict interface
-(``reset``, ``step``, ``rand_action``, ...) is built on top of it for users and for
-compatibility; foreign envs that only have the TensorDict interface are adapted the other way
-round by :mod:`rlcollect.envs.adapter`.
+for an unbatched env).  The collector's hot loop talks to it through the **array interface**,
+the contract between the envs and the rollout (rlcollect/rollout.py), which writes into
+preallocated numpy buffers so that no TensorDict is built per step:
+
+- ``obs_layout`` (``{key: ArraySpec}``), ``action_layout``, ``batch_size``, ``num_rows``,
+  ``has_truncated``: what one row holds;
+- ``new_obs_buffers()``: ``{key: array of (num_rows, *spec.shape)}``, one per observation;
+- ``reset_rows(rows, obs_out)``: reset ``rows`` (None: all), write their first observations;
+- ``step_rows(action, obs_out, reward, terminated, truncated)``: step every row with
+  ``action`` (``(num_rows, *action_layout.shape)``) and write the outcome (a row that ends is
+  reset by the rollout with ``reset_rows``);
+- ``sample_actions(out)``: one uniformly random action per row into ``out``;
+- ``arm_checks()``: check what the next step and reset return against the layout
+  (``check_output``), then trust them again.
+
+``SerialEnv``, ``VectorEnv``, ``GymEnv``, ``EnvPoolEnv``, the torchrl adapter and central
+inference's ``SplitEnvs`` implement it; ``EnvGroup`` is what "several envs as one" share.
+The torchrl-style TensorDict interface (``reset``, ``step``, ``rand_action``, ...) is built on
+top of it for users and for compatibility; foreign envs that only have the TensorDict interface
+are adapted the other way round by :mod:`rlcollect.envs.adapter`.
 """
 
 from __future__ import annotations
@@ -85,7 +99,7 @@ def check_output(env: Any, what: str, key: NestedKey, value: Any, spec: ArraySpe
     broadcast into every feature, ``None`` is not NaN, complex is not cast to real).
 
     The envs call this on the first step and reset of each batch only (see
-    ``EnvBase._arm_checks``): checking every step would cost a large share of a cheap env's step.
+    ``EnvBase.arm_checks``): checking every step would cost a large share of a cheap env's step.
     """
     if isinstance(value, torch.Tensor):
         shape, dtype = tuple(value.shape), numpy_dtype(value.dtype)
@@ -115,8 +129,8 @@ class EnvBase:
     """Base class of rlcollect's environments.
 
     Subclasses set ``batch_size``, ``obs_layout`` (``{key: ArraySpec}``), ``action_layout``
-    (an ``ArraySpec``) and ``has_truncated``, and implement ``_reset_rows``, ``_step_rows``,
-    ``_sample_actions`` and ``_seed``.  Everything else (the TensorDict interface) comes from
+    (an ``ArraySpec``) and ``has_truncated``, and implement ``reset_rows``, ``step_rows``,
+    ``sample_actions`` and ``_seed``.  Everything else (the TensorDict interface) comes from
     here.
 
     Example:
@@ -145,15 +159,15 @@ class EnvBase:
     def num_rows(self) -> int:
         return math.prod(self.batch_size)
 
-    def _arm_checks(self) -> None:
+    def arm_checks(self) -> None:
         """Have the next step and reset check what the env returns (``check_output``)."""
         self._check_step = self._check_reset = True
 
-    def _reset_rows(self, rows: np.ndarray | None, obs_out: dict[NestedKey, np.ndarray]) -> None:
+    def reset_rows(self, rows: np.ndarray | None, obs_out: dict[NestedKey, np.ndarray]) -> None:
         """Reset ``rows`` (all when None) and write their first observation into ``obs_out``."""
         raise NotImplementedError
 
-    def _step_rows(
+    def step_rows(
         self,
         action: np.ndarray,
         obs_out: dict[NestedKey, np.ndarray],
@@ -164,7 +178,7 @@ class EnvBase:
         """Step every row with ``action`` and write the outcome into the given buffers."""
         raise NotImplementedError
 
-    def _sample_actions(self, out: np.ndarray) -> None:
+    def sample_actions(self, out: np.ndarray) -> None:
         """Write one uniformly random action per row into ``out``."""
         raise NotImplementedError
 
@@ -177,7 +191,7 @@ class EnvBase:
         self._seed(int(seed))
         return int(seed) if static_seed else int(seed) + self.num_rows
 
-    def _new_obs_buffers(self) -> dict[NestedKey, np.ndarray]:
+    def new_obs_buffers(self) -> dict[NestedKey, np.ndarray]:
         return {k: spec.empty(self.num_rows) for k, spec in self.obs_layout.items()}
 
     def _to_td(self, arrays: dict[NestedKey, np.ndarray]) -> TensorDict:
@@ -200,8 +214,8 @@ class EnvBase:
             rows = np.flatnonzero(mask)
         obs = getattr(self, "_td_obs", None)
         if obs is None or rows is None:
-            obs = self._new_obs_buffers()
-        self._reset_rows(rows, obs)
+            obs = self.new_obs_buffers()
+        self.reset_rows(rows, obs)
         self._td_obs = obs
         out = self._to_td(obs)
         for key in DONE_KEYS:
@@ -215,19 +229,19 @@ class EnvBase:
 
             td = TensorDict({}, batch_size=self.batch_size)
         action = self.action_layout.empty(self.num_rows)
-        self._sample_actions(action)
+        self.sample_actions(action)
         td.set(self.action_key, torch.from_numpy(action).reshape((*self.batch_size, *self.action_layout.shape)))
         return td
 
     def step(self, td: TensorDict) -> TensorDict:
         """Step with ``td["action"]``; the outcome goes under ``td["next"]``. No reset happens."""
         action = self._rows_of(td, self.action_key, self.action_layout).astype(self.action_layout.dtype, copy=False)
-        obs = self._new_obs_buffers()
+        obs = self.new_obs_buffers()
         n = self.num_rows
         reward = np.zeros(n, np.float32)
         terminated = np.zeros(n, np.bool_)
         truncated = np.zeros(n, np.bool_)
-        self._step_rows(action, obs, reward, terminated, truncated)
+        self.step_rows(action, obs, reward, terminated, truncated)
         # A later partial reset starts from these buffers: the rows it does not reset must
         # report their current observation, not the one from the previous reset.
         self._td_obs = obs
@@ -267,3 +281,42 @@ class EnvBase:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(batch_size={list(self.batch_size)})"
+
+
+class EnvGroup(EnvBase):
+    """Several envs as one (``SerialEnv``'s envs, central inference's ``SplitEnvs``): seeding,
+    state and closing go to each member in turn. A subclass sets ``members`` and the layout.
+
+    Example:
+        >>> from rlcollect import CountingEnv, SerialEnv
+        >>> group = SerialEnv(2, CountingEnv)
+        >>> group.set_seed(3), len(group.state_dict()["envs"])
+        (5, 2)
+        >>> group.close()
+    """
+
+    members: list[EnvBase] = []
+    #: The key of the members' states in ``state_dict()``.
+    state_key = "envs"
+
+    def arm_checks(self) -> None:
+        for member in self.members:
+            member.arm_checks()
+
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        for member in self.members:
+            seed = member.set_seed(seed, static_seed=static_seed)
+        return seed
+
+    def state_dict(self) -> dict:
+        return {self.state_key: [member.state_dict() for member in self.members]}
+
+    def load_state_dict(self, state: dict) -> None:
+        if len(state.get(self.state_key, ())) != len(self.members):
+            raise ValueError(f"{type(self).__name__}.load_state_dict: expected {len(self.members)} env states")
+        for member, sub in zip(self.members, state[self.state_key]):
+            member.load_state_dict(sub)
+
+    def close(self) -> None:
+        for member in self.members:
+            member.close()

@@ -268,7 +268,7 @@ class GymEnv(EnvBase):
         return action.tolist() if self._scalar_actions else action
 
     # -- array interface ----------------------------------------------------------------
-    def _reset_rows(self, rows: np.ndarray | None, obs_out: dict[NestedKey, np.ndarray]) -> None:
+    def reset_rows(self, rows: np.ndarray | None, obs_out: dict[NestedKey, np.ndarray]) -> None:
         indices = range(len(self._envs)) if rows is None else rows
         for i in indices:
             seed = self._pending_seeds[i]
@@ -284,7 +284,7 @@ class GymEnv(EnvBase):
         for key, value in self._leaves(obs):
             check_output(self, what, key, value, layout[key])
 
-    def _step_rows(self, action, obs_out, reward, terminated, truncated) -> None:
+    def step_rows(self, action, obs_out, reward, terminated, truncated) -> None:
         if self._check_step:
             self._step_rows_checked(action, obs_out, reward, terminated, truncated)
             return
@@ -301,7 +301,7 @@ class GymEnv(EnvBase):
             truncated[i] = trunc
 
     def _step_rows_checked(self, action, obs_out, reward, terminated, truncated) -> None:
-        """``_step_rows`` checking everything each copy returns against the layout."""
+        """``step_rows`` checking everything each copy returns against the layout."""
         actions = self._actions(action)
         for i, env in enumerate(self._envs):
             obs, r, term, trunc = self._step_one(env, actions[i], check=True)
@@ -340,7 +340,7 @@ class GymEnv(EnvBase):
                 break
         return obs, (total if self.frame_skip > 1 else r), term, trunc
 
-    def _sample_actions(self, out: np.ndarray) -> None:
+    def sample_actions(self, out: np.ndarray) -> None:
         self._random.sample(out)
 
     def _draw(self, rng: np.random.Generator, steps: int) -> np.ndarray:

@@ -9,10 +9,10 @@ import numpy as np
 import torch
 
 from rlcollect.envs.adapter import as_env
-from rlcollect.envs.base import EnvBase
+from rlcollect.envs.base import EnvGroup
 
 
-class SerialEnv(EnvBase):
+class SerialEnv(EnvGroup):
     """Batch ``num_envs`` unbatched envs built by ``create_env_fn`` (batch size ``[num_envs]``).
 
     Works with any env of the interface: rlcollect's own, gymnasium envs, or torchrl-style
@@ -30,7 +30,7 @@ class SerialEnv(EnvBase):
             raise ValueError(f"SerialEnv: num_envs must be a positive int, got {num_envs!r}")
         if not callable(create_env_fn):
             raise TypeError(f"SerialEnv: create_env_fn must be callable, got {type(create_env_fn).__name__}")
-        self.envs = [as_env(create_env_fn()) for _ in range(num_envs)]
+        self.envs = self.members = [as_env(create_env_fn()) for _ in range(num_envs)]
         first = self.envs[0]
         if first.batch_size:
             raise ValueError(f"SerialEnv: the sub-envs must be unbatched, got batch size {list(first.batch_size)}")
@@ -43,38 +43,16 @@ class SerialEnv(EnvBase):
     def _row(buffers: dict, i: int) -> dict:
         return {k: v[i : i + 1] for k, v in buffers.items()}
 
-    def _reset_rows(self, rows, obs_out) -> None:
+    def reset_rows(self, rows, obs_out) -> None:
         for i in range(len(self.envs)) if rows is None else rows:
-            self.envs[i]._reset_rows(None, self._row(obs_out, i))
+            self.envs[i].reset_rows(None, self._row(obs_out, i))
 
-    def _step_rows(self, action, obs_out, reward, terminated, truncated) -> None:
+    def step_rows(self, action, obs_out, reward, terminated, truncated) -> None:
         for i, env in enumerate(self.envs):
-            env._step_rows(
+            env.step_rows(
                 action[i : i + 1], self._row(obs_out, i), reward[i : i + 1], terminated[i : i + 1], truncated[i : i + 1]
             )
 
-    def _arm_checks(self) -> None:
-        for env in self.envs:
-            env._arm_checks()
-
-    def _sample_actions(self, out: np.ndarray) -> None:
+    def sample_actions(self, out: np.ndarray) -> None:
         for i, env in enumerate(self.envs):
-            env._sample_actions(out[i : i + 1])
-
-    def set_seed(self, seed: int, static_seed: bool = False) -> int:
-        for env in self.envs:
-            seed = env.set_seed(seed, static_seed=static_seed)
-        return seed
-
-    def state_dict(self) -> dict:
-        return {"envs": [env.state_dict() for env in self.envs]}
-
-    def load_state_dict(self, state: dict) -> None:
-        if len(state.get("envs", ())) != len(self.envs):
-            raise ValueError(f"SerialEnv.load_state_dict: expected {len(self.envs)} env states")
-        for env, sub in zip(self.envs, state["envs"]):
-            env.load_state_dict(sub)
-
-    def close(self) -> None:
-        for env in self.envs:
-            env.close()
+            env.sample_actions(out[i : i + 1])

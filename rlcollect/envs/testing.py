@@ -57,7 +57,7 @@ class CountingEnv(EnvBase):
         self._random = RandomActionBlocks(self._draw, seed=0)
         self.total_steps = 0
 
-    def _reset_rows(self, rows, obs_out) -> None:
+    def reset_rows(self, rows, obs_out) -> None:
         if rows is None:
             self._reset_at[:] = self.total_steps
             obs_out["observation"][:] = 0
@@ -77,10 +77,10 @@ class CountingEnv(EnvBase):
         else:  # count >= max_steps
             np.less_equal(self._reset_at, self.total_steps - self.max_steps, out=terminated)
 
-    def _step_rows(self, action, obs_out, reward, terminated, truncated) -> None:
+    def step_rows(self, action, obs_out, reward, terminated, truncated) -> None:
         self._advance(obs_out, reward, terminated, truncated)
 
-    def _sample_actions(self, out) -> None:
+    def sample_actions(self, out) -> None:
         self._random.sample(out)
 
     def _draw(self, rng: np.random.Generator, steps: int) -> np.ndarray:
@@ -117,7 +117,7 @@ class BusyEnv(CountingEnv):
         super().__init__(max_steps=max_steps, batch_size=batch_size, obs_dim=obs_dim)
         self.step_time = float(step_time)
 
-    def _step_rows(self, action, obs_out, reward, terminated, truncated) -> None:
+    def step_rows(self, action, obs_out, reward, terminated, truncated) -> None:
         deadline = time.perf_counter() + self.step_time * self.num_rows
         while time.perf_counter() < deadline:
             pass
@@ -137,7 +137,7 @@ class SleepEnv(CountingEnv):
         super().__init__(max_steps=max_steps, batch_size=batch_size, obs_dim=obs_dim)
         self.step_time = float(step_time)
 
-    def _step_rows(self, action, obs_out, reward, terminated, truncated) -> None:
+    def step_rows(self, action, obs_out, reward, terminated, truncated) -> None:
         time.sleep(self.step_time)
         self._advance(obs_out, reward, terminated, truncated)
 
@@ -270,10 +270,10 @@ class FaultyEnv(CountingEnv):
         if fault == "segfault":
             ctypes.string_at(0)
 
-    def _reset_rows(self, rows, obs_out) -> None:
+    def reset_rows(self, rows, obs_out) -> None:
         self._maybe_fail("reset")
-        super()._reset_rows(rows, obs_out)
+        super().reset_rows(rows, obs_out)
 
-    def _step_rows(self, action, obs_out, reward, terminated, truncated) -> None:
+    def step_rows(self, action, obs_out, reward, terminated, truncated) -> None:
         self._maybe_fail("step")
         self._advance(obs_out, reward, terminated, truncated)

@@ -89,6 +89,9 @@ class VectorEnv(EnvBase):
         >>> env.close()
     """
 
+    #: What a pool with its own seeding and partial resets (``EnvPoolEnv``) overrides.
+    _HOOKS = ("_partial_reset", "_seed", "_take_seeds")
+
     def __init__(self, env: str | gym.vector.VectorEnv | Callable[..., gym.vector.VectorEnv],
                  num_envs: int | None = None, **make_kwargs: Any):
         name = type(self).__name__
@@ -190,7 +193,7 @@ class VectorEnv(EnvBase):
             full[i] = s
         return full
 
-    def _reset_rows(self, rows: np.ndarray | None, obs_out: dict[NestedKey, np.ndarray]) -> None:
+    def reset_rows(self, rows: np.ndarray | None, obs_out: dict[NestedKey, np.ndarray]) -> None:
         if rows is None:
             seeds = self._take_seeds(None)
             obs, info = self.env.reset(seed=self._seed_argument(self._arange, seeds))
@@ -230,7 +233,7 @@ class VectorEnv(EnvBase):
             ) from err
         self._write(obs, obs_out, rows, info)
 
-    def _step_rows(self, action, obs_out, reward, terminated, truncated) -> None:
+    def step_rows(self, action, obs_out, reward, terminated, truncated) -> None:
         obs, r, term, trunc, info = self.env.step(action)
         env_ids = info.get("env_id") if isinstance(info, dict) else None
         if env_ids is not None and len(env_ids) == self.num_rows and not np.array_equal(env_ids, self._arange):
@@ -261,7 +264,7 @@ class VectorEnv(EnvBase):
         for i in rows:
             self._write_one(final[i], i, obs_out)
 
-    def _sample_actions(self, out: np.ndarray) -> None:
+    def sample_actions(self, out: np.ndarray) -> None:
         self._random.sample(out)
 
     def _seed(self, seed: int) -> None:

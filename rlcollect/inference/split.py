@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from rlcollect.data import TRAJ_ID_BLOCK, BatchBuffer, BatchLayout
-from rlcollect.envs.base import EnvBase
+from rlcollect.envs.base import EnvBase, EnvGroup
 from rlcollect.rollout import Rollout
 
 
@@ -34,10 +34,12 @@ def joined_batch_size(part: torch.Size, splits: int) -> torch.Size:
     return torch.Size([splits * part[0], *part[1:]])
 
 
-class SplitEnvs(EnvBase):
+class SplitEnvs(EnvGroup):
     """Envs of one layout as one env, their rows side by side; stepped through their own
     rollouts (``SplitRollout``), so this one has no step of its own. Other attributes are
     read from the first env."""
+
+    state_key = "parts"
 
     def __init__(self, parts: list[EnvBase]):
         first = parts[0]
@@ -45,38 +47,16 @@ class SplitEnvs(EnvBase):
             if (part.batch_size, part.obs_layout, part.action_layout) != (first.batch_size, first.obs_layout,
                                                                          first.action_layout):
                 raise ValueError("env_splits: the env factory built envs of different batch sizes or layouts")
-        self.parts = parts
+        self.parts = self.members = parts
         self.batch_size = joined_batch_size(first.batch_size, len(parts))
         self.obs_layout = first.obs_layout
         self.action_layout = first.action_layout
         self.has_truncated = first.has_truncated
 
     def __getattr__(self, name: str) -> Any:
-        if name == "parts":  # (not set yet: construction failed)
+        if name in ("parts", "members"):  # (not set yet: construction failed)
             raise AttributeError(name)
         return getattr(self.parts[0], name)
-
-    def _arm_checks(self) -> None:
-        for part in self.parts:
-            part._arm_checks()
-
-    def set_seed(self, seed: int, static_seed: bool = False) -> int:
-        for part in self.parts:
-            seed = part.set_seed(seed, static_seed=static_seed)
-        return seed
-
-    def state_dict(self) -> dict:
-        return {"parts": [part.state_dict() for part in self.parts]}
-
-    def load_state_dict(self, state: dict) -> None:
-        if len(state.get("parts", ())) != len(self.parts):
-            raise ValueError(f"SplitEnvs.load_state_dict: expected the states of {len(self.parts)} envs")
-        for part, sub in zip(self.parts, state["parts"]):
-            part.load_state_dict(sub)
-
-    def close(self) -> None:
-        for part in self.parts:
-            part.close()
 
     def __repr__(self) -> str:
         return f"SplitEnvs({self.parts!r})"

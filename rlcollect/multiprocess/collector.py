@@ -1,19 +1,11 @@
-"""``MultiSyncCollector``, ``MultiAsyncCollector`` and ``MultiCollector``: thin faces that wire
-the parts of the multi-process wing in one place (``_build``) and answer torchrl's calls.
-
-The parts, each handed its dependencies here and calling none of the others but through them:
-
-- ``WorkerPool`` (pool.py): the worker processes, their pipes and liveness;
-- the slots (slots.py): where the workers write and what is lent to the user;
-- the gather (gather.py): ``SyncGather`` or ``AsyncGather``, one batch at a time;
-- where the policy acts (acting.py): ``InWorkers`` or ``Central``;
-- ``WorkerRestarts`` (recovery.py): a failed worker replaced, or its error raised;
-- free running (freerun.py): the workers, or a background thread, writing the replay buffer;
-- ``WorkerStats`` (stats.py): the counters and statistics.
-
-The face reads its options from ``self.config`` (config.py), each argument listed once (the
-signature); the torchrl face itself (``shutdown``, ``set_seed``, ``update_policy_weights_``,
-...) is ``CollectorBase``'s (rlcollect/base.py).
+"""``MultiSyncCollector`` and ``MultiAsyncCollector``: thin faces that wire the parts of the
+multi-process wing in one place (``_build``), each part handed its dependencies and calling
+none of the others but through them: ``WorkerPool`` (pool.py: processes, pipes, liveness), the
+slots (slots.py: written by the workers, lent to the user), the gather (gather.py: sync or
+async), where the policy acts (acting.py: in the workers, or central), ``WorkerRestarts``
+(recovery.py), free running (freerun.py) and ``WorkerStats`` (stats.py: counters, statistics).
+Options are read from ``self.config`` (config.py); torchrl's face (``shutdown``, ``set_seed``,
+``update_policy_weights_``, ...) is ``CollectorBase``'s (rlcollect/base.py).
 """
 
 from __future__ import annotations
@@ -242,6 +234,12 @@ class MultiCollectorBase(CollectorBase):
         """
         self._check_open()
         return self._pool.pids()
+
+    @property
+    def slots(self) -> Any:
+        """The shared-memory batch slots (slots.py: ``StackedSlots`` or ``WorkerSlots``), for
+        inspection: what the workers write into and the batches you get are views of."""
+        return self._gather.slots
 
     def _broadcast(self, command: str, *args: Any, workers: list[int] | None = None) -> list:
         with self._control(), self._guard():

@@ -34,7 +34,8 @@ import gc
 import torch
 
 from rlcollect.data import BatchBuffer, BatchLayout, SlotPart, slot_buffer, stacked_tensors
-from rlcollect.multiprocess.shm import allocate_slot, allocate_stacked, check_free_space, references, slot_bytes
+from rlcollect.multiprocess.shm import (allocate_slot, allocate_stacked, can_count_references, check_free_space,
+                                        references, slot_bytes)
 
 #: Stacked slots kept: the batch the user holds while the next one is collected, and that one.
 STACKED_SLOTS = 2
@@ -66,8 +67,10 @@ class WorkerSlots:
 
     def settle(self) -> None:
         """Count the references the collector itself holds to each slot (once every worker has
-        been handed its slots): more than these means a lent batch is still held."""
-        self._own = [[references(flat) for flat in flats] for flats in self.flats]
+        been handed its slots): more than these means a lent batch is still held (only where
+        references can be counted: nothing is lent otherwise)."""
+        if can_count_references():
+            self._own = [[references(flat) for flat in flats] for flats in self.flats]
 
     def buffer(self, index: int, slot: int) -> BatchBuffer:
         """The collector's own typed view of worker ``index``'s ``slot``."""

@@ -122,10 +122,7 @@ def place_env(env: Any, device: torch.device | None) -> None:
 
     inner = env.env if isinstance(env, TensorDictEnvAdapter) else None
     if inner is not None and callable(getattr(inner, "to", None)):
-        if torch.device(getattr(inner, "device", None) or "cpu") != device:
-            env.env = inner.to(device) or inner
-            env._root = env._root.to(device)
-        env.device = device
+        env.move_to(device)
         return
     if device.type != "cpu":
         raise ValueError(f"env_device={str(device)!r}: {type(env).__name__} steps in numpy on the CPU, so env_device "

@@ -93,24 +93,6 @@ def update_targets(policy_or_weights: Any = None, *, weights: Any = None, policy
     return {"policy" if model_id is None else model_id: policy_or_weights}
 
 
-def delegate_to_updater(owner: Any, policy_or_weights: Any, *, weights: Any, policy: Any, model_id: Any,
-                        weights_dict: Any, worker_ids: Any, hint: str = "") -> bool:
-    """Hand an ``update_policy_weights_`` call to ``owner.weight_updater`` (torchrl's legacy
-    path). False when the owner has no updater, or when the updater is calling back (then the
-    built-in path runs); ``hint`` ends the error for ``model_id`` / ``weights_dict``."""
-    if owner.weight_updater is None or owner._in_updater:
-        return False
-    if model_id is not None or weights_dict is not None:
-        raise ValueError(f"model_id / weights_dict are not supported with weight_updater (as in torchrl){hint}")
-    target = update_targets(policy_or_weights, weights=weights, policy=policy)["policy"]
-    owner._in_updater = True
-    try:  # the updater may call update_policy_weights_ back: that is the built-in path
-        owner.weight_updater(policy_or_weights=target, worker_ids=worker_ids)
-    finally:
-        owner._in_updater = False
-    return True
-
-
 def make_weight_updater(value: Any, collector: Any) -> Any:
     """What ``weight_updater=`` accepts, as torchrl does: an updater instance (an object with
     ``register_collector``, e.g. a ``WeightUpdaterBase`` subclass), a class or zero-argument

@@ -56,14 +56,14 @@ def test_adapter_of_an_unbatched_env():
     assert env.num_rows == 1
     assert env.obs_layout == {"observation": ArraySpec((3,), np.dtype(np.float32))}
     obs, reward, term, trunc = buffers(env)
-    env._reset_rows(None, obs)
+    env.reset_rows(None, obs)
     assert obs["observation"][0, 0] == 0
     for t in range(1, 4):
-        env._step_rows(np.array([1], np.int64), obs, reward, term, trunc)
+        env.step_rows(np.array([1], np.int64), obs, reward, term, trunc)
         assert obs["observation"][0, 0] == t
     assert term.tolist() == [True] and trunc.tolist() == [False]
     # An unbatched env has nothing to mask: a row reset is a full reset.
-    env._reset_rows(np.array([0]), obs)
+    env.reset_rows(np.array([0]), obs)
     assert obs["observation"][0, 0] == 0
     assert env.env.reset_masks[-1] is None
 
@@ -91,7 +91,7 @@ def test_adapter_steps_through_numpy_buffers():
     inner = TorchRLLikeEnv(batch_size=[3], max_steps=3)
     env = TensorDictEnvAdapter(inner)
     obs, reward, term, trunc = buffers(env)
-    env._reset_rows(None, obs)
+    env.reset_rows(None, obs)
     assert obs["observation"][:, 0].tolist() == [0, 0, 0]
     assert obs["observation"][:, 1].tolist() == [0, 0, 0]
     offsets = obs["observation"][:, 2].copy()
@@ -99,14 +99,14 @@ def test_adapter_steps_through_numpy_buffers():
 
     for t in (1, 2):
         action = np.array([0, 1, 1], np.int64)
-        env._step_rows(action, obs, reward, term, trunc)
+        env.step_rows(action, obs, reward, term, trunc)
         assert obs["observation"][:, 0].tolist() == [t, t, t]
         assert obs["observation"][:, 1].tolist() == [0, 1, 1]
         np.testing.assert_array_equal(obs["observation"][:, 2], offsets)
         assert reward.tolist() == [1.0, 1.0, 1.0]
         assert term.tolist() == [False, False, False]
         assert trunc.tolist() == [False, False, False]
-    env._step_rows(np.array([1, 0, 1], np.int64), obs, reward, term, trunc)
+    env.step_rows(np.array([1, 0, 1], np.int64), obs, reward, term, trunc)
     assert obs["observation"][:, 0].tolist() == [3, 3, 3]
     assert term.tolist() == [True, True, True]
     assert trunc.tolist() == [False, False, False]
@@ -119,19 +119,19 @@ def test_adapter_partial_reset_sends_a_reset_mask_and_touches_only_those_rows():
     inner = TorchRLLikeEnv(batch_size=[3], max_steps=10)
     env = TensorDictEnvAdapter(inner)
     obs, reward, term, trunc = buffers(env)
-    env._reset_rows(None, obs)
+    env.reset_rows(None, obs)
     for _ in range(2):
-        env._step_rows(np.array([1, 1, 1], np.int64), obs, reward, term, trunc)
+        env.step_rows(np.array([1, 1, 1], np.int64), obs, reward, term, trunc)
     before = obs["observation"].copy()
 
-    env._reset_rows(np.array([1]), obs)
+    env.reset_rows(np.array([1]), obs)
     assert inner.reset_masks[-1].tolist() == [False, True, False]
     # Row 1 holds the fresh observation; rows 0 and 2 of the buffer are untouched.
     assert obs["observation"][1, :2].tolist() == [0, 0]
     np.testing.assert_array_equal(obs["observation"][[0, 2]], before[[0, 2]])
     assert inner.count.tolist() == [2, 0, 2]
 
-    env._step_rows(np.array([0, 0, 0], np.int64), obs, reward, term, trunc)
+    env.step_rows(np.array([0, 0, 0], np.int64), obs, reward, term, trunc)
     assert obs["observation"][:, 0].tolist() == [3, 1, 3]
 
 
@@ -140,22 +140,22 @@ def test_adapter_partial_reset_of_several_rows_in_a_2d_batch():
     env = TensorDictEnvAdapter(inner)
     assert env.num_rows == 4
     obs, reward, term, trunc = buffers(env)
-    env._reset_rows(None, obs)
-    env._step_rows(np.zeros(4, np.int64), obs, reward, term, trunc)
-    env._reset_rows(np.array([0, 3]), obs)
+    env.reset_rows(None, obs)
+    env.step_rows(np.zeros(4, np.int64), obs, reward, term, trunc)
+    env.reset_rows(np.array([0, 3]), obs)
     assert inner.reset_masks[-1].tolist() == [[True, False], [False, True]]
     assert obs["observation"][:, 0].tolist() == [0, 1, 1, 0]
-    env._step_rows(np.zeros(4, np.int64), obs, reward, term, trunc)
+    env.step_rows(np.zeros(4, np.int64), obs, reward, term, trunc)
     assert obs["observation"][:, 0].tolist() == [1, 2, 2, 1]
 
 
 def test_adapter_reports_truncation_separately_from_termination():
     env = TensorDictEnvAdapter(TorchRLLikeEnv(batch_size=[2], max_steps=5, truncate_at=2))
     obs, reward, term, trunc = buffers(env)
-    env._reset_rows(None, obs)
-    env._step_rows(np.zeros(2, np.int64), obs, reward, term, trunc)
+    env.reset_rows(None, obs)
+    env.step_rows(np.zeros(2, np.int64), obs, reward, term, trunc)
     assert trunc.tolist() == [False, False] and term.tolist() == [False, False]
-    env._step_rows(np.zeros(2, np.int64), obs, reward, term, trunc)
+    env.step_rows(np.zeros(2, np.int64), obs, reward, term, trunc)
     assert trunc.tolist() == [True, True]
     assert term.tolist() == [False, False]
 
@@ -165,11 +165,11 @@ def test_adapter_without_truncated_key():
     env = TensorDictEnvAdapter(inner)
     assert env.has_truncated is False
     obs, reward, term, trunc = buffers(env)
-    env._reset_rows(None, obs)
+    env.reset_rows(None, obs)
     trunc[:] = True  # must be overwritten
-    env._step_rows(np.zeros(2, np.int64), obs, reward, term, trunc)
+    env.step_rows(np.zeros(2, np.int64), obs, reward, term, trunc)
     assert trunc.tolist() == [False, False] and term.tolist() == [False, False]
-    env._step_rows(np.zeros(2, np.int64), obs, reward, term, trunc)
+    env.step_rows(np.zeros(2, np.int64), obs, reward, term, trunc)
     assert term.tolist() == [True, True]
     assert trunc.tolist() == [False, False]
 
@@ -179,8 +179,8 @@ def test_adapter_without_terminated_key_takes_done_as_terminated():
     env = TensorDictEnvAdapter(inner)
     assert env.has_truncated is False
     obs, reward, term, trunc = buffers(env)
-    env._reset_rows(None, obs)
-    env._step_rows(np.zeros(2, np.int64), obs, reward, term, trunc)
+    env.reset_rows(None, obs)
+    env.step_rows(np.zeros(2, np.int64), obs, reward, term, trunc)
     assert term.tolist() == [True, True]
     assert trunc.tolist() == [False, False]
     # And through the TensorDict interface the done family is complete.
@@ -196,7 +196,7 @@ def test_adapter_sample_actions_into_numpy_buffer():
     assert out.dtype == np.int64 and out.shape == (4,)
     seen = set()
     for _ in range(50):
-        env._sample_actions(out)
+        env.sample_actions(out)
         assert ((out >= 0) & (out < 3)).all()
         seen.update(out.tolist())
     assert seen == {0, 1, 2}
@@ -209,7 +209,7 @@ def test_adapter_sampling_is_reproducible_after_seeding():
         out = env.action_layout.empty(env.num_rows)
         seq = []
         for _ in range(10):
-            env._sample_actions(out)
+            env.sample_actions(out)
             seq.append(out.copy())
         return np.stack(seq)
 
@@ -238,7 +238,7 @@ def test_adapter_sample_actions_falls_back_to_action_spec():
     env = TensorDictEnvAdapter(WithSpecOnly())
     assert env.action_layout == ArraySpec((), np.dtype(np.int64))
     out = env.action_layout.empty(2)
-    env._sample_actions(out)
+    env.sample_actions(out)
     assert out.tolist() == [2, 2]
 
 
@@ -250,11 +250,11 @@ def test_adapter_set_seed_and_state_and_close_delegate():
     assert inner.seeds == [(10, False), (10, True)]
 
     obs, reward, term, trunc = buffers(env)
-    env._reset_rows(None, obs)
-    env._step_rows(np.array([1, 0, 1], np.int64), obs, reward, term, trunc)
+    env.reset_rows(None, obs)
+    env.step_rows(np.array([1, 0, 1], np.int64), obs, reward, term, trunc)
     state = env.state_dict()
     assert state["count"].tolist() == [1, 1, 1]
-    env._step_rows(np.array([1, 0, 1], np.int64), obs, reward, term, trunc)
+    env.step_rows(np.array([1, 0, 1], np.int64), obs, reward, term, trunc)
     env.load_state_dict(state)
     assert inner.count.tolist() == [1, 1, 1]
 
@@ -313,8 +313,8 @@ def test_adapter_of_an_rlcollect_env():
     assert env.obs_layout["observation"] == ArraySpec((1,), np.dtype(np.float32))
     assert env.action_layout == ArraySpec((), np.dtype(np.int64))
     obs, reward, term, trunc = buffers(env)
-    env._reset_rows(None, obs)
-    env._step_rows(np.zeros(2, np.int64), obs, reward, term, trunc)
+    env.reset_rows(None, obs)
+    env.step_rows(np.zeros(2, np.int64), obs, reward, term, trunc)
     assert obs["observation"][:, 0].tolist() == [1.0, 1.0]
 
 

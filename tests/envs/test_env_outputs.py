@@ -1,7 +1,7 @@
 """Malformed env output is an error, not silently stored: a scalar where the layout says a vector
 (numpy would broadcast it into every feature), ``None`` (numpy would store NaN), a complex value
 (numpy would drop the imaginary part), a bad reward or flag. The check runs on the first step and
-reset of each batch (``EnvBase._arm_checks``), then the env is trusted."""
+reset of each batch (``EnvBase.arm_checks``), then the env is trusted."""
 
 from __future__ import annotations
 

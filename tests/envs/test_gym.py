@@ -268,7 +268,7 @@ def _sampled(env: GymEnv, draws: int = 200) -> np.ndarray:
     out = env.action_layout.empty(env.num_rows)
     samples = []
     for _ in range(draws):
-        env._sample_actions(out)
+        env.sample_actions(out)
         samples.append(out.copy())
     return np.stack(samples)
 
@@ -553,10 +553,10 @@ def test_max_episode_steps_truncates_every_copy():
 def test_array_interface_matches_tensordict_interface():
     env = GymEnv("CartPole-v1", num_envs=2)
     env.set_seed(5)
-    obs = env._new_obs_buffers()
-    env._reset_rows(None, obs)
+    obs = env.new_obs_buffers()
+    env.reset_rows(None, obs)
     reward, term, trunc = np.zeros(2, np.float32), np.zeros(2, np.bool_), np.zeros(2, np.bool_)
-    env._step_rows(np.array([1, 0]), obs, reward, term, trunc)
+    env.step_rows(np.array([1, 0]), obs, reward, term, trunc)
 
     other = GymEnv("CartPole-v1", num_envs=2)
     other.set_seed(5)

@@ -68,16 +68,16 @@ def test_serial_array_interface_partial_reset():
     env = SerialEnv(3, lambda: CountingEnv(max_steps=None))
     obs = {"observation": np.full((3, 1), -1, np.float32)}
     reward, term, trunc = np.zeros(3, np.float32), np.ones(3, np.bool_), np.ones(3, np.bool_)
-    env._reset_rows(None, obs)
+    env.reset_rows(None, obs)
     assert obs["observation"].ravel().tolist() == [0, 0, 0]
-    env._step_rows(np.zeros(3, np.int64), obs, reward, term, trunc)
-    env._step_rows(np.zeros(3, np.int64), obs, reward, term, trunc)
+    env.step_rows(np.zeros(3, np.int64), obs, reward, term, trunc)
+    env.step_rows(np.zeros(3, np.int64), obs, reward, term, trunc)
     assert obs["observation"].ravel().tolist() == [2, 2, 2]
     assert reward.tolist() == [1, 1, 1] and not term.any() and not trunc.any()
     obs["observation"][:] = 99
-    env._reset_rows(np.array([2]), obs)
+    env.reset_rows(np.array([2]), obs)
     assert obs["observation"].ravel().tolist() == [99, 99, 0]  # only row 2 written
-    env._step_rows(np.zeros(3, np.int64), obs, reward, term, trunc)
+    env.step_rows(np.zeros(3, np.int64), obs, reward, term, trunc)
     assert obs["observation"].ravel().tolist() == [3, 3, 1]
 
 
@@ -87,7 +87,7 @@ def test_serial_counting_seeding():
     out = env.action_layout.empty(3)
     rows = []
     for _ in range(20):
-        env._sample_actions(out)
+        env.sample_actions(out)
         rows.append(out.copy())
     rows = np.stack(rows)
     for i in range(3):
@@ -96,7 +96,7 @@ def test_serial_counting_seeding():
         ref_out = ref.action_layout.empty(1)
         expected = []
         for _ in range(20):
-            ref._sample_actions(ref_out)
+            ref.sample_actions(ref_out)
             expected.append(ref_out[0])
         assert rows[:, i].tolist() == expected
     assert env.set_seed(5, static_seed=True) == 5

@@ -132,7 +132,7 @@ def test_counting_state_dict_round_trip():
 def _actions(env, steps):
     out = np.zeros((steps, env.num_rows), np.int64)
     for row in out:
-        env._sample_actions(row)
+        env.sample_actions(row)
     return out
 
 
@@ -327,10 +327,10 @@ def test_faulty_reset_fault_fires_in_autoreset():
 
 def test_faulty_raise_through_the_array_interface():
     env = FaultyEnv("raise", at_step=1, batch_size=[2])
-    obs = env._new_obs_buffers()
-    env._reset_rows(None, obs)
+    obs = env.new_obs_buffers()
+    env.reset_rows(None, obs)
     with pytest.raises(InjectedFault):
-        env._step_rows(np.zeros(2, np.int64), obs, np.zeros(2, np.float32), np.zeros(2, bool), np.zeros(2, bool))
+        env.step_rows(np.zeros(2, np.int64), obs, np.zeros(2, np.float32), np.zeros(2, bool), np.zeros(2, bool))
 
 
 def test_faulty_worker_ids_use_the_worker_index_at_construction():
