@@ -17,7 +17,7 @@ VENV_TORCHRL := .venv-torchrl
 PY_TORCHRL := $(VENV_TORCHRL)/bin/python
 STAMP_TORCHRL := $(VENV_TORCHRL)/.installed
 
-.PHONY: install test lint test-main test-doctest test-torchrl demo bench
+.PHONY: install test lint test-main test-fast test-doctest test-torchrl demo bench
 
 install: $(STAMP)
 
@@ -45,6 +45,11 @@ test-main: $(STAMP)
 	$(PY) -m pytest -q tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; \
 	$(PY) -m pytest -q --doctest-modules $(DOCTEST_PATHS) || rc=$$?; exit $$rc
+
+# The edit-run loop: the tests that start no process (tests/tiers.py marks the others
+# "processes"; in this tier a test that starts one fails), in under two minutes. CI runs all.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not processes" tests
 
 test-doctest: $(STAMP)
 	$(PY) -m pytest -q --doctest-modules $(DOCTEST_PATHS)

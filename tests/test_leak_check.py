@@ -1,4 +1,5 @@
-"""The leak check of conftest.py sees what it should, and fails (only) the tests that leak."""
+"""The leak check (leaks.py, registered by conftest.py) sees what it should, and fails (only) the
+tests that leak."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-CONFTEST = Path(__file__).with_name("conftest.py")
+LEAKS = Path(__file__).with_name("leaks.py")
+PROCS = Path(__file__).with_name("procs.py")
 
 
 def _sleep_forever() -> None:
@@ -148,9 +150,11 @@ def test_reports_fd_growth_over_the_slack_only(leak_checker):
 
 
 def _copy_conftest(pytester) -> None:
-    conftest = CONFTEST.read_text()
-    assert "CHILD_GRACE_S = 3.0" in conftest
-    pytester.makeconftest(conftest.replace("CHILD_GRACE_S = 3.0", "CHILD_GRACE_S = 0.5"))  # a faster run
+    """The leak plugin as the inner suite's conftest (with the helpers it imports)."""
+    leaks = LEAKS.read_text()
+    assert "CHILD_GRACE_S = 3.0" in leaks
+    pytester.makepyfile(procs=PROCS.read_text())
+    pytester.makeconftest(leaks.replace("CHILD_GRACE_S = 3.0", "CHILD_GRACE_S = 0.5"))  # a faster run
 
 
 def test_the_autouse_check_fails_leaky_tests_and_honours_the_marker(pytester):

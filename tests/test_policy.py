@@ -298,6 +298,7 @@ def test_compile_policy_eager_backend(make_collector):
 
 
 @pytest.mark.slow  # inductor's first compile takes ~30 s on a cold cache
+@pytest.mark.processes  # torch.compile starts its compile workers
 def test_compile_policy_true(make_collector):
     policy = Argmax(Logits())
     c = make_collector(CountingEnv(batch_size=[2]), policy, frames_per_batch=8, compile_policy=True)

@@ -20,12 +20,13 @@ import contextlib
 import functools
 import multiprocessing
 import os
-import time
 
 import numpy as np
 import pytest
 import torch
 from torch import nn
+
+from procs import assert_gone, live_descendants, pid_alive, shm_entries, wait_gone  # noqa: F401  (re-exported)
 
 from rlcollect.data import TRAJ_ID_BLOCK
 from rlcollect.envs.testing import CountingEnv, FaultyEnv, SleepEnv
@@ -144,31 +145,6 @@ def check_counting_stream(row: dict[str, np.ndarray], max_steps: int | None) -> 
 
 
 # -- processes ---------------------------------------------------------------------------------------
-def pid_alive(pid: int) -> bool:
-    """True while ``pid`` runs; a zombie (dead, not reaped) counts as dead."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return False
-    return data.rsplit(b")", 1)[-1].split()[0] != b"Z"
-
-
-def wait_gone(pids, timeout: float = 5.0) -> list[int]:
-    """Wait up to ``timeout`` s for every pid to die; return those still alive."""
-    deadline = time.monotonic() + timeout
-    alive = [p for p in pids if pid_alive(p)]
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.02)
-        alive = [p for p in alive if pid_alive(p)]
-    return alive
-
-
-def assert_gone(pids, timeout: float = 5.0) -> None:
-    alive = wait_gone(pids, timeout)
-    assert not alive, f"worker processes {alive} still alive {timeout} s after shutdown"
-
-
 def descendant_pids() -> set[int]:
     """Live processes below this one, multiprocessing's resource tracker and fork server
     excluded (workers forked by the fork server are included)."""
@@ -179,32 +155,12 @@ def descendant_pids() -> set[int]:
         getattr(multiprocessing.resource_tracker._resource_tracker, "_pid", None),
         getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None),
     }
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[-1].split()
-        except OSError:
-            continue
-        if fields[0] != b"Z":
-            children.setdefault(int(fields[1]), []).append(int(name))
-    found, todo = set(), list(children.get(os.getpid(), ()))
-    while todo:
-        pid = todo.pop()
-        if pid not in found:
-            found.add(pid)
-            todo.extend(children.get(pid, ()))
-    return found - helpers
+    return live_descendants() - helpers
 
 
 def open_fd_count() -> int:
     return len(os.listdir("/proc/self/fd"))
 
-
-def shm_entries() -> set[str]:
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
 
 
 # -- building collectors ------------------------------------------------------------------------------

@@ -19,47 +19,13 @@ import time
 from pathlib import Path
 
 import pytest
+from procs import cmdline as _cmdline
+from procs import live_descendants as _descendants
+from procs import pid_alive as _alive
 
 SCRIPT = Path(__file__).with_name("mp_ctrl_c_script.py")
 BOUND_S = 2.0
 TEARDOWN_ALLOWANCE_S = 8.0
-
-
-def _stat(pid: int) -> list[bytes] | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[-1].split()
-    except OSError:
-        return None
-
-
-def _alive(pid: int) -> bool:
-    fields = _stat(pid)
-    return fields is not None and fields[0] not in (b"Z", b"X")
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _descendants(root: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            fields = _stat(int(name))
-            if fields is not None and fields[0] != b"Z":
-                children.setdefault(int(fields[1]), []).append(int(name))
-    found, todo = set(), list(children.get(root, ()))
-    while todo:
-        pid = todo.pop()
-        if pid not in found:
-            found.add(pid)
-            todo.extend(children.get(pid, ()))
-    return found
 
 
 def _maps_shared_slots(pid: int) -> bool:

@@ -17,47 +17,14 @@ import time
 from pathlib import Path
 
 import pytest
+from procs import cmdline as _cmdline
+from procs import live_descendants as _descendants
+from procs import pid_alive as _alive
+from procs import read_stat
 
 SCRIPT = Path(__file__).with_name("mp_parent_death_script.py")
 BOUND_S = 1.0
 POLL_MARGIN_S = 0.1
-
-
-def _stat(pid: int) -> list[bytes] | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[-1].split()
-    except OSError:
-        return None
-
-
-def _alive(pid: int) -> bool:
-    fields = _stat(pid)
-    return fields is not None and fields[0] not in (b"Z", b"X")
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _descendants(root: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            fields = _stat(int(name))
-            if fields is not None and fields[0] != b"Z":
-                children.setdefault(int(fields[1]), []).append(int(name))
-    found, todo = set(), list(children.get(root, ()))
-    while todo:
-        pid = todo.pop()
-        if pid not in found:
-            found.add(pid)
-            todo.extend(children.get(pid, ()))
-    return found
 
 
 def _workers(root: int, settle: float = 0.0) -> set[int]:
@@ -69,7 +36,7 @@ def _workers(root: int, settle: float = 0.0) -> set[int]:
         cmd = _cmdline(pid)
         if "_reaper_main" in cmd or "resource_tracker" in cmd:
             continue
-        if "forkserver" in cmd and _stat(pid) and int(_stat(pid)[1]) == root:
+        if "forkserver" in cmd and read_stat(pid) and read_stat(pid)[1] == root:
             continue
         out.add(pid)
     return out
