@@ -72,6 +72,7 @@ class CollectorBase:
         self._check_iterable()
         try:
             while self.total_frames < 0 or self._frames < self.total_frames:
+                self._check_open()  # (shut down between two batches: say so)
                 yield self._next_batch()
         except GeneratorExit:
             raise

@@ -184,15 +184,20 @@ class MultiCollectorBase(CollectorBase):
 
     # -- iteration ---------------------------------------------------------------------------------
     def _next_batch(self) -> TensorDict | None:
-        with self._guard():
-            batch, where = self._gather.next_batch(self._version, self._update_each_batch)
+        # (no _guard: iteration shuts the collector down on any error, _shutdown_on_error)
+        batch, where = self._gather.next_batch(self._version, self._update_each_batch)
         self._iter += 1
         return None if batch is None else self._deliver(batch, **where)
 
+    def _next_batch_guarded(self) -> TensorDict | None:  # (free running: a failure shuts down)
+        with self._guard():
+            return self._next_batch()
+
     def _update_each_batch(self, index: int | None) -> int:
-        """``update_at_each_batch``: before a sync batch (``index`` None), or after an async
-        batch of worker ``index`` (to it alone, unless one shared store serves all)."""
-        if self.config.update_at_each_batch and self.config.weight_source is not None:
+        """``update_at_each_batch`` (the gather calls it only then): before a sync batch (``index``
+        None), or after an async batch of worker ``index`` (to it alone, unless one shared store
+        serves all)."""
+        if self.config.weight_source is not None:
             if index is None or self._acting.shared_weights:
                 self.update_policy_weights_()
             else:
@@ -448,7 +453,7 @@ class MultiCollectorBase(CollectorBase):
             raise RuntimeError("start() was already called; use pause() to stop writing for a while")
         with self._guard():
             self._gather.discard()
-            self._free.start(self._next_batch)
+            self._free.start(self._next_batch_guarded)
 
     @contextlib.contextmanager
     def pause(self) -> Iterator[None]:

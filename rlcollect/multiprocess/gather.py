@@ -30,8 +30,9 @@ from rlcollect.multiprocess import protocol as P
 from rlcollect.multiprocess import shm
 from rlcollect.multiprocess.slots import StackedSlots, WorkerSlots
 
-#: ``update(index)``: the collector's weight update due with each batch (``index`` None: before
-#: a sync batch; an async batch's worker after it), returning the version acting from then on.
+#: ``update(index)``: the collector's weight update with each batch (``update_at_each_batch``;
+#: ``index`` None: before a sync batch; an async batch's worker after it), returning the version
+#: acting from then on.
 Update = Callable[[Any], int]
 
 
@@ -90,7 +91,8 @@ class _Gather:
 
     def random_now(self) -> bool:
         """Whether the next batch acts randomly (``init_random_frames``)."""
-        return frames_written(self.config.replay_buffer, self.stats.frames) < self.config.init_random_frames
+        limit = self.config.init_random_frames
+        return limit > 0 and frames_written(self.config.replay_buffer, self.stats.frames) < limit
 
     def quiesce(self) -> None:
         """Wait for the replies workers still owe."""
@@ -128,7 +130,8 @@ class SyncGather(_Gather):
     def next_batch(self, version: int, update: Update) -> tuple[TensorDict | None, dict]:
         """``(batch, where)``: the next batch (None when the workers wrote it into the replay
         buffer) and the keyword arguments of its delivery."""
-        version = update(None)
+        if self.config.update_at_each_batch:
+            version = update(None)
         started = time.perf_counter()
         infos = self.collect_all(self.random_now())
         self.stats.wait.add(time.perf_counter() - started)
@@ -356,7 +359,8 @@ class AsyncGather(_Gather):
         batch.set(WORKER_ID, torch.full(batch.shape, index, dtype=torch.int64))
         _name_time(batch)
         self._account(index, info, started, version)
-        update(index)
+        if self.config.update_at_each_batch:
+            update(index)
         if lend:
             self.slots.lend(index, slot)
         else:

@@ -1,4 +1,4 @@
-"""A replay buffer's owner (and its writers) for tests/security/test_rb_owner_death.py, run as
+"""A replay buffer's owner (and its writers) for tests/buffers/test_rb_death.py, run as
 ``python rb_owner.py PHASE STORAGE``: prints one JSON line ``{"path", "pids"}`` once it has
 reached PHASE, then stays in that phase until killed.
 
