@@ -33,6 +33,7 @@ from rlcollect.distributed.handshake import Handshake
 from rlcollect.distributed.heartbeat import Rank0Beat, Silence
 from rlcollect.distributed.launchers import make_launcher
 from rlcollect.distributed.nodes import NodeHandle, NodeState, Rejoin, node_error
+from rlcollect.distributed.wire import WireClosed
 from rlcollect.errors import WorkerError
 
 logger = logging.getLogger("rlcollect")
@@ -87,10 +88,10 @@ class NodePool:
         def connect() -> Any:
             return transport.connect_store(addr, port, 30.0)
 
-        self.heartbeat = Rank0Beat(connect, self.keys, self.run).start()
-        self.handshake = Handshake(self.store, self.keys, self.run, self.world_size)
-        self._silence = Silence(self.store, self.keys, self._by_rank, cfg.heartbeat_timeout)
-        self.channel = Channel(self.store, connect, self._by_rank, secrets.token_bytes(16), self.keys)
+        self._silence = Silence(self._by_rank, cfg.heartbeat_timeout)
+        self.channel = Channel(self.address, self._by_rank, self.keys, self._attached)
+        self.heartbeat = Rank0Beat(connect, self.keys, self.run, self.channel.beat_all).start()
+        self.handshake = Handshake(self.store, self.keys, self.run, self.world_size, self.channel)
         self.launcher = make_launcher(cfg.launcher, cfg.slurm_kwargs, self.secret, self.secret_file,
                                       cfg.rank0_timeout)
         self.launcher.start(addr, port, self.world_size, cfg.timeout)
@@ -111,6 +112,7 @@ class NodePool:
         cfg, shake = self.config, self.handshake
         started: set[int] = set()
         while len(started) < len(self.handles):
+            self.channel.pump()
             for h in self.handles:
                 if not h.configured:
                     self._poll_hello(h, cfg.payloads[h.index])
@@ -131,11 +133,16 @@ class NodePool:
             time.sleep(_RENDEZVOUS_POLL_S)
 
     def _poll_hello(self, h: NodeHandle, payload: bytes | None) -> bool:
-        was = h.configured
-        configured = self.handshake.poll_hello(h, payload)
-        if configured and not was:
-            self._silence.add(h.rank)  # from now on its heartbeat is watched
-        return configured
+        return self.handshake.poll_hello(h, payload)
+
+    def _attached(self, h: NodeHandle) -> None:
+        """Node ``h`` attached its channel: watch its heartbeat from now on, send its spec."""
+        self._silence.add(h.rank)
+        payload, h.setup = h.setup, None
+        try:
+            self.channel.send(h.rank, "setup", payload or b"")
+        except WireClosed:
+            pass  # its channel closed: reported as such by check_alive
 
     def _connect_pairs(self, handles: list[NodeHandle]) -> None:
         """Build rank 0's side of the pair groups of ``handles`` (whose nodes have started) and
@@ -165,23 +172,27 @@ class NodePool:
         """Raise for a node whose process ended (its own error first, if it reported one) or
         that stopped beating; advance the handshake of relaunched nodes."""
         for rank, cause in sorted(self.launcher.dead().items()):
-            h = self._by_rank[rank]
-            if h.state is NodeState.DROPPED:
-                continue
-            msg = self.handshake.started_message(h)
-            if msg is not None and msg.kind == "failed":
-                raise P.rebuild_error(msg["error"], h.index, "start-up")
-            if self.channel is not None:
-                self.channel.pump()
-            h.state = NodeState.FAILED
-            process = getattr(self.launcher, "processes", {}).get(rank)
-            raise P.mark_failed(node_error(f"node {h.index} {cause}", h.index,
-                                           None if process is None else process.returncode), h.index)
-        for rank, seconds in self._silence.silent() if self._silence is not None else ():
+            self._raise_dead(self._by_rank[rank], cause)
+        for rank, seconds, why in self._silence.silent() if self._silence is not None else ():
             h = self._by_rank[rank]
             h.state = NodeState.FAILED
             raise P.mark_failed(node_error(f"node {h.index} stopped answering: no heartbeat for {seconds:.1f} s "
-                                           f"(heartbeat_timeout={self.config.heartbeat_timeout:g})", h.index), h.index)
+                                           f"(heartbeat_timeout={self.config.heartbeat_timeout:g}); {why}", h.index),
+                                h.index)
+        for rank, reason in sorted(self.channel.closed.items()) if self.channel is not None else ():
+            h = self._by_rank[rank]
+            if h.state in (NodeState.DROPPED, NodeState.CLOSED):
+                continue
+            # A killed process's sockets close a moment before it is reported dead: its
+            # launcher's account (with the exit code) is the better report.
+            deadline = time.monotonic() + _DEATH_NOTICE_S
+            while time.monotonic() < deadline and rank not in self.launcher.dead():
+                time.sleep(0.02)
+            dead = self.launcher.dead()
+            if rank in dead:
+                self._raise_dead(h, dead[rank])
+            h.state = NodeState.FAILED
+            raise P.mark_failed(node_error(f"node {h.index} lost its channel to rank 0 ({reason})", h.index), h.index)
         self._advance_rejoins()
         if self.started and time.monotonic() >= self._next_hello_poll:
             # A second node started for a taken rank is told so (it would wait in vain).
@@ -189,6 +200,20 @@ class NodePool:
             for h in self.handles:
                 if h.configured and h.state is not NodeState.DROPPED:
                     self._poll_hello(h, None)
+
+    def _raise_dead(self, h: NodeHandle, cause: str) -> None:
+        """Raise for node ``h``, whose process ended: its start-up error if it reported one."""
+        if h.state is NodeState.DROPPED:
+            return
+        if self.channel is not None:
+            self.channel.pump()
+        msg = self.handshake.started_message(h)
+        if msg is not None and msg.kind == "failed":
+            raise P.rebuild_error(msg["error"], h.index, "start-up")
+        h.state = NodeState.FAILED
+        process = getattr(self.launcher, "processes", {}).get(h.rank)
+        raise P.mark_failed(node_error(f"node {h.index} {cause}", h.index,
+                                       None if process is None else process.returncode), h.index)
 
     def lost(self, i: int, what: str, err: BaseException) -> WorkerError:
         """The error for node ``i``'s broken connection during ``what``: its launcher's account
@@ -231,7 +256,10 @@ class NodePool:
         """Command node ``i`` and wait (up to ``timeout``) for its reply: ``(value, payload)``;
         a node's exception is re-raised here."""
         rank, what = i + 1, f"{name!r}"
-        command_id = self.channel.command(rank, name, payload, **args)
+        try:
+            command_id = self.channel.command(rank, name, payload, **args)
+        except WireClosed as err:
+            raise self.lost(i, f"while sending it {what}", err) from None
         found: list[P.Message] = []
 
         def arrived() -> bool:
@@ -254,7 +282,10 @@ class NodePool:
         """Let node ``i`` collect ``credits`` more batches (``random``: with random actions)."""
         if credits > 0:
             h = self.handles[i]
-            self.channel.command(h.rank, "collect", credits=credits, random=random)
+            try:
+                self.channel.command(h.rank, "collect", credits=credits, random=random)
+            except WireClosed as err:
+                raise self.lost(i, "while granting it batches", err) from None
             if not h.outstanding:
                 h.batch_started = time.monotonic()
             h.outstanding += credits
@@ -310,10 +341,10 @@ class NodePool:
                 self._send_weights(h, version, flat)
 
     def _send_weights(self, h: NodeHandle, version: int, flat: Any) -> None:
-        self.channel.command(h.rank, "weights", version=version, nbytes=flat.numel())
         try:
+            self.channel.command(h.rank, "weights", version=version, nbytes=flat.numel())
             work = h.pg.send([flat], transport.NODE_IN_PAIR, transport.WEIGHTS_TAG)
-        except RuntimeError as err:  # gloo refuses at once on a pair whose peer is gone
+        except (RuntimeError, WireClosed) as err:  # gloo refuses at once on a pair whose peer is gone
             raise self.lost(h.index, "while receiving weights", err) from None
         h.weight_sends.append((version, work))
         if len(h.weight_sends) > MAX_PENDING_WEIGHTS:
@@ -337,8 +368,6 @@ class NodePool:
             if not self.launcher.owns_processes and h.configured:
                 self.channel.command(h.rank, "close")  # an external node that still listens leaves
         self.launcher.kill(h.rank)
-        if self.channel is not None:
-            self.channel.retired.add(h.token)
         with contextlib.suppress(Exception):
             self.store.delete_key(P.config_key(h.rank, h.token))
         h.token = ""  # whatever it still sends is stale now
@@ -360,9 +389,6 @@ class NodePool:
         h, store = self.handles[i], self.store
         for key in P.incarnation_keys(h.rank):
             store.delete_key(key)
-        queue = P.command_queue(h.rank)
-        for _ in range(store.queue_len(queue)):  # commands the failed incarnation never read
-            store.queue_pop(queue, False)
         h.incarnation += 1
         h.state = NodeState.RELAUNCHING
         self.launcher.relaunch(h.rank)
@@ -423,8 +449,8 @@ class NodePool:
         waiting = list(handles)
         with contextlib.suppress(Exception):
             while waiting and time.monotonic() < deadline:
+                self.channel.pump(0.05)
                 waiting = [h for h in waiting if not self.handshake.said_bye(h)]
-                time.sleep(0.05)
 
     def close(self, timeout: float | None = None) -> None:
         """Close every node, stop those rank 0 started, free the store and the process groups.
@@ -467,7 +493,6 @@ class NodePool:
         if channel is not None:
             with contextlib.suppress(Exception):
                 channel.close()
-            channel.store = None  # a traceback that holds the channel must not hold the store
         if self.handshake is not None:
             self.handshake.store = None
         self.channel = self.store = self.heartbeat = self.launcher = self._silence = None

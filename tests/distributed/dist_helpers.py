@@ -98,3 +98,18 @@ def read_line(process, prefix: str, timeout: float) -> str:
                 if line.startswith(prefix):
                     return line
     raise AssertionError(f"no line starting with {prefix!r} within {timeout} s; got {buffer[-2000:]!r}")
+
+
+def channel_send(collector, *messages: bytes) -> list:
+    """Open a connection to ``collector``'s channel listener per message (what a foreign process
+    that reaches the port can do) and send it there as the connection's first message; returns
+    the connections (close them)."""
+    from rlcollect.distributed.wire import Wire
+
+    host = collector.stats()["master"].rsplit(":", 1)[0]
+    wires = []
+    for data in messages:
+        wire = Wire.connect(host, collector._pool.channel.port, 10.0)
+        wire.send(data)
+        wires.append(wire)
+    return wires
