@@ -347,11 +347,13 @@ class DistributedCollector(CollectorBase):
         with self._guard():
             # A node that fails meanwhile is dropped or relaunched (on_node_failure) and the
             # push is made again: the relaunched node gets these weights when it rejoins.
-            self._recovery.run(lambda: self._push(targets))
+            # One version for this update, however often it is retried (it moved by 2).
+            version = self._version + 1
+            self._recovery.run(lambda: self._push(targets, version))
 
-    def _push(self, targets: dict[int, Any]) -> None:
+    def _push(self, targets: dict[int, Any], version: int | None = None) -> None:
         packed = self._weights.pack(targets)
-        self._version += 1
+        self._version = self._version + 1 if version is None else version
         self._pool.push_weights(packed, self._version)
 
     def _push_due(self, nodes: Any, yielded: int) -> None:  # Gather's hook

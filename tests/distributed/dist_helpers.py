@@ -34,6 +34,17 @@ class ValuePolicy(nn.Module):
         return (observation[..., 0] * 0 + self.w[0]).gt(0.5).long()
 
 
+class BigPolicy(torch.nn.Module):
+    """100 MiB of float32 parameters; plays action 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(25 * 1024 * 1024))
+
+    def forward(self, observation):
+        return (observation[..., 0] * 0 + self.w[0]).long()
+
+
 def failing_env():
     raise ValueError("this env cannot be built")
 
