@@ -41,7 +41,7 @@ import cloudpickle
 import torch
 
 from rlcollect.distributed import protocol as P
-from rlcollect.distributed import transport
+from rlcollect.distributed import transport, watcher
 from rlcollect.distributed.channel import NodeInbox
 from rlcollect.distributed.wire import Wire, WireClosed
 from rlcollect.distributed.auth import SECRET_ENV, DropLog, Keys, SecretError, check_secret, read_secret_file
@@ -281,7 +281,7 @@ def run_node(master_addr: str, master_port: int, rank: int, world_size: int, tim
     token = secrets.token_hex(16)  # this process's session
     watch = NodeWatch(connect, rank, keys, token, rank0_timeout, _orphaned(rank), _parent_watch(parent)).start()
     drops = DropLog(f"rlcollect node {rank}")
-    node = commands = endpoint = None
+    node = commands = endpoint = watcher_process = None
     deadline = time.monotonic() + timeout
     try:
         while not watch.run_known.wait(0.05):  # rank 0's beats (the watchdog ends a silent wait)
@@ -306,6 +306,7 @@ def run_node(master_addr: str, master_port: int, rank: int, world_size: int, tim
         commands = NodeInbox(wire, keys, rank, token, watch)
         endpoint.send("attach", role="node")
         watch.attach(endpoint)
+        watcher_process = watcher.start(master_addr, config["port"], rank, token, keys.to_rank0)
         setup = _wait_setup(commands, deadline)
         if setup is None:
             logger.error("rlcollect node %d: rank 0 sent no configuration on its channel within %g s", rank, timeout)
@@ -335,6 +336,7 @@ def run_node(master_addr: str, master_port: int, rank: int, world_size: int, tim
         return EXIT_ORPHANED
     finally:
         watch.stop()
+        watcher.stop(watcher_process)
         if commands is not None:
             commands.close()
         if node is not None:

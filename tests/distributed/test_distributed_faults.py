@@ -59,6 +59,7 @@ def test_frozen_node_is_detected_by_its_heartbeat():
                 pass
         assert time.monotonic() - started < 10.0
         assert info.value.node_index == 0
+        assert "its process is stopped (SIGSTOP or a debugger: state T)" in str(info.value)  # its watcher says so
         assert not wait_gone(pids, timeout=5.0)  # a frozen node is killed, not waited for
     finally:
         c.shutdown()

@@ -20,7 +20,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dist_helpers import counting5, free_port, pid_alive, read_line, rlcollect_command, wait_gone  # noqa: E402
-from dist_liveness_helpers import hanging_env  # noqa: E402
+from dist_liveness_helpers import gil_hogging_env, hanging_env  # noqa: E402
 
 from rlcollect import DistributedCollector, WorkerError  # noqa: E402
 from rlcollect.distributed.auth import new_secret, write_secret_file  # noqa: E402
@@ -214,3 +214,18 @@ def test_ctrl_c_gives_one_traceback_and_ends_every_process_within_2_s(tmp_path):
         assert "rlcollect node" not in err, err
     finally:
         _reap(rank0, pids[1:])
+
+
+def test_a_step_holding_the_gil_past_heartbeat_timeout_is_a_busy_node_not_a_frozen_one(tmp_path):
+    """Issue 23, item 4: a node whose env step holds the GIL for 8 s (its heartbeat thread cannot
+    run) is reported busy by its watcher and not failed; a stopped node still is (the frozen-node
+    tests in tests/distributed)."""
+    marker = tmp_path / "held"
+    env = functools.partial(gil_hogging_env, 12, 8.0, str(marker), max_steps=5)
+    started = time.monotonic()
+    with DistributedCollector([env, counting5], frames_per_batch=10, total_frames=100, sync=True,
+                              heartbeat_timeout=3.0, timeout=60.0) as c:
+        frames = sum(batch.numel() for batch in c)
+        stats = c.stats()
+    assert marker.exists() and time.monotonic() - started > 8.0
+    assert frames == 100 and stats["restarts"] == 0
