@@ -462,6 +462,16 @@ class NodePool:
         if timeout is None:
             interrupted = isinstance(getattr(sys, "last_value", None), KeyboardInterrupt)
             timeout = 1.0 if interrupted else 10.0
+        try:
+            self._close(timeout)
+        except KeyboardInterrupt:
+            # A second Ctrl-C while closing (the first one started it): finish at once (kill what
+            # rank 0 started, free the rest), then raise it.  Left half-closed, the store and the
+            # process groups were torn down by the interpreter's exit and aborted it.
+            self._close(0.0)
+            raise
+
+    def _close(self, timeout: float) -> None:
         store, channel, handles = self.store, self.channel, self.handles
         if store is not None and channel is not None:
             # Nodes not configured yet need no word: they end when the store goes away.
