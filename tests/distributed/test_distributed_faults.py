@@ -139,14 +139,20 @@ def test_external_node_ends_when_rank0_is_killed(tmp_path):
     rank0 = _rank0(tmp_path, "external", port, nodes=1)
     node = subprocess.Popen([rlcollect_command(), "node", "--master-addr", "127.0.0.1", "--master-port", str(port),
                              "--rank", "1", "--world-size", "2", "--timeout", "120"],
-                            env={**os.environ, "PYTHONPATH": HELPERS, **SECRET_ENV})
+                            env={**os.environ, "PYTHONPATH": HELPERS, **SECRET_ENV}, stderr=subprocess.PIPE, text=True)
     try:
         read_line(rank0, "PIDS", 120)
+        time.sleep(1.0)
         rank0.kill()
         rank0.wait()
         assert node.wait(timeout=10) == EXIT_ORPHANED
+        err = node.stderr.read()
+        # Issue 23, item 10: one line saying why, no C++ warnings or stack dumps from the store.
+        assert "rlcollect node 1: lost rank 0" in err or "lost rank 0's channel" in err, err
+        assert "TCPStore.cpp" not in err and "Exception raised from" not in err and "frame #" not in err, err
     finally:
         for p in (rank0, node):
             p.kill()
             p.wait()
         rank0.stdout.close()
+        node.stderr.close()
