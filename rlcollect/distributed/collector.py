@@ -297,7 +297,9 @@ class DistributedCollector(CollectorBase):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore ``state_dict()``; each node continues its saved stream (in-flight batches are
-        discarded).  A node that rejects its part raises its error; the collector stays usable."""
+        discarded).  A node that rejects its part raises its error; the collector stays usable.
+        The nodes' parts may hold pickles (a ``GymEnv``'s envs), which the nodes unpickle:
+        **only load states you trust**."""
         if not isinstance(state, dict):
             raise TypeError(f"load_state_dict expects the dict state_dict() returned, got {type(state).__name__}")
         self._settle()
