@@ -21,7 +21,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
-from dist_helpers import NODE_ID, BigPolicy, counting5, read_line  # noqa: E402
+from dist_helpers import NODE_ID, BigPolicy, counting5  # noqa: E402
 
 from rlcollect import DistributedCollector  # noqa: E402
 
@@ -152,7 +152,11 @@ def test_thousands_of_idle_foreign_connections_do_not_starve_a_relaunch(tmp_path
         os.kill(node1, signal.SIGKILL)
         rank0.stdin.write(b"go\n")
         rank0.stdin.flush()
-        assert read_line(rank0, "RESTARTS", 180).split()[1:] == ["1", "collecting"]
+        line = ""
+        while not line.startswith("RESTARTS"):  # whole lines (the test's timeout bounds the wait)
+            line = rank0.stdout.readline().decode()
+            assert line, rank0.stderr.read().decode()[-3000:]
+        assert line.split()[1:] == ["1", "collecting"]
         assert rank0.wait(timeout=60) == 0, rank0.stderr.read().decode()[-3000:]
     finally:
         for p in (holder, rank0):
