@@ -19,6 +19,7 @@ import contextlib
 import logging
 import secrets
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -348,13 +349,34 @@ class NodePool:
             raise self.lost(h.index, "while receiving weights", err) from None
         h.weight_sends.append((version, work))
         if len(h.weight_sends) > MAX_PENDING_WEIGHTS:
-            self._wait_send(h, h.weight_sends.popleft()[1])
+            self._wait_send_watched(h, h.weight_sends.popleft()[1])
 
     def _wait_send(self, h: NodeHandle, work: Any) -> None:
+        """Wait for a weight send that node ``h`` has taken (it acts with those weights)."""
         try:
             transport.wait(work, self.config.timeout)
         except RuntimeError as err:
             raise self.lost(h.index, "while receiving weights", err) from None
+
+    def _wait_send_watched(self, h: NodeHandle, work: Any) -> None:
+        """Wait for a weight send node ``h`` may not have taken yet, checking liveness
+        meanwhile: a node stopped or dead while it owes the receive is reported within
+        ``heartbeat_timeout`` (a blocking wait held rank 0 for the whole ``timeout``).  A gloo
+        wait cannot be resumed after a timeout, so a thread waits and this thread watches."""
+        done, errors = threading.Event(), []
+
+        def waiter() -> None:
+            try:
+                transport.wait(work, self.config.timeout)
+            except Exception as err:  # noqa: BLE001  (handed to the main thread)
+                errors.append(err)
+            finally:
+                done.set()
+
+        threading.Thread(target=waiter, name=f"rlcollect-weights-{h.rank}", daemon=True).start()
+        self.wait_for(done.is_set, f"node {h.index} taking its weights")  # the waiter's timeout bounds it
+        if errors:
+            raise self.lost(h.index, "while receiving weights", errors[0]) from None
 
     # -- failure, relaunch and rejoin -----------------------------------------------------------------
     def drop(self, i: int, for_good: bool) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -29,6 +30,8 @@ from typing import Any
 
 #: Seconds between two reports (and checks of the node's state).
 PERIOD_S = 0.5
+#: How long a node waits for its watcher to attach before it goes on without its word.
+READY_S = 10.0
 
 
 def proc_state(pid: int) -> str:
@@ -49,12 +52,16 @@ def start(host: str, port: int, rank: int, token: str, key: bytes) -> subprocess
                          "key": key.hex()})
     try:
         process = subprocess.Popen([sys.executable, "-m", "rlcollect.distributed.watcher"], stdin=subprocess.PIPE,
-                                   stdout=subprocess.DEVNULL, close_fds=True)
+                                   stdout=subprocess.PIPE, close_fds=True)
         process.stdin.write(orders.encode() + b"\n")
         process.stdin.flush()
     except OSError as err:
         logging.getLogger("rlcollect").warning("rlcollect node %d: could not start its watcher: %s", rank, err)
         return None
+    # Wait (a little) for it to attach, so that it vouches for the node from its first batch on.
+    if not select.select([process.stdout], [], [], READY_S)[0] or not process.stdout.read(1):
+        logging.getLogger("rlcollect").warning("rlcollect node %d: its watcher did not attach within %g s", rank,
+                                               READY_S)
     return process
 
 
@@ -89,6 +96,7 @@ def main() -> int:
         wire = Wire.connect(orders["host"], int(orders["port"]), 30.0)
         endpoint = Endpoint(wire, bytes.fromhex(orders["key"]), int(orders["rank"]), MASTER_RANK, orders["token"])
         endpoint.send("attach", role="watch", timeout=10.0)
+        os.write(1, b"1")  # attached: the node goes on
         while True:
             state = "gone" if node_gone.is_set() else proc_state(pid)
             endpoint.send("state", timeout=5.0, state=state, pid=pid)

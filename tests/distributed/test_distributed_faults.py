@@ -52,6 +52,9 @@ def test_frozen_node_is_detected_by_its_heartbeat():
     try:
         next(iter(c))
         pids = node_pids(c)
+        deadline = time.monotonic() + 30
+        while c._pool.handles[0].watch is None and time.monotonic() < deadline:  # its watcher reported
+            next(iter(c))
         os.kill(pids[0], signal.SIGSTOP)
         started = time.monotonic()
         with pytest.raises(WorkerError, match="node 0 stopped answering: no heartbeat") as info:
