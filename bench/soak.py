@@ -7,6 +7,13 @@ Prints, every ``--report-every`` seconds, frames collected, restarts, the main p
 its open fds and the /dev/shm entries; at the end a summary with the RSS growth after the first
 minute. Faults rotate through raise / exit / kill / segfault / hang (the hang is caught by
 ``worker_timeout``); each is injected into one worker through ``FaultyEnv``'s trigger file.
+
+    python -m bench.soak --nodes 2 --minutes 10 --fault-every 30
+
+runs a ``DistributedCollector`` ("mp" launcher, ``on_node_failure="restart"``) instead, and
+faults its nodes from outside, rotating SIGKILL and SIGSTOP (a frozen node, found by its
+heartbeat and its watcher's report) through the nodes; the summary adds the lost batches and
+checks that the frames delivered equal ``stats()["frames"]``.
 """
 
 from __future__ import annotations
@@ -21,9 +28,10 @@ import time
 
 import torch
 
-from rlcollect import FaultyEnv, MultiAsyncCollector, MultiSyncCollector
+from rlcollect import DistributedCollector, FaultyEnv, MultiAsyncCollector, MultiSyncCollector
 
 FAULT_CYCLE = ("raise", "exit", "kill", "segfault", "hang")
+NODE_FAULT_CYCLE = ("kill", "stop")
 
 
 class SoakPolicy(torch.nn.Module):
@@ -61,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--mode", choices=("sync", "async"), default="async")
     parser.add_argument("--frames-per-batch", type=int, default=2000)
+    parser.add_argument("--nodes", type=int, default=0, help="soak a DistributedCollector with this many nodes")
     parser.add_argument("--json", metavar="PATH", help="also write the samples and summary as JSON")
     args = parser.parse_args(argv)
 
@@ -71,9 +80,17 @@ def main(argv: list[str] | None = None) -> int:
     policy = SoakPolicy()
     cls = MultiSyncCollector if args.mode == "sync" else MultiAsyncCollector
     start_fds, start_shm = open_fds(), shm_entries()
-    collector = cls(env, policy, num_workers=args.workers, frames_per_batch=args.frames_per_batch,
-                    on_worker_failure="restart", max_worker_restarts=10_000, worker_timeout=5.0,
-                    track_policy_version=True)
+    if args.nodes:
+        collector = DistributedCollector(
+            [functools.partial(FaultyEnv, at_step=None, trigger_file=trigger, max_steps=200)] * args.nodes, policy,
+            frames_per_batch=args.frames_per_batch * (args.nodes if args.mode == "sync" else 1),
+            sync=args.mode == "sync",
+            on_node_failure="restart", max_node_restarts=10_000, heartbeat_timeout=3.0,
+            collector_kwargs={"track_policy_version": True})
+    else:
+        collector = cls(env, policy, num_workers=args.workers, frames_per_batch=args.frames_per_batch,
+                        on_worker_failure="restart", max_worker_restarts=10_000, worker_timeout=5.0,
+                        track_policy_version=True)
     began = time.monotonic()
     deadline = began + args.minutes * 60
     next_fault, next_report, faults = began + args.fault_every, began, 0
@@ -87,7 +104,11 @@ def main(argv: list[str] | None = None) -> int:
                     p.add_(torch.randn_like(p) * 1e-3)
             collector.update_policy_weights_()
             now = time.monotonic()
-            if now >= next_fault and not os.path.exists(trigger):  # the previous fault was claimed
+            if args.nodes and now >= next_fault:
+                _fault_node(collector, NODE_FAULT_CYCLE[faults % len(NODE_FAULT_CYCLE)], faults % args.nodes)
+                faults += 1
+                next_fault = now + args.fault_every
+            elif not args.nodes and now >= next_fault and not os.path.exists(trigger):  # the last fault was claimed
                 kind = FAULT_CYCLE[faults % len(FAULT_CYCLE)]
                 with open(trigger + ".tmp", "w") as f:
                     f.write(f"{kind} {faults % args.workers}")
@@ -104,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                 next_report = now + args.report_every
             if now >= deadline:
                 break
+        stats = collector.stats()
     finally:
         collector.shutdown()
     after_minute = [s for s in samples if s["t_s"] >= 60] or samples
@@ -112,12 +134,26 @@ def main(argv: list[str] | None = None) -> int:
         "restarts": samples[-1]["restarts"] if samples else 0,
         "rss_growth_after_first_minute_mb": round(samples[-1]["rss_mb"] - after_minute[0]["rss_mb"], 1),
         "fds_start": start_fds, "fds_end": open_fds(), "shm_start": start_shm, "shm_end": shm_entries(),
+        "frames_equal_stats": frames == stats["frames"], "lost_batches": stats.get("lost_batches", 0),
     }
     print("summary", json.dumps(summary), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"samples": samples, "summary": summary}, f, indent=1)
     return 0
+
+
+def _fault_node(collector: DistributedCollector, kind: str, node: int) -> None:
+    """SIGKILL or SIGSTOP node ``node``'s process (a stopped one is killed by its relaunch)."""
+    import signal
+
+    pid = collector.stats()["workers"][node]["pid"]
+    if pid is None:
+        return
+    try:
+        os.kill(pid, signal.SIGKILL if kind == "kill" else signal.SIGSTOP)
+    except ProcessLookupError:
+        pass
 
 
 if __name__ == "__main__":

@@ -181,7 +181,7 @@ def _declared_hooks(node: ast.ClassDef) -> set[str]:
 
 #: Overrides outside this branch's rooms, named with their reason (none in rlcollect's collectors).
 KNOWN_OVERRIDES = {
-    # distributed/heartbeat.py: a beater's error is stored by each kind (the reliability branch's room)
+    # distributed/heartbeat.py: a beater's error is stored by each kind (a kind-specific hook)
     "rlcollect.distributed.heartbeat.NodeWatch._store_error",
     "rlcollect.distributed.heartbeat.Rank0Beat._store_error",
 }
@@ -272,8 +272,6 @@ def test_no_module_reads_another_modules_private_attributes():
 WING_ROOMS = ("collector.py", "gather.py", "pool.py", "recovery.py")
 
 
-@pytest.mark.skipif(not (PACKAGE / "distributed" / "gather.py").exists(),
-                    reason="distributed/gather.py lands with the reliability branch")
 def test_both_wings_have_the_same_rooms():
     """A role is found by file name alone, in either wing."""
     for wing in ("multiprocess", "distributed"):

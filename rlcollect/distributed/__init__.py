@@ -3,7 +3,8 @@
 One module per role:
 
 - ``collector.py``: ``DistributedCollector``, the rank 0 side (what the trainer holds): the
-  public calls, and the sync and async gathering of the nodes' batches;
+  public calls, wiring the parts below;
+- ``gather.py``: ``Gather``, the sync and async gathering of the nodes' batches;
 - ``config.py``: its arguments, validated once before anything starts;
 - ``pool.py``: ``NodePool``, rank 0's nodes (start, batch notices and batches, credits,
   weights, relaunch, close) and the waiting with liveness checks;

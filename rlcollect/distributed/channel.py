@@ -1,168 +1,183 @@
-"""The control plane's waiting: ``Inbox`` (a thread blocked on one store queue) on both sides,
-and ``Channel``, rank 0's side: commands out to the nodes; replies, "batch ready" notices and
-failures in, through the store (formats in ``protocol.py``).
+"""The control plane's channels (``wire.py``), both sides: ``Channel``, rank 0's (a listener
+that nodes attach to; commands out; replies, "batch ready" notices, start-up reports and
+failures in), and ``NodeInbox``, a node's (rank 0's messages in).
 
-Why a thread: a store queue can be waited on efficiently only by blocking on it, and a blocking
-store call that times out logs a C++ warning each time.  So one thread per process blocks on
-its queue (with its own store connection and a timeout of days) and hands each message to the
-main thread through a ``queue.Queue``; the main thread waits on that with short timeouts, runs
-its liveness check in between, and never polls the store in a loop.
+Each attached channel has a reader thread that receives whole messages, checks each one
+(``protocol.decode``: MAC first, then sender, receiver, session and a counter that must grow)
+and hands it on; what does not verify is dropped and logged once per sender.  Heartbeats are
+stamped in the reader thread (their arrival time, not when the main thread looks), so a
+trainer busy for a minute does not find its nodes silent.  The main thread waits on one
+``queue.Queue`` with short timeouts and runs its liveness checks in between.
 """
 
 from __future__ import annotations
 
 import collections
-import datetime
 import logging
 import queue
-import threading
 from collections.abc import Callable
 from typing import Any
 
 from rlcollect.distributed import protocol as P
-from rlcollect.distributed.auth import DropLog
+from rlcollect.distributed.auth import DropLog, Keys
+from rlcollect.distributed.wire import Listener, Reader, Wire, WireClosed
 
 logger = logging.getLogger("rlcollect")
 
-#: A blocking store wait this long is not expected to end by timing out.
-_BLOCK = datetime.timedelta(days=7)
-
-
-class Inbox:
-    """A daemon thread that pops messages from one store queue and hands them over.
-
-    Args:
-        connect: returns a new store connection (used only by the thread).
-        key: the store queue to read.
-        stop_word: the message that ends the thread (sent by ``close``).
-    """
-
-    def __init__(self, connect: Callable[[], Any], key: str, stop_word: bytes = b""):
-        self.key, self._stop_word = key, stop_word
-        self._messages: queue.Queue = queue.Queue()
-        self._error: BaseException | None = None
-        self._store = connect()
-        self._store.set_timeout(_BLOCK)
-        self._thread = threading.Thread(target=self._run, name=f"rlcollect-inbox-{key}", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        store = self._store
-        try:
-            while True:
-                try:
-                    data = store.queue_pop(self.key, True)
-                except RuntimeError as err:
-                    if "timeout" in str(err).lower():  # idle for days: wait again
-                        continue
-                    raise
-                if self._stop_word and data == self._stop_word:
-                    return
-                self._messages.put(data)
-        except BaseException as err:  # noqa: BLE001  (the store is gone: handed to the main thread)
-            self._error = err
-            self._messages.put(None)
-        finally:
-            self._store = None
-
-    def get(self, timeout: float | None) -> bytes | None:
-        """The next message, waiting up to ``timeout`` seconds (0: do not wait); None if there
-        is none.  Raises ``RuntimeError`` once the store connection is lost."""
-        try:
-            data = self._messages.get(timeout=timeout) if timeout else self._messages.get_nowait()
-        except queue.Empty:
-            return None
-        if data is None:
-            raise RuntimeError(f"lost the store connection: {_first_line(self._error)}")
-        return data
-
-    def close(self, store: Any, timeout: float = 2.0) -> None:
-        """End the thread (``store``: any connection to push the stop word with)."""
-        if self._thread.is_alive() and self._stop_word:
-            try:
-                store.queue_push(self.key, self._stop_word)
-            except Exception:  # noqa: BLE001  (the store is already gone, and the thread with it)
-                pass
-            self._thread.join(timeout)
+#: What a node sends rank 0 on its channel (after its "attach").
+NODE_KINDS = ("started", "failed", "ready", "reply", "beat", "bye")
+#: What a node's watcher sends.
+WATCH_KINDS = ("state",)
 
 
 class Channel:
-    """Rank 0's control plane: commands out, and what the nodes send sorted into batch notices
-    and replies.  It never waits by itself: ``NodePool.wait_for`` pumps it between liveness
-    checks.
+    """Rank 0's control plane: a listener on ``address`` (``port``: the one the nodes are
+    told), commands out, and what the nodes send sorted into batch notices, replies and
+    start-up reports.  It never waits by itself: ``NodePool.wait_for`` pumps it between
+    liveness checks.
 
     Args:
-        store: a connection to rank 0's store (commands go out on it).
-        connect: returns a new connection (for the inbox thread).
-        handles: ``{rank: NodeHandle}``: each node's current session (token, message
-            counters), which the pool updates when it configures a node; a message carrying
-            another token is dropped.
-        stop_word: ends the inbox thread; secret to rank 0, so no node can stop it.
+        address: the interface to listen on (``master_addr``'s).
+        handles: ``{rank: NodeHandle}``: each node's current session (token), which the pool
+            updates when it configures a node; only that session may attach, once per role.
         keys: the run's keys (``auth.Keys``): commands are signed, what comes in is checked.
+        on_attach: called (in the main thread) with a node's handle when its channel attached.
     """
 
-    def __init__(self, store: Any, connect: Callable[[], Any], handles: dict[int, Any], stop_word: bytes,
-                 keys: Any):
-        self.store, self.handles, self.keys = store, handles, keys
+    def __init__(self, address: str, handles: dict[int, Any], keys: Keys, on_attach: Callable[[Any], None]):
+        self.handles, self.keys, self.on_attach = handles, keys, on_attach
         self.drops = DropLog("rlcollect")
-        self.retired: set[str] = set()  # tokens of node incarnations that failed and were replaced
         self.ranks = range(1, len(handles) + 1)
         self._ids = {rank: 0 for rank in self.ranks}
         self.notices: collections.deque[P.Message] = collections.deque()
         self._replies: dict[int, collections.deque[P.Message]] = {rank: collections.deque() for rank in self.ranks}
-        self.inbox = Inbox(connect, P.INBOX, stop_word)
+        self.started: dict[int, P.Message] = {}  # each node's "started" (or start-up "failed") report
+        self.byes: set[int] = set()
+        self.closed: dict[int, str] = {}  # rank -> why its current channel closed
+        self._events: queue.Queue = queue.Queue()
+        self.listener = Listener(address, lambda wire, data: self._events.put(("attach", wire, data)))
+        self.port = self.listener.port
 
+    # -- out ------------------------------------------------------------------------------------------
     def command(self, rank: int, name: str, payload: bytes = b"", **args: Any) -> int:
-        """Queue a command for node ``rank``; returns its id (to wait for its reply)."""
+        """Send node ``rank`` a command; returns its id (to wait for its reply).  Raises
+        ``WireClosed`` when the node's channel is broken."""
         P.check_command(name, args)
-        handle = self.handles[rank]
         self._ids[rank] += 1
-        handle.sent += 1
-        self.store.queue_push(P.command_queue(rank), P.encode(
-            "command", P.MASTER_RANK, self.keys.to_node, handle.token, handle.sent, payload, to=rank,
-            id=self._ids[rank], name=name, args=args))
+        self.send(rank, "command", payload, id=self._ids[rank], name=name, args=args)
         return self._ids[rank]
 
-    def forget(self, rank: int) -> None:
-        """Drop what node ``rank`` sent and rank 0 has not taken yet (the node failed)."""
-        kept = [msg for msg in self.notices if msg.rank != rank]
-        self.notices.clear()
-        self.notices.extend(kept)
-        self._replies[rank].clear()
+    def send(self, rank: int, kind: str, payload: bytes = b"", **fields: Any) -> None:
+        endpoint = self.handles[rank].endpoint
+        if endpoint is None:
+            raise WireClosed(f"node rank {rank} has no channel")
+        endpoint.send(kind, payload, **fields)
 
+    def beat_all(self) -> None:
+        """Rank 0's beat on every attached channel (from the heartbeat thread; never waits)."""
+        for h in list(self.handles.values()):
+            endpoint = h.endpoint
+            if endpoint is not None:
+                endpoint.try_send("beat")
+
+    # -- in -------------------------------------------------------------------------------------------
     def pump(self, timeout: float = 0.0) -> bool:
-        """Sort every waiting message (waiting up to ``timeout`` s for the first); raise a
-        node's reported failure.  True if a message was taken."""
-        got = False
-        data = self.inbox.get(timeout)
-        while data is not None:
-            got = True
-            self._sort(data)
-            data = self.inbox.get(0)
-        return got
-
-    def _sort(self, data: bytes) -> None:
+        """Sort every waiting event (waiting up to ``timeout`` s for the first); raise a node's
+        reported failure.  True if something was taken."""
         try:
-            msg = P.decode(data, self.keys.to_rank0, kinds=("ready", "failed", "reply"), to=P.MASTER_RANK,
-                           ranks=self.ranks)
+            event = self._events.get(timeout=timeout) if timeout else self._events.get_nowait()
+        except queue.Empty:
+            return False
+        while True:
+            self._sort(event)
+            try:
+                event = self._events.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _sort(self, event: tuple) -> None:
+        what = event[0]
+        if what == "attach":
+            self._attach(event[1], event[2])
+            return
+        endpoint, rank = event[1], event[2]
+        h = self.handles[rank]
+        if endpoint is not h.endpoint:  # a late event of a node incarnation that failed
+            if what == "msg":
+                logger.info("rlcollect: dropped a %r message of a replaced incarnation of node %d", event[3].kind,
+                            rank - 1)
+            return
+        if what == "closed":
+            self.closed.setdefault(rank, event[3])
+            return
+        msg = event[3]
+        if msg.kind == "started" or (msg.kind == "failed" and rank not in self.started):
+            self.started.setdefault(rank, msg)
+        elif msg.kind == "failed":
+            raise P.mark_failed(P.rebuild_error(msg["error"], rank - 1, "collection"), rank - 1)
+        elif msg.kind == "ready":
+            self.notices.append(msg)
+        elif msg.kind == "reply":
+            self._replies[rank].append(msg)
+        elif msg.kind == "bye":
+            self.byes.add(rank)
+
+    def _attach(self, wire: Wire, data: bytes) -> None:
+        try:
+            msg = P.decode(data, self.keys.to_rank0, kinds=("attach",), to=P.MASTER_RANK, ranks=self.ranks)
+            h = self.handles[msg.rank]
+            if not h.configured or msg.token != h.token:
+                raise P.ProtocolError("it belongs to another session (a replay, or a node rank 0 did not configure)")
+            if msg["role"] not in ("node", "watch"):
+                raise P.ProtocolError(f"unknown role {msg['role']!r}")
+            if (h.endpoint if msg["role"] == "node" else h.watcher) is not None:
+                raise P.ProtocolError(f"this session's {msg['role']!r} channel is attached already (a replay)")
         except P.ProtocolError as err:
-            self.drops.drop("rank 0's inbox", P.claimed_sender(data), str(err))
+            self.drops.drop("rank 0's channel listener", P.claimed_sender(data), str(err))
+            wire.close()
             return
-        handle = self.handles[msg.rank]
-        if msg.token != handle.token:
-            if msg.token in self.retired:  # a late message of a node incarnation that failed
-                logger.info("rlcollect: dropped a %r message of a replaced incarnation of node %d", msg.kind,
-                            msg.rank - 1)
-            else:
-                self.drops.drop("rank 0's inbox", f"rank {msg.rank}", "it belongs to another session")
+        rank, last = msg.rank, [msg.n]
+        if msg["role"] == "watch":
+            h.watcher = wire
+
+            def on_report(data: bytes, at: float) -> None:
+                report = self._check(data, rank, h.token, last, WATCH_KINDS, "watcher channel")
+                if report is not None and h.watcher is wire:
+                    h.watch = (report["state"], at)
+
+            Reader(wire, on_report, lambda err: None, f"rlcollect-watch-{rank}")
             return
-        if msg.n <= handle.received:
-            self.drops.drop("rank 0's inbox", f"rank {msg.rank}", f"a replay (counter {msg.n})")
-            return
-        handle.received = msg.n
-        if msg.kind == "failed":
-            raise P.mark_failed(P.rebuild_error(msg["error"], msg.rank - 1, "collection"), msg.rank - 1)
-        (self.notices if msg.kind == "ready" else self._replies[msg.rank]).append(msg)
+        endpoint = h.endpoint = P.Endpoint(wire, self.keys.to_node, P.MASTER_RANK, rank, h.token)
+        h.received = msg.n
+
+        def on_message(data: bytes, at: float) -> None:
+            got = self._check(data, rank, endpoint.token, last, NODE_KINDS, "channel")
+            if got is None:
+                return
+            if got.kind == "beat":
+                if h.endpoint is endpoint:
+                    h.last_beat = at
+                return
+            self._events.put(("msg", endpoint, rank, got))
+
+        def on_close(err: BaseException) -> None:
+            self._events.put(("closed", endpoint, rank, _first_line(err)))
+
+        Reader(wire, on_message, on_close, f"rlcollect-channel-{rank}")
+        self.on_attach(h)
+
+    def _check(self, data: bytes, rank: int, token: str, last: list[int], kinds: tuple[str, ...],
+               where: str) -> P.Message | None:
+        """``data`` decoded if authentic, from ``rank``'s session ``token``, newer than
+        ``last[0]`` (updated); else None (dropped, logged once).  Runs in a reader thread."""
+        try:
+            msg = P.decode(data, self.keys.to_rank0, kinds=kinds, to=P.MASTER_RANK, rank=rank, token=token,
+                           after=last[0])
+        except P.ProtocolError as err:
+            self.drops.drop(f"node rank {rank}'s {where}", P.claimed_sender(data), str(err))
+            return None
+        last[0] = msg.n
+        return msg
 
     def take_reply(self, rank: int, command_id: int) -> P.Message | None:
         """Node ``rank``'s reply to command ``command_id`` if it came (replies to older commands
@@ -176,8 +191,89 @@ class Channel:
                          command_id)
         return None
 
+    def forget(self, rank: int) -> None:
+        """Close node ``rank``'s channels and drop what it sent that rank 0 has not taken (the
+        node failed, or is relaunched)."""
+        h = self.handles[rank]
+        for wire in (h.endpoint.wire if h.endpoint is not None else None, h.watcher):
+            if wire is not None:
+                wire.close()
+        h.endpoint = h.watcher = h.watch = None
+        kept = [msg for msg in self.notices if msg.rank != rank]
+        self.notices.clear()
+        self.notices.extend(kept)
+        self._replies[rank].clear()
+        self.started.pop(rank, None)
+        self.closed.pop(rank, None)
+        self.byes.discard(rank)
+
     def close(self) -> None:
-        self.inbox.close(self.store)
+        self.listener.close()
+        for rank in self.ranks:
+            h = self.handles[rank]
+            for wire in (h.endpoint.wire if h.endpoint is not None else None, h.watcher):
+                if wire is not None:
+                    wire.close()
+
+
+class NodeInbox:
+    """A node's side of its channel: a reader thread that checks what rank 0 sends (MAC,
+    session, growing counter), notes rank 0's news for ``watch`` (``NodeWatch``) and queues
+    the rest for the main thread (``get``).  When the channel closes before rank 0 said
+    "close", rank 0 is gone: ``watch.lost`` ends the node.
+
+    Args:
+        wire: the channel (already connected).
+        keys: the run's keys; ``rank``: this node's; ``token``: its session.
+        watch: the node's ``NodeWatch``.
+    """
+
+    def __init__(self, wire: Wire, keys: Keys, rank: int, token: str, watch: Any):
+        self.wire, self._key, self.rank, self.token, self._watch = wire, keys.to_node, rank, token, watch
+        self.drops = DropLog(f"rlcollect node {rank}")
+        self._messages: queue.Queue = queue.Queue()
+        self._last = 0
+        self.closing = False  # rank 0 said "close": the channel's end is expected
+        self._error: str | None = None
+        self._reader = Reader(wire, self._on_message, self._on_close, f"rlcollect-inbox-{rank}")
+
+    def _on_message(self, data: bytes, at: float) -> None:
+        try:
+            msg = P.decode(data, self._key, kinds=("setup", "command", "beat"), to=self.rank, rank=P.MASTER_RANK,
+                           token=self.token, after=self._last)
+        except P.ProtocolError as err:  # checked before anything of it is used: never acted upon
+            self.drops.drop("its channel", P.claimed_sender(data), str(err))
+            return
+        self._last = msg.n
+        self._watch.news()
+        if msg.kind == "beat":
+            return
+        if msg.kind == "command" and msg["name"] == "close":
+            self.closing = True
+        self._messages.put(msg)
+
+    def _on_close(self, err: BaseException) -> None:
+        self._error = _first_line(err)
+        self._messages.put(None)
+        if not self.closing:
+            self._watch.lost(f"lost rank 0's channel ({self._error})")
+
+    def get(self, timeout: float | None) -> P.Message | None:
+        """The next message, waiting up to ``timeout`` seconds (0: do not wait); None if there
+        is none.  Raises ``RuntimeError`` once the channel is closed."""
+        try:
+            msg = self._messages.get(timeout=timeout) if timeout else self._messages.get_nowait()
+        except queue.Empty:
+            return None
+        if msg is None:
+            self._messages.put(None)
+            raise RuntimeError(f"lost rank 0's channel: {self._error}")
+        return msg
+
+    def close(self) -> None:
+        self.closing = True
+        self.wire.close()
+        self._reader.join(2.0)
 
 
 def _first_line(err: BaseException | None) -> str:

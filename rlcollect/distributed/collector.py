@@ -5,7 +5,6 @@ delivers their batches."""
 
 from __future__ import annotations
 
-import collections
 import logging
 import time
 import traceback
@@ -14,7 +13,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import cloudpickle
-import torch
 from tensordict import TensorDict
 
 from rlcollect.base import CollectorBase
@@ -22,18 +20,16 @@ from rlcollect.collector import Collector
 from rlcollect.distributed import protocol as P
 from rlcollect.distributed.auth import new_secret, read_secret_file, secret_from_env, write_secret_file
 from rlcollect.distributed.config import DistributedConfig
+from rlcollect.distributed.gather import NODE_ID, Gather  # noqa: F401  (NODE_ID: its old home)
 from rlcollect.distributed.node_weights import NodeWeights
 from rlcollect.distributed.pool import NodePool
 from rlcollect.distributed.recovery import Recovery
 from rlcollect.distributed.stats import distributed_stats
-from rlcollect.metrics import BatchClock, batch_meta, policy_lag
 from rlcollect.weights.models import UnknownModelError, make_weight_updater
 from rlcollect.weights.schemes import NoWeightSyncScheme
 
 logger = logging.getLogger("rlcollect")
 
-#: ``("collector", "node_id")``: the node an async batch came from.
-NODE_ID = ("collector", "node_id")
 
 
 class DistributedCollector(CollectorBase):
@@ -166,16 +162,9 @@ class DistributedCollector(CollectorBase):
         self.num_nodes, self.sync = cfg.num_nodes, cfg.sync
         self.frames_per_batch, self.total_frames = cfg.frames_per_batch, cfg.total_frames
         self.master_addr, self.master_port = cfg.master_addr, None
-        self._frames = self._iter = self._version = 0
+        self._iter = self._version = 0
         self._target = self.total_frames
-        self._backlog: collections.deque[tuple[int, TensorDict, P.Message]] = collections.deque()
-        # Sync: the parts of the batch being assembled ({node: (td, notice)}), kept across a
-        # node's relaunch; whether its automatic weight updates were pushed.
-        self._round: dict[int, tuple[TensorDict, P.Message]] = {}
-        self._round_open = False
         self._last_batch_s = 0.0
-        self._lag = (0.0, 0)  # policy lag of the last batch delivered: mean, max
-        self._wait = BatchClock()  # rank 0 blocked waiting for the nodes' batches
         self._last_batch_frames = 0
         self._started_at = time.perf_counter()
         self._iterator: Iterator | None = None
@@ -184,6 +173,7 @@ class DistributedCollector(CollectorBase):
         # Collaborators: each gets what it needs here, and none calls another.
         self._recovery = Recovery(cfg, pool)
         self._weights = NodeWeights(cfg, pool)
+        self._gather = Gather(cfg, pool, self._push_due, lambda: self._version)
         self._finalizer = weakref.finalize(self, pool.close)
         self._closed = False
         try:
@@ -202,14 +192,13 @@ class DistributedCollector(CollectorBase):
             traceback.clear_frames(err.__traceback__)
             raise
 
-    def _take(self, msg: P.Message) -> TensorDict:
-        """The batch ``msg`` announced, counted."""
-        batch = self._pool.take(msg)
-        self._frames += msg["frames"]
-        return batch
+    @property
+    def _frames(self) -> int:
+        return self._gather.frames
 
-    def _grant(self, i: int, credits: int) -> None:
-        self._pool.grant(i, credits, random=self._frames < self.config.init_random_frames)
+    @_frames.setter
+    def _frames(self, value: int) -> None:
+        self._gather.frames = value
 
     # -- iteration ----------------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[TensorDict]:
@@ -240,91 +229,19 @@ class DistributedCollector(CollectorBase):
 
     def _next_one(self) -> TensorDict:
         self._pool.maybe_check()  # also when batches keep coming from the other nodes
-        return self._next_sync() if self.sync else self._next_async()
-
-    def _next_sync(self) -> TensorDict:
-        """One part from every node.  Each part is received as soon as it is announced and kept
-        in ``_round``: when a node fails and is relaunched (this runs again), the parts of the
-        others stay and only the failed node's is collected again."""
-        n, parts, pool = self.num_nodes, self._round, self._pool
-        if not self._round_open:  # not again when this batch resumes after a relaunch
-            self._push_due(range(n), yielded=self._iter)
-            self._round_open = True
-
-        def all_ready() -> bool:
-            pool.admit()
-            pool.check_deadlines()
-            for i in pool.serving_nodes():
-                if i not in parts:
-                    if pool.handles[i].outstanding == 0:
-                        self._grant(i, 1)
-                    elif (msg := pool.ready(i)) is not None:
-                        parts[i] = (self._take(msg), msg)
-            return len(parts) == n
-
-        waited = time.perf_counter()
-        pool.wait_for(all_ready, "waiting for the nodes' batches")
-        self._wait.add(time.perf_counter() - waited)
-        self._lag = policy_lag(self._version, [_meta(msg) for _, msg in parts.values()])
-        batch = torch.stack([parts[i][0] for i in range(n)], 0)
-        parts.clear()
-        self._round_open = False
-        batch.names = [None] * (batch.batch_dims - 1) + ["time"]
-        return batch
-
-    def _next_async(self) -> TensorDict:
-        taken: list[P.Message] = []
-        pool, slots = self._pool, self.config.slots
-
-        def one_ready() -> bool:
-            pool.admit()
-            pool.check_deadlines()
-            for i in pool.serving_nodes():
-                self._grant(i, slots - pool.handles[i].outstanding)
-            if not self._backlog and (msg := pool.ready()) is not None:
-                taken.append(msg)
-            return bool(self._backlog or taken)
-
-        waited = time.perf_counter()
-        pool.wait_for(one_ready, "waiting for a node's batch")
-        self._wait.add(time.perf_counter() - waited)
-        if taken:
-            msg = taken[0]
-            i, batch = msg.rank - 1, self._take(msg).clone()
-        else:
-            i, batch, msg = self._backlog.popleft()
-        batch.set(NODE_ID, torch.full(batch.shape, i, dtype=torch.int64))
-        batch.names = [None] * (batch.batch_dims - 1) + ["time"]
-        self._lag = policy_lag(self._version, [_meta(msg)])
-        self._push_due([i], yielded=self._iter + 1)
-        self._grant(i, slots - pool.handles[i].outstanding)  # restart that node at once
-        return batch
+        return self._gather.next_sync(self._iter) if self.sync else self._gather.next_async(self._iter)
 
     def _quiesce(self) -> None:
         """Receive every batch still owed (within ``timeout``); they stay queued for delivery."""
-
-        pool = self._pool
-
-        def drained() -> bool:
-            pool.check_deadlines()
-            while (msg := pool.ready()) is not None:
-                self._backlog.append((msg.rank - 1, self._take(msg).clone(), msg))
-            return not any(h.outstanding for h in pool.handles)
-
         self._settle()
         with self._guard():
-            self._recovery.run(lambda: pool.wait_for(drained, "waiting for the batches in flight",
-                                                     timeout=self.config.timeout))
+            self._recovery.run(lambda: self._pool.wait_for(self._gather.drained, "waiting for the batches in flight",
+                                                           timeout=self.config.timeout))
         self._settle()  # a node that failed while draining was relaunched
 
     def _discard_in_flight(self) -> None:
         self._quiesce()
-        self._backlog.clear()
-        for _, msg in self._round.values():  # sync: parts of a batch that will not be delivered
-            self._frames -= msg["frames"]
-            self._pool.handles[msg.rank - 1].frames -= msg["frames"]
-        self._round.clear()
-        self._round_open = False
+        self._gather.discard()
 
     # -- control ------------------------------------------------------------------------------------------
     def _settle(self) -> None:
@@ -361,7 +278,8 @@ class DistributedCollector(CollectorBase):
         return out
 
     def _load(self, state: dict[str, Any]) -> None:
-        # A node that rejects its part raises its error; the collector stays usable.
+        # A node that rejects its part raises its error; the collector stays usable.  The nodes' parts
+        # may hold pickles (a GymEnv's envs), which the nodes unpickle: only load states you trust.
         self._settle()
         nodes = self._pool.serving_nodes()
         missing = [k for k in (*(f"node{i}" for i in nodes), "frames", "iter") if k not in state]
@@ -390,14 +308,16 @@ class DistributedCollector(CollectorBase):
         with self._guard():
             # A node that fails meanwhile is dropped or relaunched (on_node_failure) and the
             # push is made again: the relaunched node gets these weights when it rejoins.
-            self._recovery.run(lambda: self._push(targets))
+            # One version for this update, however often it is retried (it moved by 2).
+            version = self._version + 1
+            self._recovery.run(lambda: self._push(targets, version))
 
-    def _push(self, targets: dict[int, Any]) -> None:
+    def _push(self, targets: dict[int, Any], version: int | None = None) -> None:
         packed = self._weights.pack(targets)
-        self._version += 1
+        self._version = self._version + 1 if version is None else version
         self._pool.push_weights(packed, self._version)
 
-    def _push_due(self, nodes: Any, yielded: int) -> None:
+    def _push_due(self, nodes: Any, yielded: int) -> None:  # Gather's hook
         due = self._weights.due(nodes, yielded)
         if due:
             self._push(due)
@@ -426,7 +346,7 @@ class DistributedCollector(CollectorBase):
             self._pool, closed=self._closed, master=f"{self.master_addr}:{self.master_port}", frames=self._frames,
             batches=self._iter, elapsed=time.perf_counter() - self._started_at,
             recent_fps=self._last_batch_frames / self._last_batch_s if self._last_batch_s else 0.0,
-            version=self._version, lag=self._lag, wait=self._wait)
+            version=self._version, lag=self._gather.lag, wait=self._gather.wait)
 
     def iterator(self) -> Iterator[Any]:
         """``iter(collector)`` (torchrl's name)."""
@@ -483,11 +403,6 @@ INTERRUPTED_SHUTDOWN_S = 1.0
 
 #: torchrl's older name, which its migration notes still use.
 DistributedDataCollector = DistributedCollector
-
-
-def _meta(msg: P.Message) -> dict:
-    """A node's batch notice as rlcollect.metrics' batch metadata."""
-    return batch_meta(msg["frames"], msg["version_min"], msg["version_mean"], (msg["step_mean_s"], msg["step_p95_s"]))
 
 
 def _shutdown_timeout(err: BaseException | None) -> float:

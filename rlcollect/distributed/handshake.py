@@ -1,6 +1,7 @@
 """Rank 0's side of a node's handshake: its hello (authenticated, for this run, a session never
-seen), the configuration rank 0 answers with (or a refusal), and the "started" report the node
-sends once its collector is built.  The same handshake runs at start-up and when a relaunched
+seen) read from the store, rank 0's answer there (where to attach its channel, or a refusal),
+then, on the channel, its spec (sent by ``NodePool`` when it attaches) and the "started" report
+the node sends once its collector is built.  The same handshake runs at start-up and when a relaunched
 node rejoins; ``NodePool`` drives it.
 
 Nothing a node writes is used before it verifies (``protocol.decode``: MAC, run, session,
@@ -30,15 +31,16 @@ class Handshake:
         store: rank 0's store.
         keys: the run's keys; ``run``: its nonce (a hello for another run is a replay).
         world_size: rank 0 plus the nodes (a node started for another is refused).
+        channel: rank 0's ``Channel`` (its port is in the answer; the reports come on it).
     """
 
-    def __init__(self, store: Any, keys: Keys, run: str, world_size: int):
+    def __init__(self, store: Any, keys: Keys, run: str, world_size: int, channel: Any):
         self.store, self.keys, self.run, self.world_size = store, keys, run, world_size
+        self.channel = channel
         self.drops = DropLog("rlcollect")
         self.seen_tokens: set[str] = set()  # every session ever configured or refused: a replayed hello is stale
         self.turned_away: list[str] = []  # authentic hellos refused (a second node for a taken rank)
         self._hello_seen: dict[int, bytes] = {}
-        self._started_seen: dict[int, bytes] = {}
 
     def poll_hello(self, node: NodeHandle, payload: bytes | None) -> bool:
         """Read ``node``'s hello key; answer a new authentic hello (with ``payload``, the node's
@@ -79,8 +81,9 @@ class Handshake:
                                                                to=rank, reason=reason))
 
     def _answer(self, node: NodeHandle, msg: P.Message, payload: bytes) -> None:
-        """Send ``node`` (which said ``msg``) its configuration ``payload``.  A node started for
-        another world size is refused."""
+        """Answer ``node`` (which said ``msg``): where to attach; its configuration ``payload``
+        is sent on the channel once it attached.  A node started for another world size is
+        refused."""
         rank = node.rank
         if msg["world_size"] != self.world_size:
             reason = (f"started with --world-size {msg['world_size']}, but this collector has {self.world_size} "
@@ -91,10 +94,10 @@ class Handshake:
             while time.monotonic() < deadline and not self.store.check([P.refused_key(rank, msg.token)]):
                 time.sleep(0.02)
             raise ValueError(f"node rank {rank} (host {msg['host']}, pid {msg['pid']}) was {reason}")
-        node.token, node.sent, node.received = msg.token, 0, 0
+        node.token, node.sent, node.received, node.setup = msg.token, 0, 0, payload
         self.store.set(P.config_key(rank, msg.token), P.encode(
-            "config", P.MASTER_RANK, self.keys.to_node, msg.token, 0, payload, to=rank, node_index=node.index,
-            incarnation=node.incarnation))
+            "config", P.MASTER_RANK, self.keys.to_node, msg.token, 0, to=rank, node_index=node.index,
+            incarnation=node.incarnation, port=self.channel.port))
         node.configured = True
 
     def poll_started(self, node: NodeHandle) -> dict | None:
@@ -106,43 +109,17 @@ class Handshake:
             return None
         if msg.kind == "failed":
             raise P.rebuild_error(msg["error"], node.index, "start-up")
-        node.received = msg.n
         weights = None if msg["weights"] is None else P.weights_from_json(msg["weights"])
         return {"layout": P.layout_from_json(msg["layout"]), "weights": weights, "pid": msg["pid"], "host": msg["host"]}
 
     def started_message(self, node: NodeHandle) -> P.Message | None:
         """``node``'s authentic "started" (or "failed") report of this session, if it came."""
-        rank = node.rank
-        key = P.started_key(rank)
-        if not node.configured or not self.store.check([key]):
-            return None
-        data = self.store.get(key)
-        try:
-            msg = P.decode(data, self.keys.to_rank0, kinds=("started", "failed"), to=P.MASTER_RANK, rank=rank,
-                           token=node.token, after=0)
-            if msg.n != 1:
-                raise P.ProtocolError(f"a {msg.kind!r} message with counter {msg.n} is not a start-up report "
-                                      "(a replay)")
-        except P.ProtocolError as err:
-            if self._started_seen.get(rank) != data:
-                self._started_seen[rank] = data
-                self.drops.drop(f"node rank {rank}'s started key", P.claimed_sender(data), str(err))
-            return None
-        return msg
+        return self.channel.started.get(node.rank) if node.configured else None
 
     def forget(self, rank: int) -> None:
         """A new incarnation of ``rank``: what its keys held before is news again."""
         self._hello_seen.pop(rank, None)
-        self._started_seen.pop(rank, None)
 
     def said_bye(self, node: NodeHandle) -> bool:
-        """Whether ``node``'s session left its authentic goodbye (at shutdown)."""
-        key = P.bye_key(node.rank)
-        if not self.store.check([key]):
-            return False
-        try:
-            P.decode(self.store.get(key), self.keys.to_rank0, kinds=("bye",), to=P.MASTER_RANK, rank=node.rank,
-                     token=node.token)
-        except P.ProtocolError:
-            return False  # not this node's goodbye: a foreign write, no news
-        return True
+        """Whether ``node``'s session said goodbye on its channel (at shutdown)."""
+        return node.rank in self.channel.byes

@@ -1,20 +1,23 @@
 """Liveness in both directions.
 
-Every process (rank 0 and each node) writes a signed beat (``protocol.encode("beat")``: its
-session token and a growing counter) to its own store key every ``PERIOD_S``, from a thread
-with its own store connection (so a long blocking call on the main connection never delays a
-beat).  Counters, not timestamps: hosts' clocks need not agree; the watcher times how long it
-has seen no *new* authentic beat on its own clock.  Beats are written with ``set`` and read with
-``get``: nothing a foreign process writes to a beat key can make a store call fail (an integer
-``add`` on a key someone overwrote would), and a beat that does not verify is "no news".
+Every process sends a signed beat (``encode("beat")``: its session token and a growing
+counter) every ``PERIOD_S`` from a thread of its own, on its channel (``wire.py``): rank 0 to
+each node, each node to rank 0.  Counters, not timestamps: hosts' clocks need not agree; the
+receiver times how long it has seen no *new* authentic beat on its own clock.  A beat is sent
+only when that cannot wait (``Wire.try_send``): never while a large message is on its way (the
+transfer shows life by itself), never into a peer that stopped reading.
 
-- Rank 0 checks its nodes' beats while it waits (``Silence``): a node silent for
-  ``heartbeat_timeout`` seconds has stopped answering.
-- A node watches rank 0 (``NodeWatch``): it ends when rank 0's store connection breaks (rank 0
-  died: its sockets close at once), when rank 0 has not beaten for ``rank0_timeout`` seconds (a
-  frozen or unreachable rank 0; a watchdog thread times it, so a store call that blocks on a
-  frozen rank 0 cannot delay it), or, for nodes rank 0 started itself, when that parent process
-  is gone.  Rank 0's first authentic beats also tell a node the run's nonce (``run``).
+- Rank 0 watches its nodes (``Silence``): a node silent for ``heartbeat_timeout`` seconds has
+  failed, unless its watcher (``watcher.py``: a tiny process beside the node that reports the
+  node process's state from ``/proc``) still reports it running or sleeping: then the node is
+  busy (an env step holding the GIL, say), not frozen.  A node whose watcher reports it stopped
+  (SIGSTOP: state ``T``) or gone has failed; so has a node whose watcher is silent too.
+- A node watches rank 0 (``NodeWatch``): it ends when rank 0's channel closes (rank 0 died: its
+  sockets close at once), when rank 0 has not beaten for ``rank0_timeout`` seconds (a frozen or
+  unreachable rank 0; a watchdog thread times it), or, for nodes rank 0 started itself, when
+  that parent process is gone.  Before its channel exists, a node reads rank 0's beat from the
+  store (``heartbeat_key(0)``), which also tells it the run's nonce (``run``); a value there
+  that does not verify is "no news".
 """
 
 from __future__ import annotations
@@ -97,12 +100,17 @@ class _Beater:
 
 
 class Rank0Beat(_Beater):
-    """Rank 0's beat (its token: the run's nonce).  A failing store call never ends it: it
-    logs and beats again."""
+    """Rank 0's beat: on the store (its token: the run's nonce), for the nodes still joining,
+    and ``beat_channels()`` on every attached node's channel.  A failing store call never ends
+    it: it logs and beats again."""
 
-    def __init__(self, connect: Callable[[], Any], keys: Keys, run: str):
+    def __init__(self, connect: Callable[[], Any], keys: Keys, run: str, beat_channels: Callable[[], None]):
         super().__init__(connect, P.MASTER_RANK, keys.to_node, run)
         self._warned = False
+        self._beat_channels = beat_channels
+
+    def after_beat(self, store: Any) -> None:
+        self._beat_channels()
 
     def _store_error(self, err: BaseException, connecting: bool) -> bool:
         if not self._warned and not self._stop.is_set():
@@ -115,7 +123,7 @@ class NodeWatch(_Beater):
     """A node's beat, and its watch on rank 0.
 
     Args:
-        connect: returns a new store connection (called in the thread).
+        connect: returns a new store connection (called in the thread; used until ``attach``).
         rank: this node's rank; ``token``: its session token.
         keys: the run's keys.
         rank0_timeout: seconds without a new authentic beat of rank 0 before ``on_lost``.
@@ -134,6 +142,7 @@ class NodeWatch(_Beater):
         self._candidate: tuple[str, int] | None = None
         self._last_n = 0
         self._last_news = time.monotonic()
+        self._endpoint: Any = None
         self._lost_once = threading.Lock()
         self._watchdog = threading.Thread(target=self._watch, name=f"rlcollect-watchdog-{rank}", daemon=True)
 
@@ -142,7 +151,23 @@ class NodeWatch(_Beater):
         self._watchdog.start()
         return self
 
+    def attach(self, endpoint: Any) -> None:
+        """From now on beat on ``endpoint`` (this node's channel) and take rank 0's news from it
+        (``news``); the store is no longer read."""
+        self._last_news = time.monotonic()
+        self._endpoint = endpoint
+
+    def news(self) -> None:
+        """An authentic message of rank 0 came on the channel."""
+        self._last_news = time.monotonic()
+
+    def beat(self, store: Any) -> None:
+        if self._endpoint is not None:
+            self._endpoint.try_send("beat")
+
     def after_beat(self, store: Any) -> None:
+        if self._endpoint is not None:
+            return
         key = P.heartbeat_key(P.MASTER_RANK)
         if not store.check([key]):
             return
@@ -164,8 +189,8 @@ class NodeWatch(_Beater):
             self._last_n, self._last_news = msg.n, time.monotonic()
 
     def _store_error(self, err: BaseException, connecting: bool) -> bool:
-        if self._stop.is_set():
-            return True
+        if self._stop.is_set() or self._endpoint is not None:
+            return self._stop.is_set()  # attached: the store no longer matters
         if not connecting and _is_timeout(err):
             return False  # rank 0 is slow or frozen: no news; the watchdog decides
         self._lost(f"lost rank 0's store: {_first_line(err)}")
@@ -183,50 +208,69 @@ class NodeWatch(_Beater):
                            "unreachable, or runs with another secret")
                 return
 
+    def lost(self, reason: str) -> None:
+        """Rank 0 is gone (its channel closed): ``on_lost``, once."""
+        self._lost(reason)
+
     def _lost(self, reason: str) -> None:
         if not self._stop.is_set() and self._lost_once.acquire(blocking=False):
             self._on_lost(reason)
 
 
+#: A watcher's report of its node process (a ``/proc`` state letter) that means "busy, alive".
+BUSY_STATES = frozenset("RSDIW")
+
+
 class Silence:
-    """Rank 0's view of its nodes' beats: how long each has shown no new authentic beat.
+    """Rank 0's view of its nodes' beats: how long each has shown no new authentic beat, and
+    what its watcher says about it.
 
-    ``handles`` is the pool's ``{rank: NodeHandle}``: a beat of another session than the
-    handle's (its ``token``, updated when a node is configured) is no news."""
+    ``handles`` is the pool's ``{rank: NodeHandle}``; the channel's readers stamp each
+    handle's ``last_beat`` and ``watch`` (``(state, when)``) as beats and reports arrive."""
 
-    def __init__(self, store: Any, keys: Keys, handles: dict[int, Any], timeout: float):
-        self.store, self.timeout, self._key, self._handles = store, timeout, keys.to_rank0, handles
-        self._seen: dict[int, tuple[int, float]] = {}
-        self._drops = DropLog("rlcollect")
+    def __init__(self, handles: dict[int, Any], timeout: float):
+        self.timeout, self._handles = timeout, handles
+        self._watched: set[int] = set()
+        self._busy_logged: set[tuple[int, str]] = set()
 
-    def silent(self) -> list[tuple[int, float]]:
-        """``(rank, seconds)`` for each node with no new beat for ``timeout`` s."""
+    def silent(self) -> list[tuple[int, float, str]]:
+        """``(rank, seconds, why)`` for each node with no new beat for ``timeout`` s that its
+        watcher does not vouch for (running or sleeping, reported within ``timeout`` s)."""
         now, out = time.monotonic(), []
-        for rank, (last, since) in list(self._seen.items()):
-            if self._news(rank, last):
+        for rank in sorted(self._watched):
+            h = self._handles[rank]
+            quiet = now - h.last_beat
+            if quiet <= self.timeout:
                 continue
-            if now - since > self.timeout:
-                out.append((rank, now - since))
+            watch = h.watch
+            fresh = watch is not None and now - watch[1] <= self.timeout
+            if fresh and watch[0] in BUSY_STATES:
+                if (rank, h.token) not in self._busy_logged:
+                    self._busy_logged.add((rank, h.token))
+                    logger.warning("rlcollect: node %d has not beaten for %.1f s but its process is busy (state %s): "
+                                   "not counted as frozen (a long env step holding the GIL?)", rank - 1, quiet,
+                                   watch[0])
+                continue
+            if watch is None:
+                why = "no watcher report"
+            elif not fresh:
+                why = f"its watcher is silent too (last report {now - watch[1]:.1f} s ago)"
+            else:
+                why = f"its process is {describe_state(watch[0])}"
+            out.append((rank, quiet, why))
         return out
 
-    def _news(self, rank: int, last: int) -> bool:
-        key = P.heartbeat_key(rank)
-        if not self.store.check([key]):
-            return False
-        data = self.store.get(key)
-        try:
-            msg = P.decode(data, self._key, kinds=("beat",), to=P.MASTER_RANK, rank=rank,
-                           token=self._handles[rank].token, after=last)
-        except P.ProtocolError as err:
-            if "replay" not in str(err) and "another session" not in str(err):  # an unchanged beat is no news
-                self._drops.drop(f"node rank {rank}'s heartbeat key", P.claimed_sender(data), str(err))
-            return False
-        self._seen[rank] = (msg.n, time.monotonic())
-        return True
-
     def add(self, rank: int) -> None:
-        """Watch ``rank`` too, from now (a node configured after the others, or relaunched)."""
-        self._seen[rank] = (0, time.monotonic())
+        """Watch ``rank`` too, from now (a node attached after the others, or relaunched)."""
+        self._handles[rank].last_beat = time.monotonic()
+        self._watched.add(rank)
 
     def forget(self, rank: int) -> None:
-        self._seen.pop(rank, None)
+        self._watched.discard(rank)
+
+
+def describe_state(state: str) -> str:
+    """A ``/proc`` state letter (or a watcher's word) in words."""
+    words = {"T": "stopped (SIGSTOP or a debugger: state T)", "t": "stopped by a debugger (state t)",
+             "Z": "dead (a zombie)", "X": "dead", "gone": "gone (it exited or was killed)"}
+    return words.get(state, f"in state {state}")

@@ -230,10 +230,39 @@ def make_executor(slurm_kwargs: dict | None, default_folder: str = "rlcollect-su
     executors = {"auto": submitit.AutoExecutor, "slurm": submitit.SlurmExecutor, "local": submitit.LocalExecutor}
     if kind not in executors:
         raise ValueError(f"slurm_kwargs['executor'] must be one of {sorted(executors)}, got {kind!r}")
+    private_folder(folder)
     executor = executors[kind](folder=folder)
     # SlurmExecutor takes slurm's own parameter names: the user's, unchanged.
     executor.update_parameters(**(kwargs if kind == "slurm" else {**SLURM_DEFAULTS, **kwargs}))
     return executor
+
+
+def private_folder(folder: Any) -> str:
+    """Make sure the job folder ``folder`` (submitit's ``folder``: its part before any ``%j``-like
+    placeholder) is private: created mode 0700 when missing; refused (``ValueError``) when it is
+    owned by another user or writable by group or others.  The job pickles in it run code on
+    the nodes: whoever can replace them runs code there."""
+    import stat
+
+    path = os.path.abspath(os.path.expanduser(str(folder)))
+    static = path.split("%", 1)[0]
+    static = static if static.endswith(os.sep) or "%" not in path else os.path.dirname(static)
+    static = static.rstrip(os.sep) or os.sep
+    if not os.path.exists(static):
+        os.makedirs(static, mode=0o700, exist_ok=True)
+        os.chmod(static, 0o700)
+        return path
+    info = os.stat(static)
+    if not stat.S_ISDIR(info.st_mode):
+        raise ValueError(f"slurm_kwargs['folder']={str(folder)!r}: {static} is not a directory")
+    if info.st_uid != os.geteuid():
+        raise ValueError(f"slurm_kwargs['folder']={str(folder)!r}: {static} belongs to another user (uid "
+                         f"{info.st_uid}); the job pickles in it run code on the nodes: use a folder of your own")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ValueError(f"slurm_kwargs['folder']={str(folder)!r}: {static} is writable by other users (mode "
+                         f"{stat.filemode(info.st_mode)}); the job pickles in it run code on the nodes: run "
+                         f"chmod 700 {static}, or use another folder")
+    return path
 
 
 def submit_nodes(master_addr: str, master_port: int, world_size: int, *, secret_file: Any,

@@ -2,22 +2,23 @@
 the submitit jobs.
 
 Life of a node: connect to rank 0's store (waiting up to ``timeout`` for rank 0 to be up),
-start its heartbeat and its watch on rank 0, learn the run's nonce from two authentic beats of
-rank 0, say hello (signed with the run's secret: see ``auth.py``), receive its configuration
-(the cloudpickled env factory, policy and collector options: **the node executes code rank 0
-sends**; start nodes only for a rank 0 you
-trust), build its inner collector (``Collector``, ``MultiSyncCollector`` or
+start its watch on rank 0, learn the run's nonce from two authentic beats of rank 0, say hello
+(signed with the run's secret: see ``auth.py``), read rank 0's answer (where to attach), open
+its channel to rank 0 (``wire.py``) and start its watcher (``watcher.py``), receive its
+configuration on the channel (the cloudpickled env factory, policy and collector options:
+**the node executes code rank 0 sends**; start nodes only for a rank 0 you trust), build its
+inner collector (``Collector``, ``MultiSyncCollector`` or
 ``MultiAsyncCollector``), report the batch layout and weight shapes, join its pair process group
 with rank 0 (one per incarnation: 0, or how many times rank 0 relaunched this rank after a
 failure), then serve commands until "close".
 
 Each command has a small handler in ``Node.handlers``.  "collect" grants credits: the node
 collects one batch per credit into a preallocated flat buffer, posts it to rank 0 on the
-process group and then announces it on the ready queue; rank 0 only receives batches that were
+process group and then announces it on its channel; rank 0 only receives batches that were
 announced.  Commands are served between batches, never during one.
 
-The node ends by itself when rank 0 is gone (its store unreachable, no authentic heartbeat of it
-for ``rank0_timeout`` seconds, or, for nodes rank 0 started itself, its process ended): see
+The node ends by itself when rank 0 is gone (its channel or store closed, no authentic heartbeat
+of it for ``rank0_timeout`` seconds, or, for nodes rank 0 started itself, its process ended): see
 ``heartbeat.py`` and the "mp" launcher's bootstrap in ``launchers.py``.  Every message it takes
 is authenticated (MAC, session, counter) before anything of it is used; one that is not is
 dropped and logged once per sender.
@@ -40,8 +41,9 @@ import cloudpickle
 import torch
 
 from rlcollect.distributed import protocol as P
-from rlcollect.distributed import transport
-from rlcollect.distributed.channel import Inbox
+from rlcollect.distributed import transport, watcher
+from rlcollect.distributed.channel import NodeInbox
+from rlcollect.distributed.wire import Wire, WireClosed
 from rlcollect.distributed.auth import SECRET_ENV, DropLog, Keys, SecretError, check_secret, read_secret_file
 from rlcollect.distributed.heartbeat import NodeWatch
 from rlcollect.distributed.node_args import LOG_LEVEL_ENV, RANK0_TIMEOUT_S, add_arguments, node_arguments
@@ -55,12 +57,8 @@ _CONFIG_POLL_S = 0.02
 class Node:
     """The inner collector of one node and the command handlers around it."""
 
-    def __init__(self, store: Any, rank: int, keys: Keys, token: str, spec: dict, timeout: float):
-        self.store, self.rank, self.token, self.timeout = store, rank, token, timeout
-        self.keys = keys
-        self.sent = 1  # counters of this session: hello was 0, "started" is 1
-        self.received = 0  # the configuration was 0
-        self.drops = DropLog(f"rlcollect node {rank}")
+    def __init__(self, endpoint: P.Endpoint, rank: int, spec: dict, timeout: float):
+        self.endpoint, self.rank, self.timeout = endpoint, rank, timeout
         torch.set_num_threads(int(spec.get("num_threads", 1)))
         self.collector = spec["collector_class"](spec["create_env_fn"], spec["policy"], **spec["kwargs"])
         if spec.get("seed") is not None:  # a relaunched node starts from a fresh seed
@@ -86,17 +84,10 @@ class Node:
         }
         self.silent = {"collect", "weights"}
 
-    def started_message(self) -> bytes:
+    def say_started(self) -> None:
         weights = None if self.weight_spec is None else {k: [list(s), str(d)] for k, (s, d) in self.weight_spec.items()}
-        return P.encode("started", self.rank, self.keys.to_rank0, self.token, 1, to=P.MASTER_RANK,
-                        layout=P.layout_to_json(self.layout), weights=weights, pid=os.getpid(),
-                        host=socket.gethostname())
-
-    def message(self, kind: str, payload: bytes = b"", **fields: Any) -> bytes:
-        """The next signed message of this session to rank 0."""
-        self.sent += 1
-        return P.encode(kind, self.rank, self.keys.to_rank0, self.token, self.sent, payload, to=P.MASTER_RANK,
-                        **fields)
+        self.endpoint.send("started", layout=P.layout_to_json(self.layout), weights=weights, pid=os.getpid(),
+                           host=socket.gethostname())
 
     # -- handlers ------------------------------------------------------------------------------------
     def collect(self, args: dict, payload: bytes) -> None:
@@ -131,24 +122,21 @@ class Node:
         self.closing = True
 
     # -- the loop -------------------------------------------------------------------------------------
-    def serve(self, commands: Inbox) -> None:
+    def serve(self, commands: NodeInbox) -> None:
         """Serve commands (first) and owed batches until "close"."""
         while not self.closing:
             # Without credits, wait for a command (the timeout only bounds each wait).
-            data = commands.get(0 if self.credits else 1.0)
-            if data is not None:
-                self.dispatch(data)
+            msg = commands.get(0 if self.credits else 1.0)
+            if msg is not None:
+                self.dispatch(msg)
             elif self.credits:
                 self.collect_one()
 
-    def dispatch(self, data: bytes) -> None:
-        try:
-            msg = P.decode(data, self.keys.to_node, kinds=("command",), to=self.rank, rank=P.MASTER_RANK,
-                           token=self.token, after=self.received)
-        except P.ProtocolError as err:  # checked before anything of it is used: never acted upon
-            self.drops.drop("its command queue", P.claimed_sender(data), str(err))
+    def dispatch(self, msg: P.Message) -> None:
+        """Serve one command (authenticated by the inbox: MAC, session, counter)."""
+        if msg.kind != "command":
+            logger.error("rlcollect node %d: dropped an unexpected %r message from rank 0", self.rank, msg.kind)
             return
-        self.received = msg.n
         name, command_id = msg["name"], msg["id"]
         try:
             result = self.handlers[name](msg["args"], msg.payload)
@@ -163,11 +151,11 @@ class Node:
             self._reply(command_id, True, value, payload, None)
 
     def _reply(self, command_id: int, ok: bool, value: Any, payload: bytes, error: dict | None) -> None:
-        self.store.queue_push(P.INBOX, self.message("reply", payload, id=command_id, ok=ok, value=value, error=error))
+        self.endpoint.send("reply", payload, id=command_id, ok=ok, value=value, error=error)
 
     def _fail(self, exc: BaseException) -> None:
         logger.error("rlcollect node %d: %s: %s", self.rank, type(exc).__name__, exc)
-        self.store.queue_push(P.INBOX, self.message("failed", error=P.error_info(exc)))
+        self.endpoint.send("failed", error=P.error_info(exc))
 
     def collect_one(self) -> None:
         random = self.credits.popleft()
@@ -185,9 +173,9 @@ class Node:
             return
         self.sends[slot] = self.pg.send([self.slots[slot].flat], P.MASTER_RANK, transport.BATCH_TAG)
         meta = self.collector.batch_info()
-        self.store.queue_push(P.INBOX, self.message(
+        self.endpoint.send(
             "ready", seq=self.seq, slot=slot, frames=frames, version=version, seconds=time.perf_counter() - started,
-            **{key: meta[key] for key in ("version_min", "version_mean", "step_mean_s", "step_p95_s")}))
+            **{key: meta[key] for key in ("version_min", "version_mean", "step_mean_s", "step_p95_s")})
         self.seq += 1
 
     def shutdown(self) -> None:
@@ -293,7 +281,7 @@ def run_node(master_addr: str, master_port: int, rank: int, world_size: int, tim
     token = secrets.token_hex(16)  # this process's session
     watch = NodeWatch(connect, rank, keys, token, rank0_timeout, _orphaned(rank), _parent_watch(parent)).start()
     drops = DropLog(f"rlcollect node {rank}")
-    node = commands = None
+    node = commands = endpoint = watcher_process = None
     deadline = time.monotonic() + timeout
     try:
         while not watch.run_known.wait(0.05):  # rank 0's beats (the watchdog ends a silent wait)
@@ -312,12 +300,22 @@ def run_node(master_addr: str, master_port: int, rank: int, world_size: int, tim
             store.set(P.refused_key(rank, token), b"1")
             logger.error("rlcollect node %d: rank 0 refused this node: %s", rank, config["reason"])
             return EXIT_REJECTED
-        try:  # authenticated above: rank 0's own configuration
-            node = Node(store, rank, keys, token, cloudpickle.loads(config.payload), timeout)
+        # The channel: to the port rank 0's signed answer gives, on rank 0's address.
+        wire = Wire.connect(master_addr, config["port"], timeout)
+        endpoint = P.Endpoint(wire, keys.to_rank0, rank, P.MASTER_RANK, token)
+        commands = NodeInbox(wire, keys, rank, token, watch)
+        endpoint.send("attach", role="node")
+        watch.attach(endpoint)
+        watcher_process = watcher.start(master_addr, config["port"], rank, token, keys.to_rank0)
+        setup = _wait_setup(commands, deadline)
+        if setup is None:
+            logger.error("rlcollect node %d: rank 0 sent no configuration on its channel within %g s", rank, timeout)
+            return EXIT_FAILED
+        try:  # authenticated by the inbox: rank 0's own configuration
+            node = Node(endpoint, rank, cloudpickle.loads(setup.payload), timeout)
         except Exception as exc:  # noqa: BLE001  (rank 0 re-raises it)
             logger.error("rlcollect node %d: building its collector failed: %s: %s", rank, type(exc).__name__, exc)
-            store.set(P.started_key(rank), P.encode("failed", rank, keys.to_rank0, token, 1, to=P.MASTER_RANK,
-                                                    error=P.error_info(exc)))
+            endpoint.send("failed", error=P.error_info(exc))
             return EXIT_FAILED
         # What is alive now (torch, the envs, the policy) lives as long as the node: move it out
         # of the garbage collector's reach.  Otherwise the first full collection lands on a
@@ -326,26 +324,35 @@ def run_node(master_addr: str, master_port: int, rank: int, world_size: int, tim
         gc.freeze()
         address = transport.local_address_towards(master_addr, master_port)
         node.pg = transport.pair_group(store, rank, config["incarnation"], False, address, timeout)
-        # Its stop word lets this node end the thread before exiting: a thread still blocked in
-        # the store when the interpreter finalizes aborts the process.
-        commands = Inbox(connect, P.command_queue(rank), stop_word=secrets.token_bytes(16))
-        store.set(P.started_key(rank), node.started_message())
+        node.say_started()
         transport.join([node.pg], False, timeout)
         logger.info("rlcollect node %d: %s collecting for rank 0 at %s:%s", rank, type(node.collector).__name__,
                     master_addr, master_port)
         node.serve(commands)
-        store.set(P.bye_key(rank), node.message("bye"))
+        endpoint.send("bye")
         return EXIT_OK
-    except RuntimeError as err:  # the store or a peer connection broke: rank 0 is gone
+    except (RuntimeError, WireClosed) as err:  # the store, the channel or a peer connection broke: rank 0 is gone
         logger.error("rlcollect node %d: lost rank 0: %s", rank, _first_line(err))
         return EXIT_ORPHANED
     finally:
         watch.stop()
+        watcher.stop(watcher_process)
         if commands is not None:
-            commands.close(store)
+            commands.close()
         if node is not None:
             node.shutdown()
             node.pg = None
+
+
+def _wait_setup(commands: NodeInbox, deadline: float) -> P.Message | None:
+    """Rank 0's "setup" (the node's spec), the first message on a new channel."""
+    while time.monotonic() < deadline:
+        msg = commands.get(min(1.0, max(0.01, deadline - time.monotonic())))
+        if msg is not None:
+            if msg.kind == "setup":
+                return msg
+            logger.error("rlcollect node: dropped a %r message that came before its configuration", msg.kind)
+    return None
 
 
 def _first_line(err: BaseException) -> str:

@@ -65,6 +65,11 @@ class NodeHandle:
     configured: bool = False  # sent its configuration (this incarnation)
     rejoin: Rejoin | None = None  # RELAUNCHING: its handshake
     info: dict = field(default_factory=dict)  # what it reported once started: layout, weights, pid, host
+    endpoint: Any = None  # rank 0's side of its channel (protocol.Endpoint), once it attached
+    watcher: Any = None  # the wire of its watcher's channel, once that attached
+    setup: bytes | None = None  # its spec, sent when it attaches
+    last_beat: float = 0.0  # when its last authentic beat came (monotonic; the channel's reader stamps it)
+    watch: tuple[str, float] | None = None  # its watcher's last report: (state, when)
     pg: Any = None  # its pair process group with rank 0
     recv: Any = None  # the flat buffer its batches are received into
     # -- credits and batches in flight -------------------------------------------------------------

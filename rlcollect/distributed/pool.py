@@ -19,6 +19,7 @@ import contextlib
 import logging
 import secrets
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +34,7 @@ from rlcollect.distributed.handshake import Handshake
 from rlcollect.distributed.heartbeat import Rank0Beat, Silence
 from rlcollect.distributed.launchers import make_launcher
 from rlcollect.distributed.nodes import NodeHandle, NodeState, Rejoin, node_error
+from rlcollect.distributed.wire import WireClosed
 from rlcollect.errors import WorkerError
 
 logger = logging.getLogger("rlcollect")
@@ -87,10 +89,10 @@ class NodePool:
         def connect() -> Any:
             return transport.connect_store(addr, port, 30.0)
 
-        self.heartbeat = Rank0Beat(connect, self.keys, self.run).start()
-        self.handshake = Handshake(self.store, self.keys, self.run, self.world_size)
-        self._silence = Silence(self.store, self.keys, self._by_rank, cfg.heartbeat_timeout)
-        self.channel = Channel(self.store, connect, self._by_rank, secrets.token_bytes(16), self.keys)
+        self._silence = Silence(self._by_rank, cfg.heartbeat_timeout)
+        self.channel = Channel(self.address, self._by_rank, self.keys, self._attached)
+        self.heartbeat = Rank0Beat(connect, self.keys, self.run, self.channel.beat_all).start()
+        self.handshake = Handshake(self.store, self.keys, self.run, self.world_size, self.channel)
         self.launcher = make_launcher(cfg.launcher, cfg.slurm_kwargs, self.secret, self.secret_file,
                                       cfg.rank0_timeout)
         self.launcher.start(addr, port, self.world_size, cfg.timeout)
@@ -111,6 +113,7 @@ class NodePool:
         cfg, shake = self.config, self.handshake
         started: set[int] = set()
         while len(started) < len(self.handles):
+            self.channel.pump()
             for h in self.handles:
                 if not h.configured:
                     self._poll_hello(h, cfg.payloads[h.index])
@@ -131,11 +134,16 @@ class NodePool:
             time.sleep(_RENDEZVOUS_POLL_S)
 
     def _poll_hello(self, h: NodeHandle, payload: bytes | None) -> bool:
-        was = h.configured
-        configured = self.handshake.poll_hello(h, payload)
-        if configured and not was:
-            self._silence.add(h.rank)  # from now on its heartbeat is watched
-        return configured
+        return self.handshake.poll_hello(h, payload)
+
+    def _attached(self, h: NodeHandle) -> None:
+        """Node ``h`` attached its channel: watch its heartbeat from now on, send its spec."""
+        self._silence.add(h.rank)
+        payload, h.setup = h.setup, None
+        try:
+            self.channel.send(h.rank, "setup", payload or b"")
+        except WireClosed:
+            pass  # its channel closed: reported as such by check_alive
 
     def _connect_pairs(self, handles: list[NodeHandle]) -> None:
         """Build rank 0's side of the pair groups of ``handles`` (whose nodes have started) and
@@ -165,23 +173,27 @@ class NodePool:
         """Raise for a node whose process ended (its own error first, if it reported one) or
         that stopped beating; advance the handshake of relaunched nodes."""
         for rank, cause in sorted(self.launcher.dead().items()):
-            h = self._by_rank[rank]
-            if h.state is NodeState.DROPPED:
-                continue
-            msg = self.handshake.started_message(h)
-            if msg is not None and msg.kind == "failed":
-                raise P.rebuild_error(msg["error"], h.index, "start-up")
-            if self.channel is not None:
-                self.channel.pump()
-            h.state = NodeState.FAILED
-            process = getattr(self.launcher, "processes", {}).get(rank)
-            raise P.mark_failed(node_error(f"node {h.index} {cause}", h.index,
-                                           None if process is None else process.returncode), h.index)
-        for rank, seconds in self._silence.silent() if self._silence is not None else ():
+            self._raise_dead(self._by_rank[rank], cause)
+        for rank, seconds, why in self._silence.silent() if self._silence is not None else ():
             h = self._by_rank[rank]
             h.state = NodeState.FAILED
             raise P.mark_failed(node_error(f"node {h.index} stopped answering: no heartbeat for {seconds:.1f} s "
-                                           f"(heartbeat_timeout={self.config.heartbeat_timeout:g})", h.index), h.index)
+                                           f"(heartbeat_timeout={self.config.heartbeat_timeout:g}); {why}", h.index),
+                                h.index)
+        for rank, reason in sorted(self.channel.closed.items()) if self.channel is not None else ():
+            h = self._by_rank[rank]
+            if h.state in (NodeState.DROPPED, NodeState.CLOSED):
+                continue
+            # A killed process's sockets close a moment before it is reported dead: its
+            # launcher's account (with the exit code) is the better report.
+            deadline = time.monotonic() + _DEATH_NOTICE_S
+            while time.monotonic() < deadline and rank not in self.launcher.dead():
+                time.sleep(0.02)
+            dead = self.launcher.dead()
+            if rank in dead:
+                self._raise_dead(h, dead[rank])
+            h.state = NodeState.FAILED
+            raise P.mark_failed(node_error(f"node {h.index} lost its channel to rank 0 ({reason})", h.index), h.index)
         self._advance_rejoins()
         if self.started and time.monotonic() >= self._next_hello_poll:
             # A second node started for a taken rank is told so (it would wait in vain).
@@ -189,6 +201,20 @@ class NodePool:
             for h in self.handles:
                 if h.configured and h.state is not NodeState.DROPPED:
                     self._poll_hello(h, None)
+
+    def _raise_dead(self, h: NodeHandle, cause: str) -> None:
+        """Raise for node ``h``, whose process ended: its start-up error if it reported one."""
+        if h.state is NodeState.DROPPED:
+            return
+        if self.channel is not None:
+            self.channel.pump()
+        msg = self.handshake.started_message(h)
+        if msg is not None and msg.kind == "failed":
+            raise P.rebuild_error(msg["error"], h.index, "start-up")
+        h.state = NodeState.FAILED
+        process = getattr(self.launcher, "processes", {}).get(h.rank)
+        raise P.mark_failed(node_error(f"node {h.index} {cause}", h.index,
+                                       None if process is None else process.returncode), h.index)
 
     def lost(self, i: int, what: str, err: BaseException) -> WorkerError:
         """The error for node ``i``'s broken connection during ``what``: its launcher's account
@@ -231,7 +257,10 @@ class NodePool:
         """Command node ``i`` and wait (up to ``timeout``) for its reply: ``(value, payload)``;
         a node's exception is re-raised here."""
         rank, what = i + 1, f"{name!r}"
-        command_id = self.channel.command(rank, name, payload, **args)
+        try:
+            command_id = self.channel.command(rank, name, payload, **args)
+        except WireClosed as err:
+            raise self.lost(i, f"while sending it {what}", err) from None
         found: list[P.Message] = []
 
         def arrived() -> bool:
@@ -254,7 +283,10 @@ class NodePool:
         """Let node ``i`` collect ``credits`` more batches (``random``: with random actions)."""
         if credits > 0:
             h = self.handles[i]
-            self.channel.command(h.rank, "collect", credits=credits, random=random)
+            try:
+                self.channel.command(h.rank, "collect", credits=credits, random=random)
+            except WireClosed as err:
+                raise self.lost(i, "while granting it batches", err) from None
             if not h.outstanding:
                 h.batch_started = time.monotonic()
             h.outstanding += credits
@@ -310,20 +342,41 @@ class NodePool:
                 self._send_weights(h, version, flat)
 
     def _send_weights(self, h: NodeHandle, version: int, flat: Any) -> None:
-        self.channel.command(h.rank, "weights", version=version, nbytes=flat.numel())
         try:
+            self.channel.command(h.rank, "weights", version=version, nbytes=flat.numel())
             work = h.pg.send([flat], transport.NODE_IN_PAIR, transport.WEIGHTS_TAG)
-        except RuntimeError as err:  # gloo refuses at once on a pair whose peer is gone
+        except (RuntimeError, WireClosed) as err:  # gloo refuses at once on a pair whose peer is gone
             raise self.lost(h.index, "while receiving weights", err) from None
         h.weight_sends.append((version, work))
         if len(h.weight_sends) > MAX_PENDING_WEIGHTS:
-            self._wait_send(h, h.weight_sends.popleft()[1])
+            self._wait_send_watched(h, h.weight_sends.popleft()[1])
 
     def _wait_send(self, h: NodeHandle, work: Any) -> None:
+        """Wait for a weight send that node ``h`` has taken (it acts with those weights)."""
         try:
             transport.wait(work, self.config.timeout)
         except RuntimeError as err:
             raise self.lost(h.index, "while receiving weights", err) from None
+
+    def _wait_send_watched(self, h: NodeHandle, work: Any) -> None:
+        """Wait for a weight send node ``h`` may not have taken yet, checking liveness
+        meanwhile: a node stopped or dead while it owes the receive is reported within
+        ``heartbeat_timeout`` (a blocking wait held rank 0 for the whole ``timeout``).  A gloo
+        wait cannot be resumed after a timeout, so a thread waits and this thread watches."""
+        done, errors = threading.Event(), []
+
+        def waiter() -> None:
+            try:
+                transport.wait(work, self.config.timeout)
+            except Exception as err:  # noqa: BLE001  (handed to the main thread)
+                errors.append(err)
+            finally:
+                done.set()
+
+        threading.Thread(target=waiter, name=f"rlcollect-weights-{h.rank}", daemon=True).start()
+        self.wait_for(done.is_set, f"node {h.index} taking its weights")  # the waiter's timeout bounds it
+        if errors:
+            raise self.lost(h.index, "while receiving weights", errors[0]) from None
 
     # -- failure, relaunch and rejoin -----------------------------------------------------------------
     def drop(self, i: int, for_good: bool) -> None:
@@ -337,8 +390,6 @@ class NodePool:
             if not self.launcher.owns_processes and h.configured:
                 self.channel.command(h.rank, "close")  # an external node that still listens leaves
         self.launcher.kill(h.rank)
-        if self.channel is not None:
-            self.channel.retired.add(h.token)
         with contextlib.suppress(Exception):
             self.store.delete_key(P.config_key(h.rank, h.token))
         h.token = ""  # whatever it still sends is stale now
@@ -360,9 +411,6 @@ class NodePool:
         h, store = self.handles[i], self.store
         for key in P.incarnation_keys(h.rank):
             store.delete_key(key)
-        queue = P.command_queue(h.rank)
-        for _ in range(store.queue_len(queue)):  # commands the failed incarnation never read
-            store.queue_pop(queue, False)
         h.incarnation += 1
         h.state = NodeState.RELAUNCHING
         self.launcher.relaunch(h.rank)
@@ -423,8 +471,8 @@ class NodePool:
         waiting = list(handles)
         with contextlib.suppress(Exception):
             while waiting and time.monotonic() < deadline:
+                self.channel.pump(0.05)
                 waiting = [h for h in waiting if not self.handshake.said_bye(h)]
-                time.sleep(0.05)
 
     def close(self, timeout: float | None = None) -> None:
         """Close every node, stop those rank 0 started, free the store and the process groups.
@@ -436,6 +484,16 @@ class NodePool:
         if timeout is None:
             interrupted = isinstance(getattr(sys, "last_value", None), KeyboardInterrupt)
             timeout = 1.0 if interrupted else 10.0
+        try:
+            self._close(timeout)
+        except KeyboardInterrupt:
+            # A second Ctrl-C while closing (the first one started it): finish at once (kill what
+            # rank 0 started, free the rest), then raise it.  Left half-closed, the store and the
+            # process groups were torn down by the interpreter's exit and aborted it.
+            self._close(0.0)
+            raise
+
+    def _close(self, timeout: float) -> None:
         store, channel, handles = self.store, self.channel, self.handles
         if store is not None and channel is not None:
             # Nodes not configured yet need no word: they end when the store goes away.
@@ -467,7 +525,6 @@ class NodePool:
         if channel is not None:
             with contextlib.suppress(Exception):
                 channel.close()
-            channel.store = None  # a traceback that holds the channel must not hold the store
         if self.handshake is not None:
             self.handshake.store = None
         self.channel = self.store = self.heartbeat = self.launcher = self._silence = None

@@ -1,7 +1,12 @@
-"""The control protocol between rank 0 and its nodes: store keys and message formats.
+"""The control protocol between rank 0 and its nodes: the store's rendezvous keys, the message
+formats (``messages.py``, re-exported here), and the decoding of what nodes send back.
 
-Every control message travels through the TCPStore that rank 0 hosts; batches and weights
-travel over torch.distributed point-to-point (see ``transport.py``).
+The store (rank 0's TCPStore) is a rendezvous only: rank 0's heartbeat key (its token is the
+run's nonce), each node's hello, rank 0's answer, and the pair process groups' keys.  Everything
+else (the node's spec, commands, replies, "batch ready" notices, failures, heartbeats in both
+directions) travels on a per-node channel (``wire.py``): a TCP connection from the node to a
+listener rank 0 opens, whose port rank 0's signed answer gives.  Batches and weights travel
+over torch.distributed point-to-point (see ``transport.py``).
 
 A message is ``MAGIC + MAC + JSON header + b"\\n" + payload``: ``MAC`` is an HMAC-SHA256, with
 the key of its direction (``auth.Keys``), over everything after it.  ``decode`` checks the MAC
@@ -20,39 +25,37 @@ freely what a node sends: headers are JSON, and the few payloads that need more 
 ``state_dict``) go through ``loads_data``, an unpickler that only rebuilds containers, numbers,
 strings, numpy arrays and tensors.
 
-Flow: rank 0 beats on ``heartbeat_key(0)`` (its token is the run's nonce); a node beats on its
-own key with its session token, reads two of rank 0's beats to learn the run nonce, and says
-``hello`` (carrying the nonce, so a hello from another run is refused); rank 0 answers on
-``config_key(rank, token)`` with ``config`` (its incarnation: 0, then 1, 2, ... for a node
-relaunched after a failure) or ``reject``; the node builds its collector and says ``started``
-(with its batch layout and weight shapes) or ``failed``.  Then rank 0 pushes ``command``
-messages on the node's command queue, and the node answers on rank 0's inbox queue: a
-``reply`` to each command, except ``collect``, answered by a ``ready`` notice per batch (sent
-after the batch itself was posted on the process group), and ``weights``; any failure outside a
-reply is a ``failed`` message.  A node that leaves after "close" sets its ``bye`` key.
+Flow: rank 0 beats on ``heartbeat_key(0)``; a node reads two of its beats to learn the run
+nonce and says ``hello`` (carrying the nonce, so a hello from another run is refused); rank 0
+answers on ``config_key(rank, token)`` with ``config`` (the channel's port and the node's
+incarnation: 0, then 1, 2, ... for a node relaunched after a failure) or ``reject``.  The node
+connects to that port and says ``attach``; rank 0 sends its spec (``setup``); the node builds
+its collector and says ``started`` (with its batch layout and weight shapes) or ``failed``.
+Then rank 0 sends ``command`` messages and the node answers: a ``reply`` to each command,
+except ``collect``, answered by a ``ready`` notice per batch (sent after the batch itself was
+posted on the process group), and ``weights``; any failure outside a reply is a ``failed``
+message.  Both sides send a ``beat`` every 0.5 s; a node's watcher (``watcher.py``) attaches
+a second channel and reports the node process's ``state``.  A node that leaves after "close"
+says ``bye``.
 """
 
 from __future__ import annotations
 
 import io
-import json
 import pickle
 import traceback
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from rlcollect.distributed import auth
+from rlcollect.distributed.messages import (  # noqa: F401  (re-exported: P.encode, P.decode, ...)
+    COMMANDS, MAGIC, MASTER_RANK, PROTOCOL_VERSION, SCHEMAS, AuthError, Endpoint, Message, ProtocolError,
+    _is, check_command, claimed_sender, decode, encode)
 
-PROTOCOL_VERSION = 4  # 4: batch notices carry their frames' versions and the env-step latency
-MAGIC = b"RLC:"
 
-# -- store keys ------------------------------------------------------------------------------------
+# -- store keys (the rendezvous only) --------------------------------------------------------------
 _ROOT = "rlc"
-#: Everything nodes send rank 0 once started: replies, batch notices, failures.
-INBOX = f"{_ROOT}/inbox"
 
 
 def hello_key(rank: int) -> str:
@@ -64,20 +67,9 @@ def config_key(rank: int, token: str) -> str:
     return f"{_ROOT}/config/{rank}/{token}"
 
 
-def started_key(rank: int) -> str:
-    return f"{_ROOT}/started/{rank}"
-
-
-def command_queue(rank: int) -> str:
-    return f"{_ROOT}/cmd/{rank}"
-
-
 def heartbeat_key(rank: int) -> str:
+    """Rank 0's heartbeat (``rank`` 0; nodes beat on their channel)."""
     return f"{_ROOT}/hb/{rank}"
-
-
-def bye_key(rank: int) -> str:
-    return f"{_ROOT}/bye/{rank}"
 
 
 def refused_key(rank: int, token: str) -> str:
@@ -93,153 +85,7 @@ def pg_prefix(rank: int, incarnation: int) -> str:
 def incarnation_keys(rank: int) -> list[str]:
     """What one incarnation of node ``rank`` leaves in the store: cleared before a relaunch so
     that the new process can say hello afresh (its answer key is per session: see ``config_key``)."""
-    return [hello_key(rank), started_key(rank), bye_key(rank), heartbeat_key(rank), command_queue(rank)]
-
-
-# -- message formats -------------------------------------------------------------------------------
-_NONE = type(None)
-_NUMBER = (int, float)
-#: The header fields of each kind of message, and the types they must have.
-SCHEMAS: dict[str, dict[str, Any]] = {
-    "beat": {},
-    "hello": {"world_size": int, "pid": int, "host": str, "run": str},
-    "config": {"node_index": int, "incarnation": int},  # payload: the cloudpickled node spec
-    "reject": {"reason": str},
-    "started": {"layout": dict, "weights": (dict, _NONE), "pid": int, "host": str},
-    "failed": {"error": dict},
-    "command": {"id": int, "name": str, "args": dict},  # payload: see COMMANDS
-    "reply": {"id": int, "ok": bool, "value": object, "error": (dict, _NONE)},  # payload: loads_data
-    # version: the node's weights version when it started the batch; version_min/_mean: its
-    # frames' (rlcollect/metrics.py); step_*_s: the node's env-step latency (None: not yet known)
-    "ready": {"seq": int, "slot": int, "frames": int, "version": int, "seconds": _NUMBER, "version_min": int,
-              "version_mean": _NUMBER, "step_mean_s": (*_NUMBER, _NONE), "step_p95_s": (*_NUMBER, _NONE)},
-    "bye": {},
-}
-#: Commands a node serves, with the arguments each takes (node.py has the handlers).
-COMMANDS: dict[str, dict[str, Any]] = {
-    "collect": {"credits": int, "random": bool},  # collect this many batches, each answered by "ready"
-    "weights": {"version": int, "nbytes": int},  # then receive the packed weights on the process group
-    "seed": {"seed": int, "static_seed": bool},
-    "reset": {},
-    "state_dict": {},
-    "load_state_dict": {},  # payload: the cloudpickled state
-    "close": {},
-}
-#: Rank 0 is the collector; nodes are ranks 1..world_size-1.
-MASTER_RANK = 0
-
-
-class ProtocolError(ValueError):
-    """A control message that is malformed, of another protocol version or run, or from a
-    rank that has no business sending it."""
-
-
-class AuthError(ProtocolError):
-    """A message whose MAC does not verify: forged, corrupted, or signed with another secret."""
-
-
-@dataclass
-class Message:
-    kind: str
-    rank: int
-    token: str = ""
-    fields: dict[str, Any] = field(default_factory=dict)
-    payload: bytes = b""
-    n: int = 0  # the session's message counter
-    to: int = 0
-
-    def __getitem__(self, name: str) -> Any:
-        return self.fields[name]
-
-
-def encode(kind: str, rank: int, key: bytes, token: str, n: int, payload: bytes = b"", *, to: int,
-           **fields: Any) -> bytes:
-    """Sign and frame one message from ``rank`` to ``to`` (``key``: the direction's key)."""
-    if kind not in SCHEMAS:
-        raise ValueError(f"unknown message kind {kind!r}; known: {sorted(SCHEMAS)}")
-    header = {"v": PROTOCOL_VERSION, "kind": kind, "rank": rank, "to": to, "token": token, "n": n, **fields}
-    body = json.dumps(header, separators=(",", ":")).encode() + b"\n" + payload
-    return MAGIC + auth.mac(key, body) + body
-
-
-def claimed_sender(data: Any) -> str:
-    """Who an (unauthenticated) message says it is from, for the log only: never trusted."""
-    try:
-        head = bytes(data[len(MAGIC) + auth.MAC_BYTES:]).partition(b"\n")[0]
-        rank = json.loads(head[:4096]).get("rank")
-        return f"rank {rank}" if isinstance(rank, int) and not isinstance(rank, bool) else "an unknown sender"
-    except Exception:  # noqa: BLE001  (anything goes in a foreign message)
-        return "an unknown sender"
-
-
-def _is(value: Any, expected: Any) -> bool:
-    if expected is object:
-        return True
-    kinds = expected if isinstance(expected, tuple) else (expected,)
-    if isinstance(value, bool) and bool not in kinds:
-        return False  # json's true is not an int here
-    return isinstance(value, kinds)
-
-
-def decode(data: Any, key: bytes, *, kinds: tuple[str, ...], to: int, rank: int | None = None,
-           ranks: range | None = None, token: str | None = None, after: int | None = None) -> Message:
-    """Authenticate, parse and check one message.  ``key``: the direction's key; ``kinds``:
-    the kinds acceptable here; ``to``: this receiver's rank; ``rank``: the only sender
-    acceptable, or ``ranks``: the senders acceptable; ``token``: the session expected;
-    ``after``: the last counter taken from that session (a counter not above it is a replay)."""
-    if not isinstance(data, (bytes, bytearray)) or not data.startswith(MAGIC):
-        raise ProtocolError(f"not an rlcollect message (no {MAGIC!r} prefix): {bytes(data[:40])!r}")
-    data = bytes(data)
-    tag, body = data[len(MAGIC):len(MAGIC) + auth.MAC_BYTES], data[len(MAGIC) + auth.MAC_BYTES:]
-    if len(tag) != auth.MAC_BYTES or not auth.verify(key, tag, body):
-        raise AuthError("its MAC does not verify (forged, corrupted, or signed without this run's secret)")
-    head, sep, payload = body.partition(b"\n")
-    if not sep:
-        raise ProtocolError("message has no header terminator")
-    try:
-        header = json.loads(head)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ProtocolError(f"message header is not JSON: {err}") from None
-    if not isinstance(header, dict):
-        raise ProtocolError(f"message header is not a JSON object: {head[:80]!r}")
-    if header.get("v") != PROTOCOL_VERSION:
-        raise ProtocolError(f"protocol version {header.get('v')!r}, expected {PROTOCOL_VERSION} "
-                            "(rank 0 and the node run different rlcollect versions)")
-    kind, sender, receiver, counter = header.get("kind"), header.get("rank"), header.get("to"), header.get("n")
-    if kind not in kinds:
-        raise ProtocolError(f"unexpected message kind {kind!r} here; expected one of {list(kinds)}")
-    if not _is(sender, int):
-        raise ProtocolError(f"message has no integer sender rank: {sender!r}")
-    if receiver != to:
-        raise ProtocolError(f"{kind!r} message from rank {sender} is addressed to rank {receiver!r}, not {to}")
-    if not _is(counter, int) or not isinstance(header.get("token"), str):
-        raise ProtocolError(f"{kind!r} message from rank {sender} has no session token and counter")
-    if rank is not None and sender != rank:
-        raise ProtocolError(f"{kind!r} message from rank {sender}, expected rank {rank}")
-    if ranks is not None and sender not in ranks:
-        raise ProtocolError(f"{kind!r} message from unknown rank {sender} (known: {ranks.start}..{ranks.stop - 1})")
-    if token is not None and header["token"] != token:
-        raise ProtocolError(f"{kind!r} message from rank {sender} belongs to another session (run or incarnation)")
-    if after is not None and counter <= after:
-        raise ProtocolError(f"{kind!r} message from rank {sender} is a replay (counter {counter}, already at {after})")
-    fields = {}
-    for name, expected in SCHEMAS[kind].items():
-        if name not in header or not _is(header[name], expected):
-            raise ProtocolError(f"{kind!r} message from rank {sender}: field {name!r} missing or not "
-                                f"{getattr(expected, '__name__', expected)}: {header.get(name)!r}")
-        fields[name] = header[name]
-    if kind == "command":
-        check_command(fields["name"], fields["args"])
-    return Message(kind, sender, header["token"], fields, payload, counter, receiver)
-
-
-def check_command(name: str, args: dict) -> None:
-    schema = COMMANDS.get(name)
-    if schema is None:
-        raise ProtocolError(f"unknown command {name!r}; known: {sorted(COMMANDS)}")
-    if set(args) != set(schema) or not all(_is(args[k], t) for k, t in schema.items()):
-        raise ProtocolError(f"command {name!r} takes {{{', '.join(f'{k}: {t.__name__}' for k, t in schema.items())}}}, "
-                            f"got {args!r}")
+    return [hello_key(rank)]
 
 
 # -- errors ----------------------------------------------------------------------------------------

@@ -92,6 +92,7 @@ def open_store(host: str, port: int | None, timeout: float) -> tuple[TCPStore, i
     ``PORT_RETRY_S`` seconds, then reported."""
     address = resolve(host)
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    raise_fd_limit()
     deadline = time.monotonic() + PORT_RETRY_S
     while True:
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -122,6 +123,28 @@ def open_store(host: str, port: int | None, timeout: float) -> tuple[TCPStore, i
         raise
     sock.detach()  # the store owns the descriptor now and closes it
     return store, port
+
+
+#: The soft limit of open files rank 0 raises itself to (within the hard limit) when it hosts the store.
+FD_LIMIT = 65536
+
+
+def raise_fd_limit(target: int = FD_LIMIT) -> None:
+    """Raise this process's soft limit of open files towards ``target`` (never above the hard
+    limit, never lower).  The store server lives in rank 0's process and keeps a descriptor per
+    client connection, foreign ones included: at the usual soft limit of 1,024, idle
+    connections opened by anyone who reaches the port left rank 0 unable to relaunch a node
+    (EMFILE)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = target if hard == resource.RLIM_INFINITY else min(target, hard)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            logger.debug("rlcollect: raised the open-files limit from %d to %d", soft, want)
+        except (ValueError, OSError) as err:
+            logger.warning("rlcollect: could not raise the open-files limit from %d: %s", soft, err)
 
 
 def connect_store(host: str, port: int, timeout: float) -> TCPStore:

@@ -367,6 +367,8 @@ class GymEnv(EnvBase):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict()``.  Its ``"envs"`` entries are pickles of the gymnasium envs,
+        and unpickling runs code: **only load states you trust** (your own checkpoints)."""
         missing = {"envs", "rng", "pending_seeds"} - set(state)
         if missing:
             raise KeyError(f"GymEnv.load_state_dict: missing keys {sorted(missing)}")

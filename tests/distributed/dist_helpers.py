@@ -34,6 +34,17 @@ class ValuePolicy(nn.Module):
         return (observation[..., 0] * 0 + self.w[0]).gt(0.5).long()
 
 
+class BigPolicy(torch.nn.Module):
+    """100 MiB of float32 parameters; plays action 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(25 * 1024 * 1024))
+
+    def forward(self, observation):
+        return (observation[..., 0] * 0 + self.w[0]).long()
+
+
 def failing_env():
     raise ValueError("this env cannot be built")
 
@@ -98,3 +109,18 @@ def read_line(process, prefix: str, timeout: float) -> str:
                 if line.startswith(prefix):
                     return line
     raise AssertionError(f"no line starting with {prefix!r} within {timeout} s; got {buffer[-2000:]!r}")
+
+
+def channel_send(collector, *messages: bytes) -> list:
+    """Open a connection to ``collector``'s channel listener per message (what a foreign process
+    that reaches the port can do) and send it there as the connection's first message; returns
+    the connections (close them)."""
+    from rlcollect.distributed.wire import Wire
+
+    host = collector.stats()["master"].rsplit(":", 1)[0]
+    wires = []
+    for data in messages:
+        wire = Wire.connect(host, collector._pool.channel.port, 10.0)
+        wire.send(data)
+        wires.append(wire)
+    return wires

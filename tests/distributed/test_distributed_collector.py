@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 
 import pytest
 import torch
 
-from dist_helpers import (BLOCK, NODE_ID, POLICY_VERSION, TRAJ_IDS, WORKER_ID, ValuePolicy, counting5, node_pids,
+from dist_helpers import (BLOCK, NODE_ID, POLICY_VERSION, TRAJ_IDS, WORKER_ID, ValuePolicy, channel_send, counting5,
+                          node_pids,
                           wait_gone)
 from rlcollect import GymEnv, MultiAsyncCollector, MultiSyncCollector
 from rlcollect.distributed import protocol as P
@@ -104,21 +106,30 @@ def test_sync_reset_starts_new_trajectories(sync_collector):
 
 def test_malformed_forged_and_foreign_notices_are_dropped(sync_collector, caplog):
     c = sync_collector
-    store, keys = c._pool.store, c._pool.keys
+    keys = c._pool.keys
     token = c._pool.handles[0].token
     ready = dict(seq=0, slot=0, frames=1, version=0, seconds=0.0, version_min=0, version_mean=0.0, step_mean_s=None,
                  step_p95_s=None)
-    store.queue_push(P.INBOX, b"garbage")
-    store.queue_push(P.INBOX, P.encode("ready", 1, b"x" * 32, token, 10**6, to=0, **ready))  # without the secret
-    store.queue_push(P.INBOX, P.encode("ready", 2, keys.to_rank0, "not-the-token", 10**6, to=0, **ready))
-    store.queue_push(P.INBOX, P.encode("ready", 9, keys.to_rank0, token, 10**6, to=0, **ready))
-    store.queue_push(P.command_queue(1), b"not a command")
+    next(iter(c))
     with caplog.at_level(logging.ERROR, logger="rlcollect"):
+        # Each on a connection of its own to the channel listener, as its first message.
+        wires = channel_send(
+            c, b"garbage",
+            P.encode("ready", 1, b"x" * 32, token, 10**6, to=0, **ready),  # without the secret
+            P.encode("attach", 2, keys.to_rank0, "not-the-token", 10**6, to=0, role="node"),
+            P.encode("attach", 9, keys.to_rank0, token, 10**6, to=0, role="node"),
+            P.encode("ready", 1, keys.to_rank0, token, 10**6, to=0, **ready))  # a notice is not an attach
         batch = next(iter(c))
+        deadline = time.monotonic() + 10
+        while c._pool.channel.drops.total < 5 and time.monotonic() < deadline:
+            batch = next(iter(c))
+    for wire in wires:
+        wire.close()
     assert batch.shape == (2, 10)
     text = caplog.text
     assert "not an rlcollect message" in text and "MAC does not verify" in text
     assert "another session" in text and "unknown rank 9" in text
+    assert c._pool.channel.drops.total == 5  # the notice too: logged once per claimed sender, counted
 
 
 def _listeners(port: int) -> list[str]:
@@ -137,6 +148,7 @@ def _listeners(port: int) -> list[str]:
 def test_rank0_listens_on_master_addr_only(sync_collector):
     listeners = _listeners(sync_collector.master_port)
     assert listeners == ["0100007F"]  # 127.0.0.1, and no wildcard socket (SPEC 13)
+    assert _listeners(sync_collector._pool.channel.port) == ["0100007F"]  # the channels' listener too
 
 
 def test_stats_are_json_serialisable(sync_collector):

@@ -52,6 +52,9 @@ def test_frozen_node_is_detected_by_its_heartbeat():
     try:
         next(iter(c))
         pids = node_pids(c)
+        deadline = time.monotonic() + 30
+        while c._pool.handles[0].watch is None and time.monotonic() < deadline:  # its watcher reported
+            next(iter(c))
         os.kill(pids[0], signal.SIGSTOP)
         started = time.monotonic()
         with pytest.raises(WorkerError, match="node 0 stopped answering: no heartbeat") as info:
@@ -59,6 +62,7 @@ def test_frozen_node_is_detected_by_its_heartbeat():
                 pass
         assert time.monotonic() - started < 10.0
         assert info.value.node_index == 0
+        assert "its process is stopped (SIGSTOP or a debugger: state T)" in str(info.value)  # its watcher says so
         assert not wait_gone(pids, timeout=5.0)  # a frozen node is killed, not waited for
     finally:
         c.shutdown()
@@ -138,14 +142,20 @@ def test_external_node_ends_when_rank0_is_killed(tmp_path):
     rank0 = _rank0(tmp_path, "external", port, nodes=1)
     node = subprocess.Popen([rlcollect_command(), "node", "--master-addr", "127.0.0.1", "--master-port", str(port),
                              "--rank", "1", "--world-size", "2", "--timeout", "120"],
-                            env={**os.environ, "PYTHONPATH": HELPERS, **SECRET_ENV})
+                            env={**os.environ, "PYTHONPATH": HELPERS, **SECRET_ENV}, stderr=subprocess.PIPE, text=True)
     try:
         read_line(rank0, "PIDS", 120)
+        time.sleep(1.0)
         rank0.kill()
         rank0.wait()
         assert node.wait(timeout=10) == EXIT_ORPHANED
+        err = node.stderr.read()
+        # Issue 23, item 10: one line saying why, no C++ warnings or stack dumps from the store.
+        assert "rlcollect node 1: lost rank 0" in err or "lost rank 0's channel" in err, err
+        assert "TCPStore.cpp" not in err and "Exception raised from" not in err and "frame #" not in err, err
     finally:
         for p in (rank0, node):
             p.kill()
             p.wait()
         rank0.stdout.close()
+        node.stderr.close()

@@ -136,3 +136,34 @@ def test_submitit_delayed_jobs_wait_for_rank0(tmp_path, monkeypatch, secret_file
                 except subprocess.TimeoutExpired:
                     job._process.kill()
                     job._process.wait()
+
+
+def test_the_submitit_job_folder_is_created_private_and_a_shared_one_is_refused(tmp_path):
+    """Issue 23, item 9: the job folder holds pickles that run on the nodes."""
+    pytest.importorskip("submitit")
+    import stat
+
+    from rlcollect.distributed.launchers import make_executor
+
+    fresh = tmp_path / "jobs"
+    make_executor({"executor": "local", "folder": str(fresh)})
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o700
+    per_job = tmp_path / "per-job"
+    make_executor({"executor": "local", "folder": str(per_job / "%j")})
+    assert stat.S_IMODE(per_job.stat().st_mode) == 0o700
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(ValueError, match=r"writable by other users \(mode drwxrwxrwx\).*chmod 700"):
+        make_executor({"executor": "local", "folder": str(shared)})
+    group = tmp_path / "group"
+    group.mkdir()
+    group.chmod(0o770)
+    with pytest.raises(ValueError, match="writable by other users"):
+        make_executor({"executor": "local", "folder": str(group)})
+    if os.geteuid() == 0:
+        theirs = tmp_path / "theirs"
+        theirs.mkdir(mode=0o700)
+        os.chown(theirs, 65534, 65534)
+        with pytest.raises(ValueError, match="belongs to another user"):
+            make_executor({"executor": "local", "folder": str(theirs)})

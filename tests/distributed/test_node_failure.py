@@ -249,3 +249,33 @@ def test_node_timeout_does_not_fire_while_the_trainer_is_busy():
         assert c.stats()["restarts"] == 0
     finally:
         c.shutdown()
+
+
+def test_a_push_retried_after_a_node_failure_moves_the_version_by_one():
+    """Issue 23, item 10: a weight push that a node's failure interrupts is made again after the
+    relaunch, with the same version (it moved by 2)."""
+    from rlcollect.distributed import protocol as P
+    from rlcollect.distributed.nodes import node_error
+
+    policy = ValuePolicy()
+    with DistributedCollector([counting5] * 2, policy, frames_per_batch=10, total_frames=-1, sync=True,
+                              on_node_failure="restart", collector_kwargs={"track_policy_version": True}) as c:
+        next(iter(c))
+        pool = c._pool
+        push, calls = pool.push_weights, []
+
+        def failing_once(packed, version):
+            calls.append(version)
+            if len(calls) == 1:  # the connection to node 1 breaks during the push
+                raise P.mark_failed(node_error("node 1 lost its connection while receiving weights", 1), 1)
+            push(packed, version)
+
+        pool.push_weights = failing_once
+        with torch.no_grad():
+            policy.w.fill_(1.0)
+        c.update_policy_weights_()
+        batch = next(iter(c))
+        stats = c.stats()
+    assert calls == [1, 1]
+    assert stats["restarts"] == 1 and c.worker_policy_versions() == [1, 1]
+    assert batch[POLICY_VERSION].unique().tolist() == [1] and batch["action"].unique().tolist() == [1]

@@ -1,7 +1,8 @@
-"""A foreign process that can reach rank 0's store (a plain ``TCPStore`` client, no secret) tries
-what issue 13 found it could do: run code on a node with a pickled ``load_state_dict``, abort rank
-0 with a forged ``failed``, end the run with one ``set`` on a heartbeat key, join or claim a
-node's rank.  Each attack must fail, be dropped and be logged once per sender; the run goes on.
+"""A foreign process that can reach rank 0's ports (a plain ``TCPStore`` client of its store, or a
+connection to its channel listener; no secret) tries what issues 13 and 23 found it could do: run
+code on a node with a pickled ``load_state_dict``, abort rank 0 with a forged ``failed``, end the
+run with one ``set`` on a heartbeat key, join or claim a node's rank, replay what it captured.
+Each attack must fail, be dropped and be logged once per sender; the run goes on.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import torch
 from torch.distributed import TCPStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
-from dist_helpers import ValuePolicy, counting5, free_port, node_pids, pid_alive, rlcollect_command  # noqa: E402
+from dist_helpers import (ValuePolicy, channel_send, counting5, free_port, node_pids, pid_alive,  # noqa: E402
+                          rlcollect_command)
 
 from rlcollect import DistributedCollector  # noqa: E402
 from rlcollect.distributed import protocol as P  # noqa: E402
@@ -66,8 +68,8 @@ def test_secret_never_enters_the_store_or_the_command_line(collector):
     next(iter(c))
     secret = c._pool.secret
     store = _foreign(c)
-    keys = [P.heartbeat_key(r) for r in range(3)] + [P.hello_key(r) for r in (1, 2)] + \
-        [P.started_key(r) for r in (1, 2)] + [P.config_key(r, c._pool.handles[r - 1].token) for r in (1, 2)]
+    keys = [P.heartbeat_key(0)] + [P.hello_key(r) for r in (1, 2)] + \
+        [P.config_key(r, c._pool.handles[r - 1].token) for r in (1, 2)]
     values = [store.get(k) for k in keys]
     assert all(secret not in v and c._pool.keys.to_node not in v and c._pool.keys.to_rank0 not in v for v in values)
     for pid in node_pids(c):
@@ -91,45 +93,47 @@ def _pickled_command_attack(c, capfd, tmp_path):
     store = _foreign(c)
     evil = pickle.dumps(_Payload(marker))
     assert not marker.exists()
-    # The attacker reads the node's session token (hello keys are readable) and pushes
-    # load_state_dict commands that carry the payload: forged MACs, no MAC, a stale session.
+    # The attacker reads the node's session token (hello keys are readable) and sends commands,
+    # and a node spec, that carry the payload to rank 0's channel listener (nodes listen on
+    # nothing: their channel is a connection they opened): forged MACs, no MAC, and, signed
+    # with the run's key, an attach replayed on a second connection (the first one won).
     token = P.decode(store.get(P.hello_key(1)), c._pool.keys.to_rank0, kinds=("hello",), to=0, rank=1).token
-    for n in range(3):
-        store.queue_push(P.command_queue(1), _forge("command", 0, token, evil, to=1, n=10**6 + n, id=99,
-                                                    name="load_state_dict", args={}))
-    store.queue_push(P.command_queue(1), P.MAGIC + b"\0" * 32 + b'{"kind":"command"}\n' + evil)
-    # Even signed with the run's key, a command whose counter was used already (a replay) is
-    # refused before its payload is looked at.
-    store.queue_push(P.command_queue(1), P.encode("command", 0, c._pool.keys.to_node, token, c._pool.handles[0].sent,
-                                                  evil, to=1, id=98, name="load_state_dict", args={}))
-    # The run goes on: batches and a command round trip (which the node serves after the forgeries).
+    wires = channel_send(c, *[_forge("command", 0, token, evil, to=1, n=10**6 + n, id=99, name="load_state_dict",
+                                     args={}) for n in range(3)],
+                         _forge("setup", 0, token, evil, to=1, n=1),
+                         P.MAGIC + b"\0" * 32 + b'{"kind":"command"}\n' + evil,
+                         P.encode("attach", 1, c._pool.keys.to_rank0, token, 1, to=0, role="node"))
+    # The run goes on: batches and a command round trip.
     for _ in range(3):
         assert next(iter(c)).shape == (2, 10)
     c.set_seed(3)
+    deadline = time.monotonic() + 10
+    while c._pool.channel.drops.total < 6 and time.monotonic() < deadline:
+        next(iter(c))
+    for wire in wires:
+        wire.close()
     assert not marker.exists()
+    assert c._pool.channel.drops.total == 6
     err = capfd.readouterr().err
-    # Dropped and logged once per claimed sender (rank 0), on node 1 only.
-    lines = [line for line in err.splitlines() if "rlcollect node 1: dropped a message on its command queue" in line]
-    assert len(lines) == 2 and all("MAC does not verify" in line for line in lines)
-    assert "claiming to come from rank 0" in lines[0]  # the three forged commands: one line
-    assert "claiming to come from an unknown sender" in lines[1]  # the one whose header is not even JSON
     assert "Traceback" not in err
 
 
 def test_replayed_messages_are_dropped_and_logged_once(collector, caplog):
     c = collector
     pool = c._pool
-    store = _foreign(c)
     next(iter(c))
-    # What an eavesdropper could have captured: an authentic "failed" of node 1's session, already
-    # taken, replayed twice; and rank 0's authentic "close" to node 2, replayed after it was used.
-    failed = P.encode("failed", 1, pool.keys.to_rank0, pool.handles[0].token, pool.handles[0].received, to=0,
-                      error={"type": "builtins.RuntimeError", "message": "replayed", "traceback": ""})
+    # What an eavesdropper could have captured: node 1's authentic attach (counter 1 of its
+    # session), replayed twice on new connections to take over its channel.
+    attach = P.encode("attach", 1, pool.keys.to_rank0, pool.handles[0].token, 1, to=0, role="node")
     with caplog.at_level(logging.ERROR, logger="rlcollect"):
-        store.queue_push(P.INBOX, failed)
-        store.queue_push(P.INBOX, failed)
+        wires = channel_send(c, attach, attach)
+        deadline = time.monotonic() + 10
+        while pool.channel.drops.total < 2 and time.monotonic() < deadline:
+            assert next(iter(c)).shape == (2, 10)
         for _ in range(3):
             assert next(iter(c)).shape == (2, 10)
+    for wire in wires:
+        wire.close()
     replays = [r for r in caplog.records if "a replay" in r.getMessage()]
     assert len(replays) == 1 and "claiming to come from rank 1" in replays[0].getMessage()
     assert pool.handshake.drops.total == 0 and pool.channel.drops.total == 2
@@ -137,15 +141,18 @@ def test_replayed_messages_are_dropped_and_logged_once(collector, caplog):
 
 def test_a_forged_failure_does_not_abort_rank_0(collector, caplog):
     c = collector
-    store = _foreign(c)
     info = {"type": "builtins.RuntimeError", "message": "forged failure", "traceback": ""}
     with caplog.at_level(logging.ERROR, logger="rlcollect"):
-        for rank in (1, 2):
-            for _ in range(2):
-                store.queue_push(P.INBOX, _forge("failed", rank, c._pool.handles[rank - 1].token, to=0, error=info))
+        wires = channel_send(c, *[_forge("failed", rank, c._pool.handles[rank - 1].token, to=0, error=info)
+                                  for rank in (1, 2) for _ in range(2)])
         batches = [next(iter(c)) for _ in range(4)]
-    assert [b.shape for b in batches] == [torch.Size([2, 10])] * 4
-    dropped = [r.getMessage() for r in caplog.records if "dropped a message on rank 0's inbox" in r.getMessage()]
+        deadline = time.monotonic() + 10
+        while c._pool.channel.drops.total < 4 and time.monotonic() < deadline:
+            batches.append(next(iter(c)))
+    for wire in wires:
+        wire.close()
+    assert {b.shape for b in batches} == {torch.Size([2, 10])}
+    dropped = [r.getMessage() for r in caplog.records if "dropped a message on rank 0's channel" in r.getMessage()]
     assert len(dropped) == 2  # once per claimed sender
     assert all("MAC does not verify" in m for m in dropped)
 

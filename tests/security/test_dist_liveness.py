@@ -20,7 +20,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dist_helpers import counting5, free_port, pid_alive, read_line, rlcollect_command, wait_gone  # noqa: E402
-from dist_liveness_helpers import hanging_env  # noqa: E402
+from dist_liveness_helpers import gil_hogging_env, hanging_env  # noqa: E402
 
 from rlcollect import DistributedCollector, WorkerError  # noqa: E402
 from rlcollect.distributed.auth import new_secret, write_secret_file  # noqa: E402
@@ -214,3 +214,66 @@ def test_ctrl_c_gives_one_traceback_and_ends_every_process_within_2_s(tmp_path):
         assert "rlcollect node" not in err, err
     finally:
         _reap(rank0, pids[1:])
+
+
+def test_a_step_holding_the_gil_past_heartbeat_timeout_is_a_busy_node_not_a_frozen_one(tmp_path):
+    """Issue 23, item 4: a node whose env step holds the GIL for 8 s (its heartbeat thread cannot
+    run) is reported busy by its watcher and not failed; a stopped node still is (the frozen-node
+    tests in tests/distributed)."""
+    marker = tmp_path / "held"
+    env = functools.partial(gil_hogging_env, 12, 8.0, str(marker), max_steps=5)
+    started = time.monotonic()
+    with DistributedCollector([env, counting5], frames_per_batch=10, total_frames=100, sync=True,
+                              heartbeat_timeout=3.0, timeout=60.0) as c:
+        frames = sum(batch.numel() for batch in c)
+        stats = c.stats()
+    assert marker.exists() and time.monotonic() - started > 8.0
+    assert frames == 100 and stats["restarts"] == 0
+
+
+_SHUTDOWN_CTRL_C = """
+import os, signal, sys, threading, time
+sys.path[:0] = {helpers!r}.split(":")
+from dist_helpers import counting5
+from rlcollect import DistributedCollector
+c = DistributedCollector([counting5] * 2, frames_per_batch=20, total_frames=-1, sync=True, timeout=60.0)
+it = iter(c)
+next(it)
+print("PIDS", *[w["pid"] for w in c.stats()["workers"]], flush=True)
+
+def ctrl_c_twice():  # the second one while the shutdown the first one started runs
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep({delay})
+    os.kill(os.getpid(), signal.SIGINT)
+
+timer = threading.Timer(0.3, ctrl_c_twice)
+timer.daemon = True
+timer.start()
+with c:
+    for batch in it:
+        time.sleep(0.01)
+"""
+
+
+@pytest.mark.parametrize("delay", [0.01, 0.05, 0.1])
+def test_ctrl_c_during_shutdown_does_not_abort_the_interpreter(tmp_path, delay):
+    """Issue 23, item 5: a second Ctrl-C while the shutdown the first one started runs raises
+    ``KeyboardInterrupt`` and the interpreter exits as after any Ctrl-C (it aborted: "terminate
+    called without an active exception", exit 134); no process is left."""
+    script = tmp_path / "rank0.py"
+    script.write_text(textwrap.dedent(_SHUTDOWN_CTRL_C.format(helpers=HELPERS, delay=delay)))
+    path = os.pathsep.join(filter(None, [HELPERS, os.environ.get("PYTHONPATH")]))
+    rank0 = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             start_new_session=True, env={**os.environ, "PYTHONPATH": path})
+    try:
+        out, err = rank0.communicate(timeout=120)
+    finally:
+        if rank0.poll() is None:
+            rank0.kill()
+            rank0.wait()
+    text = err.decode()
+    assert rank0.returncode in (1, 130, -signal.SIGINT), (rank0.returncode, text[-3000:])
+    assert "terminate called" not in text and "Aborted" not in text
+    assert text.rstrip().splitlines()[-1].startswith("KeyboardInterrupt"), text[-3000:]
+    pids = [int(p) for p in out.decode().split("PIDS", 1)[1].split("\n", 1)[0].split()]
+    assert len(pids) == 2 and not wait_gone(pids, 5.0)

@@ -1,0 +1,146 @@
+"""Gathering the nodes' batches on rank 0: sync (one part from every node, stacked) and async
+(each node's batch as it comes, tagged with its node), with the frames counted as they are
+taken.  The multi-process wing has a ``gather.py`` for the same role.
+
+``Gather`` holds what is in flight between two deliveries: the parts of the sync batch being
+assembled (kept across a node's relaunch, so only the failed node's part is collected again),
+and the async batches received early (while draining before a command) that wait for
+delivery.  It waits through the pool (``NodePool.wait_for``, liveness checked throughout) and
+never handles a failure itself: the collector runs it under ``Recovery``.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+
+from rlcollect.distributed import protocol as P
+from rlcollect.metrics import BatchClock, batch_meta, policy_lag
+
+#: ``("collector", "node_id")``: the node an async batch came from.
+NODE_ID = ("collector", "node_id")
+
+
+class Gather:
+    """The batches of ``pool``'s nodes, gathered as ``config`` says (``sync``, ``slots``,
+    ``init_random_frames``).
+
+    Args:
+        config: the collector's ``DistributedConfig``.
+        pool: its ``NodePool``.
+        push_due: ``push_due(nodes, yielded)`` pushes the automatic weight updates due before
+            the next batch of ``nodes`` (the collector's ``NodeWeights`` decide which).
+        version: returns the weights version rank 0 is at (for the policy lag).
+
+    Example (needs running nodes)::
+
+        gather = Gather(config, pool, push_due, lambda: version)
+        batch = gather.next_sync(yielded=0)
+    """
+
+    def __init__(self, config: Any, pool: Any, push_due: Callable[[Any, int], None], version: Callable[[], int]):
+        self.config, self.pool, self._push_due, self._version = config, pool, push_due, version
+        self.frames = 0  # frames taken from the nodes (delivered, or waiting in ``backlog``/``round``)
+        self.backlog: collections.deque[tuple[int, TensorDict, P.Message]] = collections.deque()
+        self.round: dict[int, tuple[TensorDict, P.Message]] = {}
+        self.round_open = False
+        self.lag = (0.0, 0)  # policy lag of the last batch gathered: mean, max
+        self.wait = BatchClock()  # rank 0 blocked waiting for the nodes' batches
+
+    def take(self, msg: P.Message) -> TensorDict:
+        """The batch ``msg`` announced, counted."""
+        batch = self.pool.take(msg)
+        self.frames += msg["frames"]
+        return batch
+
+    def grant(self, i: int, credits: int) -> None:
+        self.pool.grant(i, credits, random=self.frames < self.config.init_random_frames)
+
+    def next_sync(self, yielded: int) -> TensorDict:
+        """One part from every node (``yielded``: batches delivered so far).  Each part is
+        received as soon as it is announced and kept in ``round``: when a node fails and is
+        relaunched (this runs again), the parts of the others stay."""
+        pool, parts, n = self.pool, self.round, self.config.num_nodes
+        if not self.round_open:  # not again when this batch resumes after a relaunch
+            self._push_due(range(n), yielded)
+            self.round_open = True
+
+        def all_ready() -> bool:
+            pool.admit()
+            pool.check_deadlines()
+            for i in pool.serving_nodes():
+                if i not in parts:
+                    if pool.handles[i].outstanding == 0:
+                        self.grant(i, 1)
+                    elif (msg := pool.ready(i)) is not None:
+                        parts[i] = (self.take(msg), msg)
+            return len(parts) == n
+
+        waited = time.perf_counter()
+        pool.wait_for(all_ready, "waiting for the nodes' batches")
+        self.wait.add(time.perf_counter() - waited)
+        self.lag = policy_lag(self._version(), [_meta(msg) for _, msg in parts.values()])
+        batch = torch.stack([parts[i][0] for i in range(n)], 0)
+        parts.clear()
+        self.round_open = False
+        batch.names = [None] * (batch.batch_dims - 1) + ["time"]
+        return batch
+
+    def next_async(self, yielded: int) -> TensorDict:
+        """The first batch any node announced (or one received early), tagged with its node;
+        that node is restarted at once."""
+        taken: list[P.Message] = []
+        pool, slots = self.pool, self.config.slots
+
+        def one_ready() -> bool:
+            pool.admit()
+            pool.check_deadlines()
+            for i in pool.serving_nodes():
+                self.grant(i, slots - pool.handles[i].outstanding)
+            if not self.backlog and (msg := pool.ready()) is not None:
+                taken.append(msg)
+            return bool(self.backlog or taken)
+
+        waited = time.perf_counter()
+        pool.wait_for(one_ready, "waiting for a node's batch")
+        self.wait.add(time.perf_counter() - waited)
+        if taken:
+            msg = taken[0]
+            i, batch = msg.rank - 1, self.take(msg).clone()
+        else:
+            i, batch, msg = self.backlog.popleft()
+        batch.set(NODE_ID, torch.full(batch.shape, i, dtype=torch.int64))
+        batch.names = [None] * (batch.batch_dims - 1) + ["time"]
+        self.lag = policy_lag(self._version(), [_meta(msg)])
+        self._push_due([i], yielded + 1)
+        self.grant(i, slots - pool.handles[i].outstanding)  # restart that node at once
+        return batch
+
+    def drained(self) -> bool:
+        """Receive the batches already announced into ``backlog``; True once no node owes one
+        (the predicate of a wait before a command)."""
+        pool = self.pool
+        pool.check_deadlines()
+        while (msg := pool.ready()) is not None:
+            self.backlog.append((msg.rank - 1, self.take(msg).clone(), msg))
+        return not any(h.outstanding for h in pool.handles)
+
+    def discard(self) -> None:
+        """Forget what was gathered and not delivered (after ``drained``): the async backlog,
+        and the parts of a sync batch, whose frames are uncounted."""
+        self.backlog.clear()
+        for _, msg in self.round.values():
+            self.frames -= msg["frames"]
+            self.pool.handles[msg.rank - 1].frames -= msg["frames"]
+        self.round.clear()
+        self.round_open = False
+
+
+def _meta(msg: P.Message) -> dict:
+    """A node's batch notice as rlcollect.metrics' batch metadata."""
+    return batch_meta(msg["frames"], msg["version_min"], msg["version_mean"], (msg["step_mean_s"], msg["step_p95_s"]))
