@@ -91,7 +91,7 @@ class NodePool:
         self.handshake = Handshake(self.store, self.keys, self.run, self.world_size)
         self._silence = Silence(self.store, self.keys, self._by_rank, cfg.heartbeat_timeout)
         self.channel = Channel(self.store, connect, self._by_rank, secrets.token_bytes(16), self.keys)
-        self.launcher = make_launcher(cfg.launcher, cfg.slurm_kwargs, self.secret, self.secret_file,
+        self.launcher = make_launcher(cfg.launcher, cfg.launcher_options, self.secret, self.secret_file,
                                       cfg.rank0_timeout)
         self.launcher.start(addr, port, self.world_size, cfg.timeout)
         self._rendezvous(time.monotonic() + cfg.start_timeout)
