@@ -76,6 +76,15 @@ class Collector(CollectorBase):
         >>> collector.shutdown()
     """
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        """torchrl's front door: given ``backend``, ``num_collectors``, ``backend_options`` or
+        ``sync``, ``Collector(...)`` builds that backend's collector (rlcollect/backends.py)."""
+        if cls is Collector and not {"backend", "backend_options", "num_collectors", "sync"}.isdisjoint(kwargs):
+            from rlcollect.backends import dispatch
+
+            return dispatch(*args, **kwargs)
+        return super().__new__(cls)
+
     def __init__(
         self,
         create_env_fn: Any,

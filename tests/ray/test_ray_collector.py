@@ -246,3 +246,71 @@ def test_driver_killed_ends_every_actor(ray_cluster, tmp_path):
             driver.kill()
         driver.wait()
         driver.stdout.close()
+
+
+# A training loop as written for torchrl 0.14 (torchrl.collectors.Collector with backend="ray"),
+# with only its imports changed.
+_TORCHRL_SCRIPT = '''
+import json
+import torch
+from torch import nn
+from rlcollect import Collector, GymEnv   # torchrl: from torchrl.collectors import Collector; from torchrl.envs import GymEnv
+
+
+def make_env():
+    return GymEnv("CartPole-v1")
+
+
+class Policy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(1))
+
+    def forward(self, observation):
+        return (observation[..., 0] * 0 + self.w[0]).gt(0.5).long()
+
+
+policy = Policy()
+collector = Collector(
+    make_env,
+    policy,
+    frames_per_batch=100,
+    total_frames=1000,
+    backend="ray",
+    num_collectors=2,
+    backend_options={
+        "ray_init_config": {"address": ADDRESS},
+        "remote_configs": {"num_cpus": 1},
+        "num_workers_per_collector": 1,
+        "collector_kwargs": {"track_policy_version": True},
+    },
+)
+out = {"type": type(collector).__name__, "sync": collector.sync, "shapes": [], "nodes": [], "versions": []}
+for i, data in enumerate(collector):
+    out["shapes"].append(list(data.shape))
+    out["nodes"].append(int(data["collector", "node_id"][0]))
+    out["versions"].append(int(data["collector", "policy_version"].max()))
+    if i == 2:
+        with torch.no_grad():
+            policy.w.fill_(1.0)
+        collector.update_policy_weights_()
+out["last_actions"] = data["action"].unique().tolist()
+out["frames"] = collector.stats()["frames"]
+collector.shutdown()
+print("RESULT " + json.dumps(out), flush=True)
+'''
+
+
+def test_torchrl_014_script_with_backend_ray_runs_unchanged(ray_cluster, tmp_path):
+    import json
+
+    script = tmp_path / "train.py"
+    script.write_text(_TORCHRL_SCRIPT.replace("ADDRESS", repr(ray_cluster.address)))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=250)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    assert result["type"] == "RayCollector" and result["sync"] is False  # torchrl's default: async
+    assert result["shapes"] == [[100]] * 10 and result["frames"] == 1000
+    assert set(result["nodes"]) <= {0, 1}
+    assert result["versions"][-1] == 1 and result["last_actions"] == [1]
