@@ -5,7 +5,7 @@ script ports unchanged.
 | ``backend`` | builds |
 | --- | --- |
 | ``"direct"`` (default without ``num_collectors``) | ``Collector`` (this process) |
-| ``"process"`` (default with ``num_collectors``) | ``MultiSyncCollector`` / ``MultiAsyncCollector``, one worker per env |
+| ``"process"`` (default with ``num_collectors``) | ``MultiSyncCollector`` / ``MultiAsyncCollector`` |
 | ``"distributed"`` | ``DistributedCollector``, one node per env (its own default launcher, "mp") |
 | ``"submitit"`` | ``DistributedCollector(launcher="submitit")`` |
 | ``"ray"`` | ``RayCollector``: ``DistributedCollector(launcher="ray")``, torchrl's Ray arguments mapped |

@@ -2,12 +2,14 @@
 
 torchrl's arguments mapped onto ours:
 
-| torchrl | here |
-| --- | --- |
-| ``ray_init_config`` (``ray.init`` kwargs) | ``ray_options["address"]`` (its ``address``) and ``ray_options["init_kwargs"]`` (the rest); used only when Ray is not initialised yet |
-| ``remote_configs`` (``ray.remote`` kwargs, one dict or one per collector) | ``ray_options``: ``num_cpus``, ``num_gpus``, ``memory``, ``resources``, ``runtime_env``, ``scheduling_strategy`` (every collector the same) |
-| ``num_collectors`` | ``num_nodes`` |
-| ``num_workers_per_collector``, ``collector_class``, ``collector_kwargs``, ``update_after_each_batch``, ``max_weight_update_interval``, ``sync`` | the same |
+- ``ray_init_config`` (``ray.init`` kwargs): its ``address`` becomes ``ray_options["address"]``,
+  the rest ``ray_options["init_kwargs"]``; used only when Ray is not initialised yet.
+- ``remote_configs`` (``ray.remote`` kwargs, one dict or one per collector): ``ray_options``'s
+  ``num_cpus``, ``num_gpus``, ``memory``, ``resources``, ``runtime_env``,
+  ``scheduling_strategy`` (every collector the same).
+- ``num_collectors``: ``num_nodes``.
+- ``num_workers_per_collector``, ``collector_class``, ``collector_kwargs``,
+  ``update_after_each_batch``, ``max_weight_update_interval``, ``sync``: the same.
 
 The failure semantics are ours, not torchrl's: see docs/ray.md.
 """

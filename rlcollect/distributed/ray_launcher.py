@@ -273,7 +273,8 @@ class RayLauncher(Launcher):
         if self.group is not None:
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-            out["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=rank - 1)
+            out["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.group,
+                                                                          placement_group_bundle_index=rank - 1)
         elif opts.get("scheduling_strategy") is not None:
             out["scheduling_strategy"] = opts["scheduling_strategy"]
         return out

@@ -254,7 +254,7 @@ _TORCHRL_SCRIPT = '''
 import json
 import torch
 from torch import nn
-from rlcollect import Collector, GymEnv   # torchrl: from torchrl.collectors import Collector; from torchrl.envs import GymEnv
+from rlcollect import Collector, GymEnv  # torchrl: torchrl.collectors.Collector, torchrl.envs.GymEnv
 
 
 def make_env():
