@@ -5,13 +5,20 @@ skipped, with the reason, where Ray is not installed."""
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
 
-from ray_helpers import start_head, stop_head
+from ray_helpers import auth_env, start_head, stop_head
 
 NO_RAY = importlib.util.find_spec("ray") is None
 SKIP_REASON = "Ray is not installed (pip install 'rlcollect[ray]')"
+
+# Ray's token authentication, as a cluster should run (docs/ray.md, "Trust"): every Ray head
+# these tests start, this process and the drivers they start share one token.  Set before Ray
+# is imported (Ray reads it once, at import), and explicit, so that a token file a local Ray
+# left in ~/.ray does not decide for the tests.
+os.environ.update(auth_env())
 
 
 @pytest.fixture(scope="module")

@@ -36,6 +36,13 @@ class Cluster:
     log: Path
 
 
+def auth_env() -> dict[str, str]:
+    """Ray's token authentication on, with a fresh token (Ray reads these variables first)."""
+    import secrets
+
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+
+
 def ray_bin() -> str:
     return str(Path(sys.executable).with_name("ray"))
 
