@@ -33,7 +33,6 @@ import sys
 import time
 from typing import Any
 
-from rlcollect.distributed.launchers import Launcher
 from rlcollect.distributed.node_args import LOG_LEVEL_ENV
 
 logger = logging.getLogger("rlcollect")
@@ -191,15 +190,17 @@ def describe_death(err: BaseException) -> str:
     return " ".join(text.split())
 
 
-class RayLauncher(Launcher):
-    """Nodes as Ray actors (see the module docstring); ``options``: checked ``ray_options``."""
+class RayLauncher:
+    """Nodes as Ray actors (see the module docstring); ``options``: checked ``ray_options``.
+    It answers the calls of launchers.py's ``Launcher`` (``start``, ``dead``, ``pids``,
+    ``kill``, ``relaunch``, ``stop``)."""
 
     name = "ray"
     owns_processes = True
 
     def __init__(self, options: dict | None, secret: bytes = b"", secret_file: Any = None,
                  rank0_timeout: float = 60.0) -> None:
-        super().__init__(secret, None, rank0_timeout)
+        self.secret, self.secret_file, self.rank0_timeout = secret, None, rank0_timeout
         self.options = options or check_ray_options({}, [])
         self.ray: Any = None
         self.actor_class: Any = None

@@ -166,7 +166,10 @@ def test_nodes_spread_over_two_ray_hosts_and_move_when_one_is_lost(namespaces, t
         assert driver.returncode == 0
         result = json.loads(next(x for x in out.decode().splitlines() if x.startswith("RESULT "))[7:])
         assert result["nodes_first"] == [0, 1]  # both hosts delivered batches over gloo
-        assert sorted(result["restarts"]) == [0, 1]
+        # The lost host's node was relaunched (more than once if Ray first placed its replacement
+        # on the lost host, before declaring that host dead); the other node was not.
+        lost_index = where.index(namespaces[NS_B])
+        assert result["restarts"][1 - lost_index] == 0 and result["restarts"][lost_index] >= 1
         assert result["frames"] == result["delivered"] == 10 * result["count"] == 10 * result["batches"]
         assert wait_gone(after, 30.0) == []
     finally:
