@@ -77,3 +77,29 @@ def test_ray_is_imported_only_when_the_launcher_is_used():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_torchrl_ray_arguments_map_onto_ray_options():
+    from rlcollect.distributed.ray_collector import ray_options_from_torchrl
+
+    assert ray_options_from_torchrl({"address": "10.0.0.1:6379", "num_cpus": None, "namespace": "rl"},
+                                    [{"num_cpus": 2, "num_gpus": None}] * 3, {"placement_group": "SPREAD"}) == {
+        "address": "10.0.0.1:6379", "init_kwargs": {"namespace": "rl"}, "num_cpus": 2, "placement_group": "SPREAD"}
+    assert ray_options_from_torchrl(None, None) == {}
+    with pytest.raises(ValueError, match=r"remote_configs has key\(s\) \['max_restarts'\] with no counterpart here"):
+        ray_options_from_torchrl(None, {"max_restarts": 3})
+    with pytest.raises(ValueError, match="every collector takes the same Ray options here"):
+        ray_options_from_torchrl(None, [{"num_cpus": 1}, {"num_cpus": 2}])
+    with pytest.raises(TypeError, match="ray_init_config must be a dict of ray.init arguments, got list"):
+        ray_options_from_torchrl([], None)
+
+
+def test_ray_collector_refuses_another_launcher_and_a_replay_buffer():
+    from rlcollect import RayCollector
+
+    with pytest.raises(ValueError, match="RayCollector runs launcher='ray', got launcher='mp'"):
+        RayCollector("CartPole-v1", frames_per_batch=10, launcher="mp")
+    with pytest.raises(ValueError, match="replay_buffer is not supported here"):
+        RayCollector("CartPole-v1", frames_per_batch=10, replay_buffer=object())
+    with pytest.raises(ValueError, match="num_collectors=3 does not match the 2 env constructors"):
+        RayCollector(["CartPole-v1"] * 2, frames_per_batch=10, num_collectors=3)
