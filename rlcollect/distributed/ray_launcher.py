@@ -221,7 +221,7 @@ class RayLauncher:
         self.ray = ray = RaySession.acquire(self.options, sum(cpus))
         self._session = True
         self.actor_class = ray.remote(RayNode)
-        parent = (os.getpid(), socket.gethostname())
+        parent = (os.getpid(), socket.gethostname(), ray.get_runtime_context().get_node_id())
         self._launch = (master_addr, master_port, world_size, timeout, parent)
         self._check_resources(cpus)
         if self.options.get("placement_group") is not None:

@@ -45,11 +45,17 @@ class RayNode:
         return os.getpid(), socket.gethostname()
 
     def run(self, master_addr: str, master_port: int, rank: int, world_size: int, timeout: float,
-            rank0_timeout: float, parent: tuple[int, str] | None) -> int:
-        """Run node ``rank`` until rank 0 closes it (or is gone); returns ``run_node``'s exit code."""
+            rank0_timeout: float, parent: tuple[int, str, str] | None) -> int:
+        """Run node ``rank`` until rank 0 closes it (or is gone); returns ``run_node``'s exit code.
+        ``parent``: the driver's pid, host name and Ray node id; the node watches that pid only
+        when it runs on the driver's Ray node (a pid means nothing in another host's namespace)."""
+        import ray
+
         from rlcollect.distributed.node import configure_logging, run_node
 
         configure_logging(rank)
+        same_node = parent is not None and ray.get_runtime_context().get_node_id() == parent[2]
+        parent = (parent[0], parent[1]) if same_node else None
         secret, self._secret = self._secret, None  # read once, as the other launchers' nodes do
         try:
             return run_node(master_addr, master_port, rank, world_size, timeout, secret=secret,

@@ -5,7 +5,8 @@ Ray head (and the driver, rank 0) in the first, a second Ray node in the other:
 
 The collector's nodes are placed on both hosts by ``scheduling_strategy="SPREAD"``; the one on
 the second host reaches rank 0 only over the veth link (store, control messages, its gloo pair
-group).  Then the second Ray node's raylet is SIGKILLed: its collector node is relaunched
+group).  First the driver is SIGKILLed: the actors on both hosts end.  Then, with a new driver,
+the second Ray node's raylet is SIGKILLed: its collector node is relaunched
 (``on_node_failure="restart"``) on the surviving host, and collection goes on with exact counts.
 
 Needs root and iproute2 (``ip netns``); skipped cleanly where namespaces cannot be made.  The
@@ -43,9 +44,15 @@ c = DistributedCollector([counting5] * 2, frames_per_batch=10, total_frames=-1, 
                          on_node_failure="restart", start_timeout=180,
                          ray_options={{"num_cpus": 1, "scheduling_strategy": "SPREAD"}})
 it = iter(c)
-batches = [next(it) for _ in range(6)]
+batches = [next(it)]
+deadline = time.monotonic() + 120
+while len({{int(b["collector", "node_id"][0]) for b in batches}}) < 2 and time.monotonic() < deadline:
+    batches.append(next(it))  # (async: first come, first served) until both hosts delivered
+first = len(batches)
 before = [w["pid"] for w in c.stats()["workers"]]
 print("PIDS " + " ".join(map(str, before)) + " " + c.master_addr, flush=True)
+if sys.argv[1:] == ["die"]:
+    time.sleep(600)  # the test kills this driver
 deadline = time.monotonic() + 240
 while c.stats()["restarts"] == 0 and time.monotonic() < deadline:
     batches.append(next(it))
@@ -57,7 +64,7 @@ stats = c.stats()
 out = {{"before": before, "after": [w["pid"] for w in stats["workers"]],
        "restarts": [w["restarts"] for w in stats["workers"]], "frames": stats["frames"],
        "delivered": sum(b.numel() for b in batches), "batches": stats["batches"], "count": len(batches),
-       "nodes_first": sorted({{int(b["collector", "node_id"][0]) for b in batches[:6]}})}}
+       "nodes_first": sorted({{int(b["collector", "node_id"][0]) for b in batches[:first]}})}}
 print("AFTER " + " ".join(map(str, out["after"])), flush=True)
 sys.stdin.readline()  # the test has looked at the processes
 c.shutdown()
@@ -113,6 +120,15 @@ def _start(netns: str, args: str, log) -> int:
     return int(out.stdout.split()[0])
 
 
+def _read(driver: subprocess.Popen, prefix: bytes) -> list[bytes]:
+    """The words after ``prefix`` on the driver's first line that starts with it."""
+    line = b""
+    while not line.startswith(prefix):  # (pytest-timeout bounds this)
+        line = driver.stdout.readline()
+        assert line, f"the driver ended before it printed {prefix!r}"
+    return line.split()[1:]
+
+
 def _raylet_of(group_leader: int) -> int:
     pgid = os.getpgid(group_leader)
     for name in os.listdir("/proc"):
@@ -141,23 +157,30 @@ def test_nodes_spread_over_two_ray_hosts_and_move_when_one_is_lost(namespaces, t
         script = tmp_path / "driver.py"
         script.write_text(_DRIVER.format(helpers=str(HERE.parent / "distributed")))
         env = {**os.environ, "RAY_ADDRESS": f"{HEAD}:{PORT}"}
+        # 1. The driver dies: its actors end on both hosts (on the other host, where the node
+        # cannot watch the driver's pid, through Ray's owner semantics and rank 0's lost store).
+        driver = subprocess.Popen(["ip", "netns", "exec", NS_A, sys.executable, str(script), "die"],
+                                  stdout=subprocess.PIPE, stdin=subprocess.PIPE, env=env)
+        pids = [int(p) for p in _read(driver, b"PIDS ")[:-1]]
+        assert sorted(_netns_inode(p) for p in pids) == sorted(namespaces.values())
+        driver.kill()
+        driver.wait()
+        killed = time.monotonic()
+        assert wait_gone(pids, 30.0) == []
+        print(f"both hosts' actors gone {time.monotonic() - killed:.2f} s after the driver's SIGKILL")
+        driver.stdout.close()
+        driver.stdin.close()
+        # 2. The second host is lost: its node moves to the first.
         driver = subprocess.Popen(["ip", "netns", "exec", NS_A, sys.executable, str(script)], stdout=subprocess.PIPE,
                                   stdin=subprocess.PIPE, env=env)
-        line = b""
-        while not line.startswith(b"PIDS "):
-            line = driver.stdout.readline()
-            assert line, "the driver ended before its nodes collected"
-        *pids, master = line.split()[1:]
+        *pids, master = _read(driver, b"PIDS ")
         pids = [int(p) for p in pids]
         assert master.decode() == HEAD  # rank 0 listens on the interface facing the cluster
         where = [_netns_inode(p) for p in pids]
         assert sorted(where) == sorted(namespaces.values())  # one node on each Ray host (SPREAD)
         lost = pids[where.index(namespaces[NS_B])]
         os.kill(_raylet_of(worker), signal.SIGKILL)
-        while not line.startswith(b"AFTER "):
-            line = driver.stdout.readline()
-            assert line, "the driver ended before the lost node came back"
-        after = [int(p) for p in line.split()[1:]]
+        after = [int(p) for p in _read(driver, b"AFTER ")]
         assert not pid_alive(lost)
         assert [_netns_inode(p) for p in after] == [namespaces[NS_A]] * 2  # moved to the surviving host
         driver.stdin.write(b"\n")
