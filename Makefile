@@ -26,7 +26,7 @@ $(PY):
 
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet '$(TORCH)'
-	$(PY) -m pip install --quiet -e '.[test,slurm,examples,atari,mujoco,envpool,tensorboard,bench]'
+	$(PY) -m pip install --quiet -e '.[test,slurm,examples,atari,mujoco,envpool,tensorboard,bench,ray]'
 	touch $(STAMP)
 
 test: lint test-main test-torchrl

@@ -28,6 +28,7 @@ from bench.config import CARTPOLE, Config, Row, StartupConfig, Target, WorkloadC
 from bench.measure import Duration, Rate, collector_rate, cpu_share, gym_loop, run_json
 from bench.central import CentralConfig, CentralResult, central_configs
 from bench.multi import BUDGET, multi_configs
+from bench.ray import ray_configs
 from bench.real import real_configs
 from bench.startup import startup_configs
 from rlcollect import BusyEnv, Collector, GymEnv, SleepEnv
@@ -95,6 +96,7 @@ CONFIGS: list[Config | StartupConfig | WorkloadConfig] = [
     *multi_configs(),
     *real_configs(),  # the real workloads: the longest to run (bench/real.py)
     *central_configs(),  # central against worker inference (bench/central.py)
+    *ray_configs(),  # launcher="ray" against "mp" (bench/ray.py)
 ]
 
 
@@ -197,7 +199,7 @@ def run(configs: Sequence[Config | StartupConfig | WorkloadConfig], seconds: flo
         if isinstance(config, WorkloadConfig):
             results.append(_run_workload(config, seconds * config.budget / rounds, rounds, log, torchrl_python))
             continue
-        if isinstance(config, CentralConfig):
+        if isinstance(config, CentralConfig) or hasattr(config, "run"):  # (bench/ray.py's too)
             results.append(config.run(seconds, rounds, log, torchrl_python))
             continue
         per_round = seconds * config.budget / rounds
@@ -564,7 +566,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(r, WorkloadResult):
             tables.append(f"{r.config.name}: {r.config.title}, {r.config.frames_per_step} frame(s) per step\n"
                           + format_workload_table(r))
-        if isinstance(r, CentralResult):
+        if isinstance(r, CentralResult) or hasattr(r, "table"):
             tables.append(r.table())
     print("\n\n".join(tables))
     if args.json:

@@ -34,6 +34,7 @@ _EXPORTS = {
     "MultiProcessWeightSyncScheme": "rlcollect.weights.schemes",
     "MultiSyncCollector": "rlcollect.multiprocess.collector",
     "NoWeightSyncScheme": "rlcollect.weights.schemes",
+    "RayCollector": "rlcollect.distributed.ray_collector",
     "ReplayBuffer": "rlcollect.buffers.replay",
     "SerialEnv": "rlcollect.envs.serial",
     "SharedMemWeightSyncScheme": "rlcollect.weights.schemes",
@@ -68,6 +69,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rlcollect.collector import Collector
     from rlcollect.data import split_trajectories
     from rlcollect.distributed.collector import DistributedCollector, DistributedDataCollector
+    from rlcollect.distributed.ray_collector import RayCollector
     from rlcollect.envs.base import EnvBase
     from rlcollect.envs.envpool import EnvPoolEnv
     from rlcollect.envs.gym import GymEnv

@@ -4,6 +4,7 @@ batches of experience."""
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import math
 import os
@@ -71,6 +72,14 @@ class Collector(CollectorBase):
         [torch.Size([100]), torch.Size([100]), torch.Size([100])]
         >>> collector.shutdown()
     """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        """torchrl's front door: given ``backend``, ``num_collectors``, ``backend_options`` or
+        ``sync``, ``Collector(...)`` builds that backend's collector (rlcollect/backends.py).
+        Looked up at run time: the backends' collectors are built on this class."""
+        if cls is Collector and not {"backend", "backend_options", "num_collectors", "sync"}.isdisjoint(kwargs):
+            return importlib.import_module("rlcollect.backends").dispatch(*args, **kwargs)
+        return super().__new__(cls)
 
     def __init__(
         self,

@@ -45,12 +45,13 @@ class DistributedCollector(CollectorBase):
 
     Launchers: ``"mp"`` (local processes), ``"submitit"`` (``slurm_kwargs``; ``{"executor":
     "local"}`` for local jobs), ``"submitit_delayed"`` and ``"external"`` (nodes started with
-    ``rlcollect node``; both need ``tcp_port``).  Rank 0 listens on ``master_addr`` only
+    ``rlcollect node``; both need ``tcp_port``) and ``"ray"`` (each node a Ray actor;
+    ``ray_options``: its resources and placement, see docs/ray.md).  Rank 0 listens on ``master_addr`` only
     (default: loopback for "mp", the host's address otherwise); ``tcp_port=None`` picks a free
     port.  ``timeout`` bounds start-up and every reply; a node that dies or stops beating for
     ``heartbeat_timeout`` seconds raises ``WorkerError`` naming it, and the rest are shut down
     (``on_node_failure="raise"``); ``"continue"`` (async only) drops it and goes on with the
-    others, ``"restart"`` ("mp" and "submitit" launchers) relaunches it, up to
+    others, ``"restart"`` ("mp", "submitit" and "ray" launchers) relaunches it, up to
     ``max_node_restarts`` times per node: see ``recovery.py`` and docs/fault-tolerance.md.
     ``node_timeout=s``: a node that has not announced a batch ``s`` seconds after it started it
     (a hung env step, while its heartbeat goes on) has failed too (default None: no limit).
@@ -126,6 +127,7 @@ class DistributedCollector(CollectorBase):
         rank0_timeout: float = 60.0,
         secret_file: Any = None,
         weight_updater: Any = None,
+        ray_options: dict | None = None,
     ):
         self._closed = True
         self.weight_updater, self._in_updater = None, False
@@ -147,6 +149,7 @@ class DistributedCollector(CollectorBase):
             heartbeat_timeout=heartbeat_timeout, weight_sync_schemes=weight_sync_schemes,
             on_node_failure=on_node_failure, max_node_restarts=max_node_restarts, node_timeout=node_timeout,
             start_timeout=start_timeout, rank0_timeout=rank0_timeout, secret_file=secret_file,
+            ray_options=ray_options,
         )
         automatic = update_after_each_batch or max_weight_update_interval != -1 or update_interval is not None
         if automatic and cfg.weight_source is None:

@@ -32,7 +32,7 @@ PER_NODE_ARGS = ("device", "storing_device", "env_device", "policy_device")
 ASYNC_SLOTS = 2
 NODE_FAILURE_POLICIES = ("raise", "continue", "restart")
 #: The launchers that start the nodes themselves, and so can relaunch one.
-RELAUNCHING_LAUNCHERS = ("mp", "submitit")
+RELAUNCHING_LAUNCHERS = ("mp", "submitit", "ray")
 
 
 def _one_of(name: str, value: Any, accepted: tuple, hint: str = "") -> Any:
@@ -116,6 +116,7 @@ class DistributedConfig:
     start_timeout: float = 120.0
     rank0_timeout: float = 60.0
     secret_file: Any = None
+    ray_options: dict | None = None
 
     def __post_init__(self) -> None:
         env_fns = self._check_nodes()
@@ -124,6 +125,22 @@ class DistributedConfig:
         self._check_failures()
         self._check_weights()
         self._build_specs(env_fns)
+        self._check_launcher_options()
+
+    def _check_launcher_options(self) -> None:
+        """``launcher_options``: what the launcher is given (``slurm_kwargs``, or the checked
+        ``ray_options`` for "ray": ray_launcher.py, imported only then)."""
+        self.launcher_options = self.slurm_kwargs
+        if self.launcher != "ray":
+            if self.ray_options is not None:
+                raise ValueError(f"ray_options is for launcher='ray', got launcher={self.launcher!r}")
+            return
+        from rlcollect.distributed.ray_launcher import check_ray_options, default_master_addr, require_ray
+
+        require_ray()  # here, before anything starts
+        self.ray_options = self.launcher_options = check_ray_options(self.ray_options, self._footprints)
+        if self._master_addr_given is None:
+            self.master_addr = default_master_addr(self.ray_options)
 
     def _check_nodes(self) -> list:
         if isinstance(self.create_env_fn, (list, tuple)):
@@ -158,6 +175,7 @@ class DistributedConfig:
         if self.slurm_kwargs is not None and not isinstance(self.slurm_kwargs, dict):
             raise TypeError(f"slurm_kwargs must be a dict or None, got {type(self.slurm_kwargs).__name__}")
         self.tcp_port = _tcp_port(self.tcp_port, self.launcher)
+        self._master_addr_given = self.master_addr
         self.master_addr = _master_addr(self.master_addr, self.launcher)
         self.timeout = seconds("timeout", self.timeout)
         self.heartbeat_timeout = seconds("heartbeat_timeout", self.heartbeat_timeout)

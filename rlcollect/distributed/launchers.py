@@ -31,7 +31,7 @@ from rlcollect.distributed.node_args import LOG_LEVEL_ENV
 
 logger = logging.getLogger("rlcollect")
 
-LAUNCHERS = ("mp", "submitit", "submitit_delayed", "external")
+LAUNCHERS = ("mp", "submitit", "submitit_delayed", "external", "ray")
 #: The "mp" launcher's node bootstrap (``python -c``; argv: the pipe's fd, then the node's
 #: options).  It ignores SIGINT, reads the secret line from the pipe and watches it for end of
 #: file before it imports anything heavy (torch takes seconds to import).
@@ -400,7 +400,8 @@ class SubmititDelayedLauncher(Launcher):
 def make_launcher(name: str, slurm_kwargs: dict | None, secret: bytes = b"", secret_file: Any = None,
                   rank0_timeout: float = 60.0) -> Launcher:
     """The launcher ``name``; ``secret`` is the run's, ``secret_file`` a file that holds it (the
-    one the user's nodes read, for "external" and "submitit_delayed")."""
+    one the user's nodes read, for "external" and "submitit_delayed").  ``slurm_kwargs`` are the
+    launcher's options: submitit's, or the checked ``ray_options`` for "ray"."""
     if name == "mp":
         return MpLauncher(secret, None, rank0_timeout)
     if name == "submitit":
@@ -409,4 +410,8 @@ def make_launcher(name: str, slurm_kwargs: dict | None, secret: bytes = b"", sec
         return SubmititDelayedLauncher(secret, secret_file, rank0_timeout)
     if name == "external":
         return Launcher(secret, secret_file, rank0_timeout)
+    if name == "ray":  # ray_launcher.py; imported (with Ray) only when used
+        from rlcollect.distributed.ray_launcher import RayLauncher
+
+        return RayLauncher(slurm_kwargs, secret, secret_file, rank0_timeout)
     raise ValueError(f"launcher must be one of {LAUNCHERS}, got {name!r}")

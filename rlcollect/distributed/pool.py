@@ -93,7 +93,7 @@ class NodePool:
         self.channel = Channel(self.address, self._by_rank, self.keys, self._attached)
         self.heartbeat = Rank0Beat(connect, self.keys, self.run, self.channel.beat_all).start()
         self.handshake = Handshake(self.store, self.keys, self.run, self.world_size, self.channel)
-        self.launcher = make_launcher(cfg.launcher, cfg.slurm_kwargs, self.secret, self.secret_file,
+        self.launcher = make_launcher(cfg.launcher, cfg.launcher_options, self.secret, self.secret_file,
                                       cfg.rank0_timeout)
         self.launcher.start(addr, port, self.world_size, cfg.timeout)
         self._rendezvous(time.monotonic() + cfg.start_timeout)

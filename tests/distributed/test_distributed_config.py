@@ -20,7 +20,7 @@ def _make(**kwargs):
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
-    ({"launcher": "ray"}, ValueError, "launcher must be one of"),
+    ({"launcher": "kubernetes"}, ValueError, "launcher must be one of"),
     ({"backend": "mpi"}, ValueError, "backend must be one of"),
     ({"backend": "nccl"}, ValueError, "nccl"),
     ({"frames_per_batch": 0}, ValueError, "frames_per_batch must be a positive int"),
@@ -45,7 +45,7 @@ def _make(**kwargs):
     ({"on_node_failure": "ignore"}, ValueError, r"on_node_failure must be one of \('raise', 'continue', 'restart'\)"),
     ({"on_node_failure": "continue", "sync": True}, ValueError, "on_node_failure='continue' needs sync=False"),
     ({"on_node_failure": "restart", "launcher": "external", "tcp_port": 29999}, ValueError,
-     r"on_node_failure='restart' needs a launcher that starts the nodes itself \('mp', 'submitit'\), got "
+     r"on_node_failure='restart' needs a launcher that starts the nodes itself \('mp', 'submitit', 'ray'\), got "
      "launcher='external'"),
     ({"on_node_failure": "restart", "max_node_restarts": -1}, ValueError, "max_node_restarts must be an int >= 0"),
     ({"node_timeout": 0}, ValueError, "node_timeout must be a positive number of seconds"),
