@@ -17,19 +17,29 @@ VENV_TORCHRL := .venv-torchrl
 PY_TORCHRL := $(VENV_TORCHRL)/bin/python
 STAMP_TORCHRL := $(VENV_TORCHRL)/.installed
 
-.PHONY: install test lint test-main test-doctest test-torchrl demo bench
+.PHONY: install test test-loaded lint test-main test-doctest test-torchrl demo bench
 
 install: $(STAMP)
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
+# pip 25.1 or newer: `pip show` prints the license (License-Expression, tests/test_packaging.py).
+PIP_MIN := pip>=25.1
+
 $(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet --upgrade '$(PIP_MIN)'
 	$(PY) -m pip install --quiet '$(TORCH)'
 	$(PY) -m pip install --quiet -e '.[test,slurm,examples,atari,mujoco,envpool,tensorboard,bench]'
 	touch $(STAMP)
 
 test: lint test-main test-torchrl
+
+# `make test` on a loaded machine: 6 CPU-burning processes beside it (load >= 6 on 2 cores), as
+# on a shared CI machine with other jobs running. BURN_PROCS=N changes the count.
+BURN_PROCS ?= 6
+test-loaded:
+	$(PYTHON) scripts/burn.py --procs $(BURN_PROCS) -- $(MAKE) test
 
 # ruff, configured in pyproject.toml ([tool.ruff]): the package, tests, benchmarks and examples.
 lint: $(STAMP)
