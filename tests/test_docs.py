@@ -37,3 +37,12 @@ def test_doc_examples_run(path: Path, monkeypatch, tmp_path):
         shutdown = getattr(value, "shutdown", None)
         if callable(shutdown) and type(value).__name__.endswith("Collector"):
             shutdown()
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
+def test_no_section_is_written_twice(path: Path):
+    # Two "## Weights and devices" sections of the migration guide once said opposite things
+    # (issue 25, item 9); a heading written twice also makes two identical anchors.
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M)
+    sections = re.findall(r"^## (.+)$", text, re.M)
+    assert sorted({s for s in sections if sections.count(s) > 1}) == []
