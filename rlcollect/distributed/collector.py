@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import sys
 import time
 import traceback
 import weakref
@@ -642,7 +643,9 @@ def _run_secret(cfg: DistributedConfig) -> tuple[bytes, Any, Any]:
                              "submit_nodes(secret_file=PATH), or the secret in $RLCOLLECT_SECRET")
         secret = new_secret()
         path = write_secret_file(secret)
-        logger.warning("rlcollect: wrote this run's secret to %s (mode 600; removed at shutdown): give it to each "
-                       "node with --secret-file", path)
+        message = (f"rlcollect: wrote this run's secret to {path} (mode 600; removed at shutdown): give it to each "
+                   "node with --secret-file")
+        print(message, file=sys.stderr, flush=True)  # to act on: not only to the (silent by default) logger
+        logger.info(message)
         return secret, path, path
     return new_secret(), None, None  # "mp": through a pipe; "submitit": a 0600 file in the job folder

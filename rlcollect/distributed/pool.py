@@ -93,7 +93,7 @@ class NodePool:
         self.channel = Channel(self.store, connect, self._by_rank, secrets.token_bytes(16), self.keys)
         self.launcher = make_launcher(cfg.launcher, cfg.slurm_kwargs, self.secret, self.secret_file,
                                       cfg.rank0_timeout)
-        self.launcher.start(addr, port, self.world_size, cfg.timeout)
+        self.launcher.start(addr, port, self.world_size, cfg.timeout, start_timeout=cfg.start_timeout)
         self._rendezvous(time.monotonic() + cfg.start_timeout)
         try:
             self._connect_pairs(self.handles)
