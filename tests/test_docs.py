@@ -27,9 +27,10 @@ def test_doc_examples_run(path: Path, monkeypatch, tmp_path):
     if not blocks:
         pytest.skip(f"{path.name} has no python example")
     monkeypatch.chdir(tmp_path)
-    # A module name that is not importable: cloudpickle then sends classes defined in the
-    # example by value to spawned workers, as it does for a user's __main__ script.
-    namespace: dict = {"__name__": f"rlcollect_doc_{path.stem.replace('-', '_')}"}
+    # The blocks run as a user's script: ``__name__ == "__main__"`` (the examples guard their
+    # multi-process collectors with it, as scripts must), and cloudpickle sends what they define
+    # by value to the workers, as it does for a user's ``__main__``.
+    namespace: dict = {"__name__": "__main__"}
     for i, code in enumerate(blocks):
         compiled = compile(code, f"{path.name}[python block {i}]", "exec")
         exec(compiled, namespace)
