@@ -207,6 +207,8 @@ class Collector(CollectorBase):
         self.replay_buffer = replay_buffer
         if cfg.total_frames > 0 and cfg.total_frames % cfg.frames_per_batch:
             torchrl_args.warn(
+                f"total_frames={cfg.total_frames} is less than frames_per_batch={cfg.frames_per_batch}: the only "
+                f"batch has {cfg.frames_per_batch} frames" if cfg.total_frames < cfg.frames_per_batch else
                 f"total_frames={cfg.total_frames} is not a multiple of frames_per_batch={cfg.frames_per_batch}: "
                 "the last batch overshoots to a whole batch",
                 stacklevel=2,
