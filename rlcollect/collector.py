@@ -291,6 +291,7 @@ class Collector(CollectorBase):
         self._iterator: Iterator | None = None
         self._profiler = RolloutProfiler()
         self._started_at: float | None = None
+        self._first_batch: tuple[int, float] | None = None
         self._last_batch_s = 0.0
         self._loop: BackgroundLoop | None = None
         self._step_times = StepTimes()
@@ -356,6 +357,8 @@ class Collector(CollectorBase):
         self._lag = policy_lag(self._version, [self._batch_meta(timing=False)])
         batch = buf.td
         self._last_batch_s = time.perf_counter() - start
+        if self._first_batch is None:  # stats()["fps_steady"] counts from here
+            self._first_batch = (self._frames, time.perf_counter() - self._started_at)
         return deliver(batch, storing_device=cfg.storing_device_or_default, split_trajs=cfg.split_trajs,
                        postproc=cfg.postproc, replay_buffer=self.replay_buffer, extend_buffer=cfg.extend_buffer)
 
@@ -679,7 +682,7 @@ class Collector(CollectorBase):
         return stats_keys(frames=self._frames, batches=self._iter, elapsed=elapsed, recent_fps=recent,
                           version=self._version, workers=[worker], restarts=0, dropped_frames=0,
                           replay_buffer_write_count=getattr(self.replay_buffer, "write_count", None),
-                          lag=self._lag, wait=self._wait)
+                          lag=self._lag, wait=self._wait, first_batch=self._first_batch)
 
     def batch_info(self) -> dict:
         """The last batch filled, for the collector this one fills batches for (a worker's or

@@ -259,6 +259,7 @@ class DistributedCollector(CollectorBase):
         self._wait = BatchClock()  # rank 0 blocked waiting for the nodes' batches
         self._last_batch_frames = 0
         self._started_at = time.perf_counter()
+        self._first_batch: tuple[int, float] | None = None
         self._iterator: Iterator | None = None
         secret, secret_file, own_file = _run_secret(cfg)
         pool = self._pool = NodePool(cfg, secret, secret_file, own_file)
@@ -326,6 +327,8 @@ class DistributedCollector(CollectorBase):
             batch = self._recovery.run(self._next_one)
             self._last_batch_s = time.perf_counter() - started
             self._last_batch_frames = self._frames - frames_before
+            if self._first_batch is None:  # stats()["fps_steady"] counts from here
+                self._first_batch = (self._frames, time.perf_counter() - self._started_at)
         self._iter += 1
         return self._deliver(batch)
 
@@ -546,7 +549,7 @@ class DistributedCollector(CollectorBase):
             self._pool, closed=self._closed, master=f"{self.master_addr}:{self.master_port}", frames=self._frames,
             batches=self._iter, elapsed=time.perf_counter() - self._started_at,
             recent_fps=self._last_batch_frames / self._last_batch_s if self._last_batch_s else 0.0,
-            version=self._version, lag=self._lag, wait=self._wait)
+            version=self._version, lag=self._lag, wait=self._wait, first_batch=self._first_batch)
 
     def iterator(self) -> Iterator[Any]:
         """``iter(collector)`` (torchrl's name)."""
