@@ -34,6 +34,7 @@ from rlcollect.weights.models import delegate_to_updater, make_weight_updater, u
 from rlcollect.weights.schemes import validate_schemes
 
 if TYPE_CHECKING:
+    from rlcollect.typing import DeviceLike, EnvSource, ExplorationLike, PolicyLike, ReplayBufferLike
     from tensordict import TensorDict
 
 logger = logging.getLogger("rlcollect")
@@ -136,27 +137,27 @@ class Collector(CollectorBase):
 
     def __init__(
         self,
-        create_env_fn: Any,
-        policy: Any = None,
+        create_env_fn: EnvSource,
+        policy: PolicyLike = None,
         *,
         policy_factory: Callable[[], Any] | None = None,
         frames_per_batch: int,
         total_frames: int = -1,
-        device: Any = None,
-        storing_device: Any = None,
-        env_device: Any = None,
-        policy_device: Any = None,
+        device: DeviceLike = None,
+        storing_device: DeviceLike = None,
+        env_device: DeviceLike = None,
+        policy_device: DeviceLike = None,
         create_env_kwargs: dict | None = None,
         max_frames_per_traj: int | None = None,
         init_random_frames: int | None = None,
         reset_at_each_iter: bool = False,
         postproc: Callable | None = None,
         split_trajs: bool = False,
-        exploration_type: Any = "random",
+        exploration_type: ExplorationLike = "random",
         set_truncated: bool = False,
         use_buffers: bool = True,
         return_same_td: bool = False,
-        replay_buffer: Any = None,
+        replay_buffer: ReplayBufferLike | None = None,
         extend_buffer: bool = True,
         trust_policy: bool | None = None,
         compile_policy: bool | dict | None = None,

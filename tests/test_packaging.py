@@ -184,7 +184,7 @@ def test_pip_show_has_the_license_and_urls(installed):
 # to treat them as unknown, which is what keeps this test to seconds (type-checking torch takes
 # minutes), and a user's own run with them installed sees at least as much.
 USER_SCRIPT = """\
-from rlcollect import Collector, CountingEnv, GymEnv, ReplayBuffer
+from rlcollect import Collector, CountingEnv, DistributedCollector, GymEnv, ReplayBuffer
 from rlcollect.typing import DeviceLike, EnvLike, EnvSource, PolicyLike
 
 env: EnvLike = CountingEnv()
@@ -194,6 +194,7 @@ device: DeviceLike = "cpu"
 collector = Collector(CountingEnv, policy, frames_per_batch=10, total_frames=20, policy_device=device)
 gym_env = GymEnv("CartPole-v1", num_envs=2)
 buffer = ReplayBuffer(100)
+distributed = DistributedCollector(["CartPole-v1"] * 2, None, frames_per_batch=10, secret_file="/tmp/secret")
 """
 MISTAKES = """\
 wrong_env: EnvLike = 3

@@ -13,7 +13,7 @@ import time
 import traceback
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 import torch
@@ -34,6 +34,11 @@ from rlcollect.metrics import BatchClock, batch_meta, policy_lag
 from rlcollect.errors import WorkerError
 from rlcollect.weights.models import UnknownModelError, delegate_to_updater, make_weight_updater, update_targets
 from rlcollect.weights.schemes import NoWeightSyncScheme
+
+if TYPE_CHECKING:
+    import os
+
+    from rlcollect.typing import DeviceLike, EnvSource, ExplorationLike, PolicyLike
 
 logger = logging.getLogger("rlcollect")
 
@@ -171,23 +176,23 @@ class DistributedCollector(CollectorBase):
 
     def __init__(
         self,
-        create_env_fn: Any,
-        policy: Any = None,
+        create_env_fn: EnvSource | list[EnvSource],
+        policy: PolicyLike = None,
         *,
         policy_factory: Callable | list | None = None,
         frames_per_batch: int,
         total_frames: int = -1,
-        device: Any = None,
-        storing_device: Any = None,
-        env_device: Any = None,
-        policy_device: Any = None,
+        device: DeviceLike | list[DeviceLike] = None,
+        storing_device: DeviceLike | list[DeviceLike] = None,
+        env_device: DeviceLike | list[DeviceLike] = None,
+        policy_device: DeviceLike | list[DeviceLike] = None,
         create_env_kwargs: dict | list | None = None,
         max_frames_per_traj: int | None = None,
         init_random_frames: int | None = None,
         reset_at_each_iter: bool = False,
         postproc: Callable | None = None,
         split_trajs: bool = False,
-        exploration_type: Any = "random",
+        exploration_type: ExplorationLike = "random",
         collector_class: Any = Collector,
         collector_kwargs: dict | list | None = None,
         num_workers_per_collector: int = 1,
@@ -209,7 +214,7 @@ class DistributedCollector(CollectorBase):
         node_timeout: float | None = None,
         start_timeout: float = 120.0,
         rank0_timeout: float = 60.0,
-        secret_file: Any = None,
+        secret_file: str | os.PathLike | None = None,
         weight_updater: Any = None,
     ):
         self._closed = True

@@ -131,7 +131,8 @@ class BusyEnv(CountingEnv):
         1.0
     """
 
-    def __init__(self, step_time: float = 1e-3, batch_size=None, obs_dim: int = 4, max_steps: int | None = None):
+    def __init__(self, step_time: float = 1e-3, batch_size: int | Sequence[int] | None = None, obs_dim: int = 4,
+                 max_steps: int | None = None):
         super().__init__(max_steps=max_steps, batch_size=batch_size, obs_dim=obs_dim)
         self.step_time = float(step_time)
 
@@ -161,7 +162,8 @@ class SleepEnv(CountingEnv):
         False
     """
 
-    def __init__(self, step_time: float = 1e-3, batch_size=None, obs_dim: int = 4, max_steps: int | None = None):
+    def __init__(self, step_time: float = 1e-3, batch_size: int | Sequence[int] | None = None, obs_dim: int = 4,
+                 max_steps: int | None = None):
         super().__init__(max_steps=max_steps, batch_size=batch_size, obs_dim=obs_dim)
         self.step_time = float(step_time)
 
@@ -221,7 +223,7 @@ class FaultyEnv(CountingEnv):
         start_delay: float = 0.0,
         exit_code: int = 3,
         max_steps: int | None = None,
-        batch_size=None,
+        batch_size: int | Sequence[int] | None = None,
         trigger_file: str | None = None,
     ):
         if fault not in FAULTS:
