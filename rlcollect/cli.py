@@ -222,16 +222,18 @@ def _tensorboard(log_dir: str | None):
 def run_collect(args) -> int:
     from tqdm import tqdm
 
-    # Batches are TensorDicts, which rlcollect imports only when the first one is built: import
-    # it now so that its seconds of start-up count as start-up, not as collection time.
-    import tensordict  # noqa: F401
-
     started = time.perf_counter()
     board = _tensorboard(args.tensorboard)  # first: a missing package fails before any worker starts
     try:
+        # The env id is checked before torch and tensordict are imported (seconds, more on a
+        # loaded machine): a mistyped --env answers in a fraction of a second.
         policy = _make_policy(args.policy, args.env, args.seed)
         if policy is None:
             _probe_env(args.env)
+        # Batches are TensorDicts, which rlcollect imports only when the first one is built:
+        # import it now so that its seconds count as start-up, not as collection time.
+        import tensordict  # noqa: F401
+
         collector = _make_collector(args, policy)
     except BaseException:
         if board is not None:

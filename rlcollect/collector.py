@@ -31,6 +31,7 @@ from rlcollect.weights.local import LocalWeights, acting_policy, place_env
 from rlcollect.weights.models import make_weight_updater
 
 if TYPE_CHECKING:
+    from rlcollect.typing import DeviceLike, EnvSource, ExplorationLike, PolicyLike, ReplayBufferLike
     from tensordict import TensorDict
 
 logger = logging.getLogger("rlcollect")
@@ -39,31 +40,89 @@ logger = logging.getLogger("rlcollect")
 class Collector(CollectorBase):
     """Collect experience from one env with a policy, in this process.
 
+    Iterating yields batches (``TensorDict``, time as the last dim; the outcome of each step
+    under ``"next"``) until ``total_frames`` are collected. The arguments are torchrl's
+    ``Collector``'s, with the same names and defaults; where the behaviour differs, the entry
+    says so.
+
     Args:
-        create_env_fn: an env instance, a gymnasium id, or a callable returning an env.
-        policy: ``None`` (random actions), a ``TensorDictModule``, an ``nn.Module`` or a callable
-            reading observations and returning the action.
-        policy_factory: builds the policy here instead (``policy``, if given too, is then only
-            the source of weights for ``update_policy_weights_``).
-        frames_per_batch: frames per yielded batch; the batch has shape ``(*env.batch_size, T)``
-            with ``T = ceil(frames_per_batch / prod(env.batch_size))``.
-        total_frames: stop after this many frames (``-1``: never).
-        max_frames_per_traj: truncate trajectories at this length (adds ``"step_count"``).
-        init_random_frames: the first frames (whole batches) act randomly.
-        reset_at_each_iter: reset every env at the start of each batch.
-        postproc: applied to each batch before it is yielded (or written to the buffer).
-        split_trajs: yield ``split_trajectories(batch)``.
-        exploration_type: the ``ExplorationType`` every rollout runs under.
-        set_truncated: mark the last step of each batch truncated and start new trajectories.
+        create_env_fn: the env: an instance (rlcollect's ``GymEnv``/``SerialEnv``/..., a
+            ``gymnasium.Env`` or vector env, a torchrl-style TensorDict env), a gymnasium id
+            (``"CartPole-v1"``, built with ``GymEnv``), or a callable returning one (called here,
+            with ``create_env_kwargs``).
+        policy: ``None`` (random actions from the env's action space), a ``TensorDictModule``
+            (reads its ``in_keys``, writes ``"action"``), an ``nn.Module`` or a callable whose
+            parameters are named after observation keys and which returns the action (matched
+            to the env's observations at construction; a mismatch is a ``ValueError``).
+        policy_factory: a callable taking no argument that builds the policy here instead
+            (``policy``, if given too, is then only the source of weights for
+            ``update_policy_weights_``). Default ``None``.
+        frames_per_batch: frames per yielded batch (required); the batch has shape
+            ``(*env.batch_size, T)`` with ``T = ceil(frames_per_batch / prod(env.batch_size))``,
+            so a batched env rounds it up to a multiple of its rows.
+        total_frames: stop after this many frames (``-1``, the default: never); not a multiple
+            of ``frames_per_batch`` warns, and the last batch is a whole one.
+        device: the default of ``policy_device`` and ``storing_device`` (torchrl's ``device``):
+            a ``torch.device``, a string (``"cpu"``, ``"cuda:0"``) or ``None`` (where each
+            already is). Default ``None``.
+        storing_device: where the yielded batches live; ``None``: ``device``, else the CPU.
+        env_device: the env's device: TensorDict (torchrl) envs are moved there
+            (``env.to(env_device)``); rlcollect's numpy-backed envs accept only the CPU (another
+            device is a ``ValueError``). Default ``None``.
+        policy_device: where the policy runs: a copy of it is made there if it lives elsewhere,
+            observations go there and actions come back; ``None``: ``device``, else where the
+            policy's parameters are.
+        create_env_kwargs: keyword arguments for ``create_env_fn`` when it is a callable or a
+            gymnasium id (with an env instance: ``ValueError``). Default ``None``.
+        max_frames_per_traj: truncate trajectories at this length (adds ``"step_count"``;
+            ``None``, the default: no limit).
+        init_random_frames: the first frames (whole batches) act randomly, whatever the policy
+            (``None``: none).
+        reset_at_each_iter: reset every env at the start of each batch. Default ``False``.
+        postproc: a callable applied to each batch before it is yielded (or written to the
+            buffer). Default ``None``.
+        split_trajs: yield ``split_trajectories(batch)`` (one row per trajectory, padded, with
+            a ``("collector", "mask")``). Default ``False``.
+        exploration_type: the ``ExplorationType`` (or its name) every rollout runs under; it
+            decides how a probabilistic policy picks its action. Default ``"random"``.
+        set_truncated: mark the last step of each batch truncated and start new trajectories
+            at the next batch. Default ``False``.
         use_buffers: with ``return_same_td=True`` (or a replay buffer), refill one preallocated
             batch; otherwise each batch is filled in fresh memory and yielded without a copy.
-            False allocates a fresh batch each time.
-        replay_buffer: any object with ``extend()``: batches go there and iteration yields None.
-        track_policy_version: add ``("collector", "policy_version")`` to every frame.
-        weight_sync_schemes: ``{"policy": scheme}``; ``NoWeightSyncScheme`` makes updates no-ops.
-        worker_idx: this collector's index when it runs inside a multi-process collector.
-
-    Every argument, with torchrl's name beside it: docs/collector.md and docs/migrating-from-torchrl.md.
+            ``False`` allocates a fresh batch each time. Default ``True``.
+        return_same_td: yield the same ``TensorDict`` every time, refilled in place (faster;
+            copy what you keep: ``batch.clone()``). Default ``False``.
+        replay_buffer: any object with ``extend()`` (rlcollect's or torchrl's ``ReplayBuffer``):
+            batches are written there and iteration yields ``None``. Default ``None``.
+        extend_buffer: with ``replay_buffer``, ``True`` (the default) calls ``extend`` once per
+            batch; ``False`` calls ``add`` once per time step (torchrl's semantics).
+        trust_policy: ``True`` calls the policy with the tensordict as it is, whatever its type
+            or signature (no matching of observation keys); ``None``/``False`` match. Default
+            ``None``.
+        compile_policy: ``True`` or a dict of ``torch.compile`` keyword arguments: the policy
+            is wrapped in ``torch.compile``. Default ``None``.
+        cudagraph_policy: ``True`` or a dict of ``tensordict.nn.CudaGraphModule`` keyword
+            arguments: the policy is captured in a CUDA graph (needs a CUDA device). Default
+            ``None``.
+        no_cuda_sync: accepted for torchrl's sake (``True``/``False``); rlcollect never calls
+            ``torch.cuda.synchronize()`` (copies to the policy's device are stream-ordered,
+            copies back blocking), so either value gives the same data. Default ``False``.
+        weight_sync_schemes: ``{"policy": scheme}`` (or attribute paths as model ids, like
+            torchrl); ``NoWeightSyncScheme()`` makes updates no-ops. Default ``None``.
+        track_policy_version: add ``("collector", "policy_version")`` to every frame: the
+            number of ``update_policy_weights_`` calls its action was computed after. Default
+            ``False``.
+        worker_idx: this collector's index when it runs inside a multi-process collector (the
+            multi-process collectors set it; it also offsets the trajectory ids). Default ``None``.
+        traj_id_start: the first trajectory id; ``None``: ``worker_idx * 2**40`` (0 alone), so
+            that ids from different workers never collide.
+        reset_when_done: must be ``True`` (the default): an env is reset in the very step it
+            ends. torchrl's ``False`` (leave ended envs to the user) is a ``ValueError``; use
+            ``reset_at_each_iter=True`` or ``collector.reset()``.
+        weight_updater: torchrl's ``WeightUpdaterBase`` (an instance, or its class), or a plain
+            function, that moves the weights on ``update_policy_weights_`` instead of the
+            schemes (exclusive with ``weight_sync_schemes``); the updater calls
+            ``update_policy_weights_`` back. Default ``None``.
 
     Example:
         >>> from rlcollect import Collector
@@ -83,27 +142,27 @@ class Collector(CollectorBase):
 
     def __init__(
         self,
-        create_env_fn: Any,
-        policy: Any = None,
+        create_env_fn: EnvSource,
+        policy: PolicyLike = None,
         *,
         policy_factory: Callable[[], Any] | None = None,
         frames_per_batch: int,
         total_frames: int = -1,
-        device: Any = None,
-        storing_device: Any = None,
-        env_device: Any = None,
-        policy_device: Any = None,
+        device: DeviceLike = None,
+        storing_device: DeviceLike = None,
+        env_device: DeviceLike = None,
+        policy_device: DeviceLike = None,
         create_env_kwargs: dict | None = None,
         max_frames_per_traj: int | None = None,
         init_random_frames: int | None = None,
         reset_at_each_iter: bool = False,
         postproc: Callable | None = None,
         split_trajs: bool = False,
-        exploration_type: Any = "random",
+        exploration_type: ExplorationLike = "random",
         set_truncated: bool = False,
         use_buffers: bool = True,
         return_same_td: bool = False,
-        replay_buffer: Any = None,
+        replay_buffer: ReplayBufferLike | None = None,
         extend_buffer: bool = True,
         trust_policy: bool | None = None,
         compile_policy: bool | dict | None = None,
@@ -123,6 +182,8 @@ class Collector(CollectorBase):
         self.replay_buffer = replay_buffer
         if cfg.total_frames > 0 and cfg.total_frames % cfg.frames_per_batch:
             torchrl_args.warn(
+                f"total_frames={cfg.total_frames} is less than frames_per_batch={cfg.frames_per_batch}: the only "
+                f"batch has {cfg.frames_per_batch} frames" if cfg.total_frames < cfg.frames_per_batch else
                 f"total_frames={cfg.total_frames} is not a multiple of frames_per_batch={cfg.frames_per_batch}: "
                 "the last batch overshoots to a whole batch",
                 stacklevel=2,
@@ -183,6 +244,7 @@ class Collector(CollectorBase):
         self._iterator: Iterator | None = None
         self._profiler = RolloutProfiler()
         self._started_at: float | None = None
+        self._first_batch: tuple[int, float] | None = None
         self._last_batch_s = 0.0
         self._loop: BackgroundLoop | None = None
         self._step_times = StepTimes()
@@ -245,6 +307,8 @@ class Collector(CollectorBase):
         self._lag = policy_lag(self._version, [self._batch_meta(timing=False)])
         batch = buf.td
         self._last_batch_s = time.perf_counter() - start
+        if self._first_batch is None:  # stats()["fps_steady"] counts from here
+            self._first_batch = (self._frames, time.perf_counter() - self._started_at)
         return self._deliver(batch, storing_device=cfg.storing_device_or_default)
 
     def collect_into(self, buf: BatchBuffer, random: bool = False, stop: Any = None) -> int:
@@ -503,7 +567,7 @@ class Collector(CollectorBase):
         return stats_keys(frames=self._frames, batches=self._iter, elapsed=elapsed, recent_fps=recent,
                           version=self._version, workers=[worker], restarts=0, dropped_frames=0,
                           replay_buffer_write_count=getattr(self.replay_buffer, "write_count", None),
-                          lag=self._lag, wait=self._wait)
+                          lag=self._lag, wait=self._wait, first_batch=self._first_batch)
 
     def batch_info(self) -> dict:
         """The last batch filled, for the collector this one fills batches for (a worker's or

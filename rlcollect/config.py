@@ -106,10 +106,18 @@ def device_arg(name: str, value: Any) -> torch.device | None:
     if value is None:
         return None
     try:
-        return torch.device(value)
+        device = torch.device(value)
     except (RuntimeError, TypeError) as err:
         raise ValueError(f"{name} must be a torch device or a device string like 'cpu' or 'cuda:0', "
                          f"got {value!r}") from err
+    # Here, at the call, rather than torch's bare "Torch not compiled with CUDA enabled" from a
+    # worker (where the policy is moved). is_available() does not initialise CUDA (forking stays
+    # safe). env_device and storing_device have checks of their own (the env's, the sync join's).
+    if device.type == "cuda" and name == "policy_device" and not torch.cuda.is_available():
+        raise ValueError(f"{name}={value!r}, but this torch ({torch.__version__}) sees no CUDA device "
+                         "(torch.cuda.is_available() is False): pass 'cpu', or run where a GPU and a CUDA build "
+                         "of torch are")
+    return device
 
 
 def callable_or_none(name: str, value: Any) -> Callable | None:

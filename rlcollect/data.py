@@ -185,6 +185,13 @@ def split_trajectories(td: TensorDict) -> TensorDict:
     be contiguous.  Frames with id ``-1`` (invalid) are dropped.  ``("collector", "mask")`` is
     True for real frames.
 
+    Args:
+        td: a batch from a collector (any batch dims, time last), holding
+            ``("collector", "traj_ids")`` and optionally ``("collector", "mask")``.
+
+    Returns:
+        A TensorDict of shape ``(num_traj, T_max)`` with the same keys, plus the mask.
+
     Example:
         >>> import torch
         >>> from tensordict import TensorDict

@@ -26,8 +26,17 @@ class WorkerError(RuntimeError):
     """A worker process died, hung past ``worker_timeout``, or failed in a way that cannot be
     re-raised as the original exception type.
 
-    Attributes: ``worker_index``, ``exitcode`` (None if the process is still alive),
-    ``worker_traceback`` (the worker's formatted traceback, when there is one).
+    The collectors raise it; user code catches it (``except WorkerError as e``) and reads its
+    attributes, named after the arguments.
+
+    Args:
+        message: what happened, for the user: which worker, in which phase, and what to do.
+        worker_index: the index of the worker (a node's, for ``DistributedCollector``) that
+            failed, or None when no single worker is to blame.
+        exitcode: the worker process's exit status (negative: killed by that signal), or None
+            if the process is still alive (a hang) or its status is unknown.
+        worker_traceback: the worker's formatted traceback, when it raised one; also appended
+            to the message.
     """
 
     def __init__(self, message: str, worker_index: int | None = None, exitcode: int | None = None,

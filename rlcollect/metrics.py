@@ -146,15 +146,30 @@ class BatchClock:
         self.total_s += seconds
 
 
+def steady_fps(frames: int, elapsed: float, first_batch: tuple[int, float] | None) -> float | None:
+    """Frames/s since the first batch was delivered: ``fps`` without the start-up (workers or
+    nodes starting, their imports, the first batch's allocations). ``first_batch`` is
+    ``(frames, elapsed)`` when it was delivered; None until a second batch has come.
+
+    Example:
+        >>> steady_fps(1000, 3.0, (100, 2.0)), steady_fps(100, 2.0, (100, 2.0)), steady_fps(0, 0.0, None)
+        (900.0, None, None)
+    """
+    if first_batch is None or frames <= first_batch[0] or elapsed <= first_batch[1]:
+        return None
+    return (frames - first_batch[0]) / (elapsed - first_batch[1])
+
+
 def stats_keys(*, frames: int, batches: int, elapsed: float, recent_fps: float, version: int,
                workers: list[dict], restarts: int, dropped_frames: int, replay_buffer_write_count: int | None,
-               lag: tuple[float, int], wait: BatchClock) -> dict:
+               lag: tuple[float, int], wait: BatchClock, first_batch: tuple[int, float] | None = None) -> dict:
     """The keys every collector's ``stats()`` has (each adds its own after these)."""
     return {
         "frames": frames,
         "batches": batches,
         "elapsed_s": elapsed,
         "fps": frames / elapsed if elapsed else 0.0,
+        "fps_steady": steady_fps(frames, elapsed, first_batch),
         "fps_recent": recent_fps,
         "policy_version": version,
         "workers": workers,

@@ -15,7 +15,7 @@ from typing import Any
 
 #: The ``stats()`` keys written as scalars (each only where the collector has it).
 SCALAR_KEYS = (
-    "frames", "batches", "fps", "fps_recent", "policy_version", "restarts", "dropped_frames",
+    "frames", "batches", "fps", "fps_steady", "fps_recent", "policy_version", "restarts", "dropped_frames",
     "replay_buffer_write_count", "policy_lag_mean", "policy_lag_max", "batch_wait_s", "wait_s", "lost_batches",
 )
 #: The per-worker keys written as scalars.

@@ -144,3 +144,14 @@ def test_parsing_imports_nothing_heavy(argv, code):
     imported = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
     assert "rlcollect.cli" in imported
     assert sorted(m for m in imported if m.split(".")[0] in HEAVY) == []
+
+
+def test_a_bad_env_id_answers_before_torch_is_imported():
+    # gymnasium checks the id (its registry); torch and tensordict (seconds of imports, 104 s
+    # seen at load 11) come only after it. Blocking their import proves the order.
+    entry = ("import sys; sys.modules['torch'] = None; sys.modules['tensordict'] = None; "
+             "from rlcollect.cli import main; sys.exit(main())")
+    proc = subprocess.run([sys.executable, "-c", entry, "collect", "--env", "Nope-v9"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.startswith("rlcollect: error: argument --env: cannot make 'Nope-v9': "), proc.stderr

@@ -27,9 +27,10 @@ def test_doc_examples_run(path: Path, monkeypatch, tmp_path):
     if not blocks:
         pytest.skip(f"{path.name} has no python example")
     monkeypatch.chdir(tmp_path)
-    # A module name that is not importable: cloudpickle then sends classes defined in the
-    # example by value to spawned workers, as it does for a user's __main__ script.
-    namespace: dict = {"__name__": f"rlcollect_doc_{path.stem.replace('-', '_')}"}
+    # The blocks run as a user's script: ``__name__ == "__main__"`` (the examples guard their
+    # multi-process collectors with it, as scripts must), and cloudpickle sends what they define
+    # by value to the workers, as it does for a user's ``__main__``.
+    namespace: dict = {"__name__": "__main__"}
     for i, code in enumerate(blocks):
         compiled = compile(code, f"{path.name}[python block {i}]", "exec")
         exec(compiled, namespace)
@@ -37,3 +38,12 @@ def test_doc_examples_run(path: Path, monkeypatch, tmp_path):
         shutdown = getattr(value, "shutdown", None)
         if callable(shutdown) and type(value).__name__.endswith("Collector"):
             shutdown()
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
+def test_no_section_is_written_twice(path: Path):
+    # Two "## Weights and devices" sections of the migration guide once said opposite things
+    # (issue 25, item 9); a heading written twice also makes two identical anchors.
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M)
+    sections = re.findall(r"^## (.+)$", text, re.M)
+    assert sorted({s for s in sections if sections.count(s) > 1}) == []

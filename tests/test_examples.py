@@ -55,25 +55,31 @@ def run_example(script: str, tmp_path: Path, *args: str) -> list[dict]:
 @pytest.mark.timeout(RUN_TIMEOUT_S + 10)
 def test_ppo_cartpole_learns_and_is_reproducible(tmp_path):
     # 4 updates of 2,000 frames, run twice at once (so the two runs' timings differ). Seeded sync
-    # collection and a one-thread learner make the run deterministic: both CSVs are equal in
-    # every column but the clock's, and the mean return goes from ~20 (random) to ~49.
+    # collection and a one-thread learner make the run deterministic on one machine: both CSVs
+    # are equal in every column but the clock's, and the mean return goes from ~20 (random) to
+    # ~49. The two runs are compared with each other, never with docs/ppo_cartpole_seed1.csv:
+    # torch's floating-point kernels differ between CPUs (AVX-512 or not), and the losses of
+    # another machine differ in the 7th digit from the first row on.
     rows, again = run_examples("ppo_cartpole.py", tmp_path, "--total-frames", "8000", "--seed", "1", copies=2)
     strip = [{k: v for k, v in row.items() if k not in TIMING} for row in rows]
     assert strip == [{k: v for k, v in row.items() if k not in TIMING} for row in again]
-    # docs/ppo_cartpole_seed1.csv is `--seed 1` over 300,000 frames: the learning rate decays over
-    # --total-frames, so only the first update is the same as here, and with it the first batch's
-    # row and the second batch's episodes (collected with the weights of that update).
-    with open(DOCS / "ppo_cartpole_seed1.csv", newline="") as f:
-        docs = [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
-    assert [row["frames"] for row in docs] == list(range(2000, 300_001, 2000))
-    assert {k: v for k, v in docs[0].items() if k not in TIMING} == strip[0]
-    assert (docs[1]["mean_return"], docs[1]["episodes"]) == (rows[1]["mean_return"], rows[1]["episodes"])
     assert [row["frames"] for row in rows] == [2000, 4000, 6000, 8000]
     for row in rows:
         assert all(math.isfinite(row[k]) for k in ("policy_loss", "value_loss", "entropy", "approx_kl"))
     assert rows[0]["mean_return"] < 30
     assert rows[-1]["mean_return"] > 1.5 * rows[0]["mean_return"]
     assert rows[-1]["entropy"] < rows[0]["entropy"]  # the policy moves away from uniform
+
+
+def test_the_docs_csv_is_the_demo_run():
+    # docs/ppo_cartpole_seed1.csv is what `make demo` wrote (`--seed 1`, 300,000 frames, one row
+    # per 2,000-frame batch); its columns are the ones the example writes today.
+    with open(DOCS / "ppo_cartpole_seed1.csv", newline="") as f:
+        reader = csv.DictReader(f)
+        docs = list(reader)
+    assert [float(row["frames"]) for row in docs] == list(range(2000, 300_001, 2000))
+    source = (EXAMPLES / "ppo_cartpole.py").read_text()
+    assert all(f'"{column}"' in source for column in reader.fieldnames)
 
 
 def test_ppo_cartpole_help():

@@ -100,7 +100,7 @@ def test_collector_keys_lag_and_wait():
     c = Collector(CountingEnv, frames_per_batch=4, total_frames=8, track_policy_version=True)
     list(c)
     s = json.loads(json.dumps(c.stats()))
-    assert list(s) == ["frames", "batches", "elapsed_s", "fps", "fps_recent", "policy_version", "workers",
+    assert list(s) == ["frames", "batches", "elapsed_s", "fps", "fps_steady", "fps_recent", "policy_version", "workers",
                        "restarts", "dropped_frames", "replay_buffer_write_count", "policy_lag_mean",
                        "policy_lag_max", "mean_policy_lag", "batch_wait_s", "wait_s"]
     assert list(s["workers"][0]) == ["index", "frames", "alive", "restarts", "policy_version", "env_step_mean_s",
@@ -177,3 +177,27 @@ def test_ppo_example_writes_tensorboard(tmp_path):
     assert [step for step, _ in back["collector/frames"]] == [2000, 4000]
     assert {"train/policy_loss", "train/value_loss", "collector/policy_lag_max",
             "collector/worker1/env_step_mean_s"} <= set(back)
+
+
+@pytest.mark.parametrize("multi", [False, True], ids=["Collector", "MultiSyncCollector"])
+def test_fps_steady_counts_from_the_first_batch(multi):
+    # None until a second batch exists; then the frames after the first batch over the time
+    # since it (start-up left out), which the first batch's frames do not enter.
+    from rlcollect import MultiSyncCollector
+
+    c = (MultiSyncCollector([CountingEnv] * 2, None, frames_per_batch=20, total_frames=60) if multi
+         else Collector(CountingEnv, frames_per_batch=20, total_frames=60))
+    try:
+        it = iter(c)
+        next(it)
+        first = c.stats()
+        assert first["fps_steady"] is None and first["fps"] > 0
+        next(it)
+        next(it)
+        s = c.stats()
+        assert isinstance(s["fps_steady"], float) and s["fps_steady"] > 0
+        # 40 frames after the first batch, in less time than the whole run's 60: the steady
+        # figure is 40 / (elapsed - first batch's time), so it is at least 40 / elapsed.
+        assert s["fps_steady"] >= 40 / s["elapsed_s"]
+    finally:
+        c.shutdown()

@@ -1,6 +1,8 @@
 """What a user installing rlcollect from a wheel gets: no submitit or matplotlib unless asked for
 (the ``[slurm]`` and ``[examples]`` extras), a ``rlcollect`` command whose ``--help`` and
-``--version`` import nothing heavy, and no trace of the source checkout (``bench/``).
+``--version`` import nothing heavy, no trace of the source checkout (``bench/``), the metadata a
+company checks first (license, authors, URLs: what ``pip show`` prints), and the package's types
+(``py.typed``: mypy checks a user's script against rlcollect's annotations).
 
 The wheel is built from a copy of the package (so that the build leaves nothing in the
 checkout) and installed, without its dependencies, into a bare venv outside the checkout: there
@@ -36,7 +38,7 @@ def _env() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     src = tmp_path_factory.mktemp("src")
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, src / name)
     shutil.copytree(ROOT / "rlcollect", src / "rlcollect", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     out = tmp_path_factory.mktemp("wheel")
@@ -140,3 +142,91 @@ def test_a_missing_submitit_names_the_extra(monkeypatch):
         DistributedCollector([CountingEnv], None, frames_per_batch=10, total_frames=10, launcher="submitit")
     with pytest.raises(ImportError, match=re.escape(expected)):
         make_executor({"executor": "local"})
+
+
+@pytest.mark.timeout(300)
+def test_the_wheel_has_license_authors_urls_and_types(wheel):
+    meta = _metadata(wheel)
+    assert meta["License-Expression"] == "MIT"
+    assert meta["Author"] == "The rlcollect authors"
+    urls = dict(u.split(", ", 1) for u in meta.get_all("Project-URL"))
+    assert {"Homepage", "Documentation", "Source", "Issues"} <= set(urls)
+    assert "Typing :: Typed" in meta.get_all("Classifier")
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        license_text = zf.read(f"rlcollect-{rlcollect.__version__}.dist-info/licenses/LICENSE").decode()
+    assert "rlcollect/py.typed" in names and "rlcollect/typing.py" in names
+    assert license_text == (ROOT / "LICENSE").read_text() and license_text.startswith("MIT License")
+
+
+def _pip_show(installed: Path) -> str:
+    """``pip show -v rlcollect`` in the venv of the installed wheel (that venv has no pip of its
+    own: this venv's pip, pointed at it). pip 25.1 or newer prints ``License-Expression``."""
+    proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(installed / "python"), "show", "-v",
+                           "rlcollect"], capture_output=True, text=True, timeout=120, cwd=installed.parent, env=_env())
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+@pytest.mark.timeout(300)
+def test_pip_show_has_the_license_and_urls(installed):
+    show = _pip_show(installed)
+    lines = show.splitlines()
+    assert "License-Expression: MIT" in lines, show
+    assert "Home-page: https://github.com/rlcollect/rlcollect" in lines, show
+    assert "Author: The rlcollect authors" in lines, show
+    assert "  Documentation, https://github.com/rlcollect/rlcollect/tree/main/docs" in lines, show
+
+
+# A user's script, typed: mypy must check it against rlcollect's annotations (not skip the
+# package as untyped) and accept it; the same script with two mistakes must be refused, on the
+# lines of the mistakes. The wheel's venv has no torch (nor the other dependencies): mypy is told
+# to treat them as unknown, which is what keeps this test to seconds (type-checking torch takes
+# minutes), and a user's own run with them installed sees at least as much.
+USER_SCRIPT = """\
+from rlcollect import Collector, CountingEnv, DistributedCollector, GymEnv, ReplayBuffer
+from rlcollect.typing import DeviceLike, EnvLike, EnvSource, PolicyLike
+
+env: EnvLike = CountingEnv()
+source: EnvSource = "CartPole-v1"
+policy: PolicyLike = None
+device: DeviceLike = "cpu"
+collector = Collector(CountingEnv, policy, frames_per_batch=10, total_frames=20, policy_device=device)
+gym_env = GymEnv("CartPole-v1", num_envs=2)
+buffer = ReplayBuffer(100)
+distributed = DistributedCollector(["CartPole-v1"] * 2, None, frames_per_batch=10, secret_file="/tmp/secret")
+"""
+MISTAKES = """\
+wrong_env: EnvLike = 3
+wrong = Collector(CountingEnv, None, frames_per_batch="10")
+"""
+MYPY_INI = """\
+[mypy]
+[mypy-torch.*,tensordict.*,gymnasium.*,numpy.*,cloudpickle.*,tqdm.*]
+ignore_missing_imports = True
+"""
+
+
+def _mypy(installed: Path, folder: Path, source: str) -> subprocess.CompletedProcess:
+    folder.mkdir()
+    (folder / "user.py").write_text(source)
+    (folder / "mypy.ini").write_text(MYPY_INI)
+    return subprocess.run([sys.executable, "-m", "mypy", "--python-executable", str(installed / "python"),
+                           "--config-file", "mypy.ini", "--no-incremental", "--cache-dir", os.devnull, "user.py"],
+                          capture_output=True, text=True, timeout=240, cwd=folder, env=_env())
+
+
+@pytest.mark.timeout(600)
+def test_mypy_checks_a_user_script_against_the_installed_types(installed, tmp_path):
+    pytest.importorskip("mypy", reason="mypy is in the [test] extra")
+    good = _mypy(installed, tmp_path / "good", USER_SCRIPT)
+    assert good.returncode == 0 and good.stdout.startswith("Success: no issues found"), good.stdout + good.stderr
+    bad = _mypy(installed, tmp_path / "bad", USER_SCRIPT + MISTAKES)
+    errors = [line for line in bad.stdout.splitlines() if ": error:" in line]
+    first = USER_SCRIPT.count("\n") + 1
+    assert errors == [
+        f'user.py:{first}: error: Incompatible types in assignment (expression has type "int", variable has type '
+        '"EnvLike")  [assignment]',
+        f'user.py:{first + 1}: error: Argument "frames_per_batch" to "Collector" has incompatible type "str"; '
+        'expected "int"  [arg-type]',
+    ], bad.stdout

@@ -6,11 +6,12 @@ delivers their batches."""
 from __future__ import annotations
 
 import logging
+import sys
 import time
 import traceback
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 from tensordict import TensorDict
@@ -28,6 +29,11 @@ from rlcollect.distributed.stats import distributed_stats
 from rlcollect.weights.models import UnknownModelError, make_weight_updater
 from rlcollect.weights.schemes import NoWeightSyncScheme
 
+if TYPE_CHECKING:
+    import os
+
+    from rlcollect.typing import DeviceLike, EnvSource, ExplorationLike, PolicyLike
+
 logger = logging.getLogger("rlcollect")
 
 
@@ -36,42 +42,125 @@ class DistributedCollector(CollectorBase):
     """Collect on ``num_nodes`` nodes (processes or hosts) joined over torch.distributed.
 
     Each entry of ``create_env_fn`` is one node (rank ``i + 1``; nodes are numbered from 0 in
-    the API) running an inner collector of ``collector_class`` (``Collector``, ``"sync"`` or
-    ``"async"`` with ``num_workers_per_collector`` workers).  ``sync=True`` yields one batch
-    from every node stacked, ``(num_nodes, *node_batch)``, each node collecting
-    ``frames_per_batch / num_nodes`` frames; ``sync=False`` yields each node's batch of
-    ``frames_per_batch`` frames as it comes, tagged ``("collector", "node_id")``, and restarts
-    that node at once (each node has two batches in flight).
+    the API) running an inner collector of ``collector_class``. ``sync=True`` yields one batch
+    from every node stacked, ``(num_nodes, *node_batch)``; ``sync=False`` yields each node's
+    batch as it comes, tagged ``("collector", "node_id")``. Nodes are fresh interpreters that
+    never import your script: the env factories, policy and options travel to them pickled
+    (cloudpickle: what your ``__main__`` defines goes by value). Nodes execute the code rank 0
+    sends them, so rank 0 and the nodes must trust each other; every control message is
+    authenticated (HMAC-SHA256) with a per-run secret that never enters the store or a command
+    line, while batches travel unauthenticated. Nodes exit by themselves when rank 0 dies or
+    stops beating. The arguments are torchrl's ``DistributedDataCollector``'s where the names
+    agree; rlcollect's own are marked so.
 
-    Launchers: ``"mp"`` (local processes), ``"submitit"`` (``slurm_kwargs``; ``{"executor":
-    "local"}`` for local jobs), ``"submitit_delayed"`` and ``"external"`` (nodes started with
-    ``rlcollect node``; both need ``tcp_port``) and ``"ray"`` (each node a Ray actor;
-    ``ray_options``: its resources and placement, see docs/ray.md).  Rank 0 listens on ``master_addr`` only
-    (default: loopback for "mp", the host's address otherwise); ``tcp_port=None`` picks a free
-    port.  ``timeout`` bounds start-up and every reply; a node that dies or stops beating for
-    ``heartbeat_timeout`` seconds raises ``WorkerError`` naming it, and the rest are shut down
-    (``on_node_failure="raise"``); ``"continue"`` (async only) drops it and goes on with the
-    others, ``"restart"`` ("mp", "submitit" and "ray" launchers) relaunches it, up to
-    ``max_node_restarts`` times per node: see ``recovery.py`` and docs/fault-tolerance.md.
-    ``node_timeout=s``: a node that has not announced a batch ``s`` seconds after it started it
-    (a hung env step, while its heartbeat goes on) has failed too (default None: no limit).
-    ``start_timeout`` (default 120 s) bounds start-up: a node that has not started by then
-    raises ``WorkerError`` naming it "during start-up", and is killed.  Nodes exit by themselves
-    when rank 0 dies, or has not beaten for ``rank0_timeout`` seconds (default 60: a frozen
-    rank 0).
-
-    Every control message is authenticated (HMAC-SHA256) with a per-run secret that never enters
-    the store or a command line: "mp" and "submitit" hand it to their nodes themselves; external
-    nodes and "submitit_delayed" jobs read ``secret_file`` (the same 0600 file on both sides;
-    ``rlcollect node --secret-file``) or ``$RLCOLLECT_SECRET``.  See docs/distributed.md,
-    "Trust and the wire", for what this protects against and what it does not (batches travel
-    unauthenticated).
-
-    Weights: ``update_policy_weights_`` sends rank 0's ``policy`` weights (or the ones given)
-    to every node or to ``worker_ids`` (node indices); nodes pass them to their workers.
-    ``update_after_each_batch``, ``max_weight_update_interval=k`` (a node never collects more
-    than k batches on the same weights) and ``update_interval=k`` (every k yielded batches)
-    automate it.  Nodes execute the code rank 0 sends them: see docs/distributed.md.
+    Args:
+        create_env_fn: one env source per node (a list), or one for all ``num_nodes`` nodes:
+            an env, a gymnasium id, or a callable returning an env, as for ``Collector``.
+        policy: the policy every node acts with (sent pickled), as for ``Collector``; its
+            weights on rank 0 are what ``update_policy_weights_()`` sends. Default ``None``
+            (random actions).
+        policy_factory: a callable building the policy on the node instead, or a list with
+            one per node. Default ``None``.
+        frames_per_batch: frames per yielded batch (required). ``sync=True``: each node
+            collects ``frames_per_batch / num_nodes`` (``RuntimeError`` if that does not
+            divide); ``sync=False``: each node's batch has ``frames_per_batch`` frames.
+        total_frames: stop after this many frames; ``-1`` (the default) collects for ever
+            (``len()`` then raises ``TypeError``).
+        device: the inner collectors' ``device``: one value, or a list with one per node.
+        storing_device: where the yielded batches live (applied on rank 0; batches arrive on
+            the CPU); one value or a per-node list.
+        env_device: the inner collectors' ``env_device``; one value or a per-node list.
+        policy_device: the inner collectors' ``policy_device``; one value or a per-node list.
+        create_env_kwargs: keyword arguments of ``create_env_fn``, one dict for all nodes or a
+            list with one per node. Default ``None``.
+        max_frames_per_traj: passed to the inner collectors (truncate trajectories at this
+            length; ``None``: no limit).
+        init_random_frames: the first frames act randomly (applied on rank 0, as for
+            ``Collector``). Default ``None``.
+        reset_at_each_iter: the inner collectors reset their envs at the start of each batch.
+            Default ``False``.
+        postproc: applied on rank 0 to each batch before it is yielded. Default ``None``.
+        split_trajs: yield ``split_trajectories(batch)`` (on rank 0). Default ``False``.
+        exploration_type: the ``ExplorationType`` (or name) the nodes' rollouts run under.
+            Default ``"random"``.
+        collector_class: what runs on a node: ``Collector`` (the default, or ``"single"``),
+            ``"sync"`` (``MultiSyncCollector``) or ``"async"`` (``MultiAsyncCollector``).
+        collector_kwargs: extra keyword arguments of the inner collector, one dict for all
+            nodes or a list with one per node (``{"num_workers": 8}`` on a bigger host,
+            ``{"track_policy_version": True}``). Default ``None``.
+        num_workers_per_collector: workers of a multi-process inner collector (more than one
+            with a single ``Collector`` is a ``ValueError``). Default 1.
+        num_nodes: the number of nodes when ``create_env_fn`` is one source; with a list it
+            must equal its length. Default ``None``.
+        sync: ``True`` stacks one part from every node, all collected with the same weights
+            (nodes wait between batches); ``False`` (the default) delivers batches first come,
+            first served, each node keeping two batches in flight (it never waits for the
+            trainer; batches in flight during an update may use the previous weights).
+        slurm_kwargs: submitit executor parameters for ``launcher="submitit"`` (merged into
+            ``{"timeout_min": 1440, "nodes": 1, "tasks_per_node": 1}``; ``{"executor":
+            "local"}`` runs the jobs as local processes). Default ``None``.
+        backend: the torch.distributed backend of the batch transfers: ``"gloo"`` only
+            (``"nccl"`` is refused: batches reach rank 0 on the CPU).
+        update_after_each_batch: send rank 0's weights to the node whose batch was just taken
+            (async) or to every node (sync), after each batch. Default ``False``.
+        max_weight_update_interval: a node never collects more than this many batches on the
+            same weights (``-1``, the default: no limit); exclusive with
+            ``update_after_each_batch``.
+        update_interval: send the weights every this many yielded batches (``None``, the
+            default: never by itself). The three automatic updates need ``policy`` to be an
+            ``nn.Module`` with parameters (``ValueError`` otherwise).
+        launcher: how nodes come to exist: ``"mp"`` (local processes rank 0 starts and
+            watches; the default), ``"submitit"`` (one SLURM or local job per node,
+            ``slurm_kwargs``), ``"submitit_delayed"`` (jobs submitted beforehand with
+            ``submit_nodes`` wait for rank 0), ``"external"`` (you start
+            ``rlcollect node ...`` on any host; rank 0 prints the commands; these two need
+            ``tcp_port``) or ``"ray"`` (each node a Ray actor on the Ray cluster; ``ray_options``).
+        tcp_port: the port rank 0's store listens on; ``None`` (the default) picks a free one
+            (the "mp" and "submitit" launchers tell their nodes). A string of digits is
+            accepted, as torchrl keeps it.
+        master_addr: the address rank 0 listens on, on that interface only (a wildcard such as
+            ``"0.0.0.0"`` is a ``ValueError``); ``None``: ``"127.0.0.1"`` for "mp", this host's
+            address the other hosts see otherwise.
+        timeout: seconds any reply to a control command (``set_seed``, ``reset``,
+            ``state_dict``, ...) and any transfer set-up may take. Default 300 (torchrl's are
+            days).
+        heartbeat_timeout: seconds without a new authentic heartbeat (nodes beat every 0.5 s)
+            after which a node has failed. Default 5.
+        weight_sync_schemes: ``{"policy": DistributedWeightSyncScheme()}`` (the default: one
+            flat tensor over the process group) or ``{"policy": NoWeightSyncScheme()}``
+            (updates are no-ops); other schemes are a ``TypeError``.
+        on_node_failure: rlcollect's own. What a failed node (died, stopped beating, its
+            collection raised, ``node_timeout`` passed) leads to: ``"raise"`` (the default:
+            every node is shut down and a ``WorkerError`` naming it is raised, or the node's
+            own exception type), ``"continue"`` (``sync=False`` only: the node is dropped and
+            the others go on) or ``"restart"`` ("mp", "submitit" and "ray" launchers: the node is
+            relaunched and rejoins).
+        max_node_restarts: with ``"restart"``, relaunches allowed per node; one more failure
+            raises. Default 3.
+        node_timeout: rlcollect's own: seconds after which a node that has not announced the
+            batch it started has failed (a hung env step, while its heartbeat goes on); give it
+            well above twice a batch's collection time. Default ``None``: no limit.
+        start_timeout: rlcollect's own: seconds a node may take to start (build its collector
+            and report its layout); past it the construction raises a ``WorkerError`` naming
+            the node "during start-up" and the nodes still starting are killed. Also bounds a
+            relaunched node's rejoin. Default 120.
+        rank0_timeout: rlcollect's own: nodes exit when rank 0 has not beaten for this many
+            seconds (a frozen rank 0; they exit at once when it dies). "mp" and "submitit"
+            nodes get it from rank 0; external ones take ``--rank0-timeout``. Default 60.
+        secret_file: rlcollect's own: a path to the run's secret, for ``"external"`` and
+            ``"submitit_delayed"`` nodes (the same file, mode 0600, on both sides;
+            ``rlcollect node --secret-file``); ``None``: ``$RLCOLLECT_SECRET``, else
+            ``"external"`` writes a new secret to a 0600 file (removed at shutdown) and warns
+            with its path, and ``"submitit_delayed"`` raises ``ValueError``. "mp" and
+            "submitit" hand the secret to their nodes themselves.
+        weight_updater: torchrl's ``WeightUpdaterBase`` (instance or class) or a function that
+            moves the weights on ``update_policy_weights_`` instead of the scheme (exclusive
+            with ``weight_sync_schemes``). Default ``None``.
+        ray_options: with ``launcher="ray"``: the actors' resources and placement (``num_cpus``,
+            default the node's workers; ``num_gpus``, ``memory``, ``resources``, ``runtime_env``,
+            ``scheduling_strategy``, ``placement_group`` with ``"PACK"``/``"SPREAD"``), ``address``
+            (else ``$RAY_ADDRESS``, else a local Ray started quietly) and ``init_kwargs``.
+            Refused with any other launcher. Default ``None``.
 
     Example:
         >>> from rlcollect import DistributedCollector
@@ -87,23 +176,23 @@ class DistributedCollector(CollectorBase):
 
     def __init__(
         self,
-        create_env_fn: Any,
-        policy: Any = None,
+        create_env_fn: EnvSource | list[EnvSource],
+        policy: PolicyLike = None,
         *,
         policy_factory: Callable | list | None = None,
         frames_per_batch: int,
         total_frames: int = -1,
-        device: Any = None,
-        storing_device: Any = None,
-        env_device: Any = None,
-        policy_device: Any = None,
+        device: DeviceLike | list[DeviceLike] = None,
+        storing_device: DeviceLike | list[DeviceLike] = None,
+        env_device: DeviceLike | list[DeviceLike] = None,
+        policy_device: DeviceLike | list[DeviceLike] = None,
         create_env_kwargs: dict | list | None = None,
         max_frames_per_traj: int | None = None,
         init_random_frames: int | None = None,
         reset_at_each_iter: bool = False,
         postproc: Callable | None = None,
         split_trajs: bool = False,
-        exploration_type: Any = "random",
+        exploration_type: ExplorationLike = "random",
         collector_class: Any = Collector,
         collector_kwargs: dict | list | None = None,
         num_workers_per_collector: int = 1,
@@ -125,7 +214,7 @@ class DistributedCollector(CollectorBase):
         node_timeout: float | None = None,
         start_timeout: float = 120.0,
         rank0_timeout: float = 60.0,
-        secret_file: Any = None,
+        secret_file: str | os.PathLike | None = None,
         weight_updater: Any = None,
         ray_options: dict | None = None,
     ):
@@ -170,6 +259,7 @@ class DistributedCollector(CollectorBase):
         self._last_batch_s = 0.0
         self._last_batch_frames = 0
         self._started_at = time.perf_counter()
+        self._first_batch: tuple[int, float] | None = None
         self._iterator: Iterator | None = None
         secret, secret_file, own_file = _run_secret(cfg)
         pool = self._pool = NodePool(cfg, secret, secret_file, own_file)
@@ -227,6 +317,8 @@ class DistributedCollector(CollectorBase):
             batch = self._recovery.run(self._next_one)
             self._last_batch_s = time.perf_counter() - started
             self._last_batch_frames = self._frames - frames_before
+            if self._first_batch is None:  # stats()["fps_steady"] counts from here
+                self._first_batch = (self._frames, time.perf_counter() - self._started_at)
         self._iter += 1
         return self._deliver(batch, storing_device=self.config.storing_device)
 
@@ -349,7 +441,7 @@ class DistributedCollector(CollectorBase):
             self._pool, closed=self._closed, master=f"{self.master_addr}:{self.master_port}", frames=self._frames,
             batches=self._iter, elapsed=time.perf_counter() - self._started_at,
             recent_fps=self._last_batch_frames / self._last_batch_s if self._last_batch_s else 0.0,
-            version=self._version, lag=self._gather.lag, wait=self._gather.wait)
+            version=self._version, lag=self._gather.lag, wait=self._gather.wait, first_batch=self._first_batch)
 
     def iterator(self) -> Iterator[Any]:
         """``iter(collector)`` (torchrl's name)."""
@@ -427,7 +519,9 @@ def _run_secret(cfg: DistributedConfig) -> tuple[bytes, Any, Any]:
                              "submit_nodes(secret_file=PATH), or the secret in $RLCOLLECT_SECRET")
         secret = new_secret()
         path = write_secret_file(secret)
-        logger.warning("rlcollect: wrote this run's secret to %s (mode 600; removed at shutdown): give it to each "
-                       "node with --secret-file", path)
+        message = (f"rlcollect: wrote this run's secret to {path} (mode 600; removed at shutdown): give it to each "
+                   "node with --secret-file")
+        print(message, file=sys.stderr, flush=True)  # to act on: not only to the (silent by default) logger
+        logger.info(message)
         return secret, path, path
     return new_secret(), None, None  # "mp": through a pipe; "submitit": a 0600 file in the job folder

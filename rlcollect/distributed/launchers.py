@@ -88,13 +88,18 @@ class Launcher:
     def __init__(self, secret: bytes = b"", secret_file: Any = None, rank0_timeout: float = 60.0):
         self.secret, self.secret_file, self.rank0_timeout = secret, secret_file, rank0_timeout
 
-    def start(self, master_addr: str, master_port: int, world_size: int, timeout: float) -> None:
+    def start(self, master_addr: str, master_port: int, world_size: int, timeout: float,
+              start_timeout: float | None = None) -> None:
         ranks = range(1, world_size)
         commands = "\n".join("  " + " ".join(node_command(master_addr, master_port, r, world_size, timeout,
                                                           self.secret_file)) for r in ranks)
         where = "" if self.secret_file is not None else " (each with the run's secret in $RLCOLLECT_SECRET)"
-        logger.warning("rlcollect: waiting up to %g s for %d node(s) to join %s:%d; start them with%s:\n%s",
-                       timeout, len(ranks), master_addr, master_port, where, commands)
+        # The user must act on this, logging configured or not: stderr, not only the logger
+        # (whose NullHandler keeps it silent by default). The bound is the start-up one.
+        message = (f"rlcollect: waiting up to {start_timeout or timeout:g} s (start_timeout) for {len(ranks)} "
+                   f"node(s) to join {master_addr}:{master_port}; start them with{where}:\n{commands}")
+        print(message, file=sys.stderr, flush=True)
+        logger.info(message)
 
     def dead(self) -> dict[int, str]:
         """``{rank: cause}`` for nodes whose process is known to have ended."""
@@ -128,7 +133,8 @@ class MpLauncher(Launcher):
         self.pipes: dict[int, int] = {}  # rank -> the write end of its node's pipe (closed when it is gone)
         self._launch: tuple | None = None
 
-    def start(self, master_addr: str, master_port: int, world_size: int, timeout: float) -> None:
+    def start(self, master_addr: str, master_port: int, world_size: int, timeout: float,
+              start_timeout: float | None = None) -> None:
         env = dict(os.environ)
         env.pop("RLCOLLECT_SECRET", None)  # the node's secret comes through its pipe
         # Local nodes share this terminal: only their warnings and errors, unless asked.
@@ -309,7 +315,8 @@ class SubmititLauncher(Launcher):
         self._launch: tuple | None = None
         self._own_file = None
 
-    def start(self, master_addr: str, master_port: int, world_size: int, timeout: float) -> None:
+    def start(self, master_addr: str, master_port: int, world_size: int, timeout: float,
+              start_timeout: float | None = None) -> None:
         import socket
 
         from rlcollect.distributed.auth import write_secret_file
@@ -392,9 +399,10 @@ class SubmititDelayedLauncher(Launcher):
 
     name = "submitit_delayed"
 
-    def start(self, master_addr: str, master_port: int, world_size: int, timeout: float) -> None:
+    def start(self, master_addr: str, master_port: int, world_size: int, timeout: float,
+              start_timeout: float | None = None) -> None:
         logger.info("rlcollect: waiting up to %g s for %d submitit node job(s) to join %s:%d",
-                    timeout, world_size - 1, master_addr, master_port)
+                    start_timeout or timeout, world_size - 1, master_addr, master_port)
 
 
 def make_launcher(name: str, slurm_kwargs: dict | None, secret: bytes = b"", secret_file: Any = None,

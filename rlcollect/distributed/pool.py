@@ -95,7 +95,7 @@ class NodePool:
         self.handshake = Handshake(self.store, self.keys, self.run, self.world_size, self.channel)
         self.launcher = make_launcher(cfg.launcher, cfg.launcher_options, self.secret, self.secret_file,
                                       cfg.rank0_timeout)
-        self.launcher.start(addr, port, self.world_size, cfg.timeout)
+        self.launcher.start(addr, port, self.world_size, cfg.timeout, start_timeout=cfg.start_timeout)
         self._rendezvous(time.monotonic() + cfg.start_timeout)
         try:
             self._connect_pairs(self.handles)

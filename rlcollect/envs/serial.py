@@ -18,6 +18,11 @@ class SerialEnv(EnvGroup):
     Works with any env of the interface: rlcollect's own, gymnasium envs, or torchrl-style
     TensorDict envs.  Each env is seeded ``seed + i``.
 
+    Args:
+        num_envs: how many envs to build and step one after the other (a positive int).
+        create_env_fn: a callable taking no argument and returning one unbatched env (an env
+            class, a function, a ``functools.partial``); called ``num_envs`` times, here.
+
     Example:
         >>> from rlcollect import CountingEnv, SerialEnv
         >>> env = SerialEnv(3, lambda: CountingEnv(max_steps=4))

@@ -31,6 +31,14 @@ class CountingEnv(EnvBase):
     not change the dynamics, and the reward is ``1.0`` per step.  With ``max_steps=None`` the
     env never ends.
 
+    Args:
+        max_steps: the episode length: the step that brings a row's count to ``max_steps`` is
+            terminated (``None``: never). At least 1. Default 5.
+        batch_size: the env's batch dims: ``None`` or ``[]`` for one env, an int ``n`` or a
+            sequence (``[n]``, ``[a, b]``) for ``prod(batch_size)`` independent rows.
+        obs_dim: the observation's length (every entry holds the count). Default 1.
+        num_actions: the size of the ``Discrete`` action space (actions are ignored). Default 2.
+
     Example:
         >>> env = CountingEnv(max_steps=2, batch_size=[3])
         >>> env.reset()["observation"][:, 0].tolist()
@@ -107,13 +115,24 @@ class CountingEnv(EnvBase):
 class BusyEnv(CountingEnv):
     """Burns ``step_time`` seconds of CPU per step (per row): a compute-bound simulator.
 
+    Otherwise a ``CountingEnv`` (observation = steps since the reset, reward 1.0).
+
+    Args:
+        step_time: seconds of busy loop per step and per row (a batch of ``n`` rows spins
+            ``n * step_time``). Default 1 ms.
+        batch_size: the env's batch dims: ``None`` or ``[]`` for one env, an int ``n`` or a
+            sequence (``[n]``, ``[a, b]``) for ``prod(batch_size)`` independent rows.
+        obs_dim: the observation's length. Default 4.
+        max_steps: the episode length (``None``: episodes never end). Default ``None``.
+
     Example:
         >>> env = BusyEnv(step_time=1e-4)
         >>> env.step(env.rand_action(env.reset()))["next", "reward"].item()
         1.0
     """
 
-    def __init__(self, step_time: float = 1e-3, batch_size=None, obs_dim: int = 4, max_steps: int | None = None):
+    def __init__(self, step_time: float = 1e-3, batch_size: int | Sequence[int] | None = None, obs_dim: int = 4,
+                 max_steps: int | None = None):
         super().__init__(max_steps=max_steps, batch_size=batch_size, obs_dim=obs_dim)
         self.step_time = float(step_time)
 
@@ -127,13 +146,24 @@ class BusyEnv(CountingEnv):
 class SleepEnv(CountingEnv):
     """Sleeps ``step_time`` seconds per step: a simulator waiting on I/O or another process.
 
+    Otherwise a ``CountingEnv`` (observation = steps since the reset, reward 1.0).
+
+    Args:
+        step_time: seconds of ``time.sleep`` per step, whatever the number of rows (the OS
+            may sleep a little longer: about 1.08 ms for 1 ms on Linux). Default 1 ms.
+        batch_size: the env's batch dims: ``None`` or ``[]`` for one env, an int ``n`` or a
+            sequence (``[n]``, ``[a, b]``) for ``prod(batch_size)`` independent rows.
+        obs_dim: the observation's length. Default 4.
+        max_steps: the episode length (``None``: episodes never end). Default ``None``.
+
     Example:
         >>> env = SleepEnv(step_time=1e-3)
         >>> env.step(env.rand_action(env.reset()))["next", "done"].item()
         False
     """
 
-    def __init__(self, step_time: float = 1e-3, batch_size=None, obs_dim: int = 4, max_steps: int | None = None):
+    def __init__(self, step_time: float = 1e-3, batch_size: int | Sequence[int] | None = None, obs_dim: int = 4,
+                 max_steps: int | None = None):
         super().__init__(max_steps=max_steps, batch_size=batch_size, obs_dim=obs_dim)
         self.step_time = float(step_time)
 
@@ -167,6 +197,10 @@ class FaultyEnv(CountingEnv):
         trigger_file: a path checked before every step: when a file appears there holding
             ``"<fault> <worker index>"``, the matching worker claims it (removes it) and fails
             that way. Lets a driver inject faults at chosen moments (``bench/soak.py``).
+        exit_code: the process's exit status with ``fault="exit"``. Default 3.
+        max_steps: the episode length of the underlying ``CountingEnv`` (``None``: never ends).
+        batch_size: the env's batch dims: ``None`` or ``[]`` for one env, an int ``n`` or a
+            sequence (``[n]``, ``[a, b]``) for ``prod(batch_size)`` independent rows.
 
     Example:
         >>> env = FaultyEnv(fault="raise", at_step=2)
@@ -189,7 +223,7 @@ class FaultyEnv(CountingEnv):
         start_delay: float = 0.0,
         exit_code: int = 3,
         max_steps: int | None = None,
-        batch_size=None,
+        batch_size: int | Sequence[int] | None = None,
         trigger_file: str | None = None,
     ):
         if fault not in FAULTS:

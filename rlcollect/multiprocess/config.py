@@ -26,8 +26,8 @@ import torch
 from rlcollect import torchrl_args
 from rlcollect.collector import Collector
 from rlcollect.config import (CollectorConfig, check_policy_sources, check_replay_buffer, check_weight_updater,
-                              kwargs_arg, optional_positive_int, per_member, positive_int, resolve_collector_class,
-                              seconds, total_frames_arg)
+                              device_arg, kwargs_arg, optional_positive_int, per_member, positive_int,
+                              resolve_collector_class, seconds, total_frames_arg)
 from rlcollect.multiprocess import start
 from rlcollect.multiprocess.pool import DEFAULT_START_TIMEOUT_S
 from rlcollect.multiprocess.recovery import RestartPolicy
@@ -277,10 +277,20 @@ class MultiConfig:
         self.env_kwargs = per_member("create_env_kwargs", self.create_env_kwargs, n, "worker")
         self.factories = per_member("policy_factory", self.policy_factory, n, "worker")
         self.devices = {name: per_member(name, getattr(self, name), n, "worker") for name in PER_WORKER_ARGS}
+        for name, values in self.devices.items():  # a bad device fails here, not in a worker
+            for value in values:
+                device_arg(name, value)
         per_batch = self.frames_per_batch
         if self.total_frames > 0 and isinstance(per_batch, int) and self.total_frames % per_batch:
-            torchrl_args.warn(f"total_frames={self.total_frames} is not a multiple of frames_per_batch="
-                              f"{self.frames_per_batch}: the last batch overshoots", stacklevel=_USER)
+            # Named as the user wrote them: a sync batch of 1001 frames over 2 workers is 1002.
+            given = f"frames_per_batch={fpb}" + (f" (a batch of {per_batch}: {n} workers x {frames[0]})"
+                                                 if per_batch != fpb else "")
+            if self.total_frames < per_batch:
+                torchrl_args.warn(f"total_frames={self.total_frames} is less than {given}: the only batch has "
+                                  f"{per_batch} frames", stacklevel=_USER)
+            else:
+                torchrl_args.warn(f"total_frames={self.total_frames} is not a multiple of {given}: the last batch "
+                                  "overshoots to a whole batch", stacklevel=_USER)
 
     def _options(self) -> None:
         """The options of the collector itself."""

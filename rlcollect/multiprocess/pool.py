@@ -29,8 +29,9 @@ logger = logging.getLogger("rlcollect")
 DEFAULT_START_TIMEOUT_S = 120.0
 _STARTUP_HINT = (
     " before it was ready. If the script that builds the collector runs it at import time, guard it with "
-    "`if __name__ == '__main__':` (with 'forkserver', the default, and 'spawn' every worker imports the main "
-    "module); the worker's own error, if any, is on stderr above"
+    "`if __name__ == '__main__':` (with 'spawn', and with 'forkserver', which the default picks instead of "
+    "'fork' once another thread runs in the process, e.g. a TensorBoard writer or tqdm's monitor, or CUDA is "
+    "initialised, every worker imports the main module); the worker's own error, if any, is on stderr above"
 )
 
 

@@ -34,6 +34,7 @@ class WorkerStats:
         self.started_at = time.perf_counter()
         self.last_batch_s = 0.0
         self.last_batch_frames = 0
+        self.first_batch: tuple[int, float] | None = None  # (frames, seconds since started_at): fps_steady
 
     def note_batch(self, parts: list[tuple[int, dict]], version: int) -> None:
         """Account for the worker replies ``(worker, info)`` one batch is made of: per-worker
@@ -44,6 +45,8 @@ class WorkerStats:
             metas.append(info["meta"])
         self.last_meta = merge_meta(metas)
         self.lag = policy_lag(version, metas)
+        if self.first_batch is None:
+            self.first_batch = (sum(info["frames"] for _, info in parts), time.perf_counter() - self.started_at)
 
     def note_worker(self, index: int, info: dict) -> None:
         """A reply of worker ``index`` (a batch, or what it wrote while running free)."""
@@ -75,4 +78,5 @@ class WorkerStats:
             frames=frames, batches=batches, elapsed=elapsed,
             recent_fps=self.last_batch_frames / self.last_batch_s if self.last_batch_s else 0.0,
             version=version, workers=workers, restarts=sum(restarts), dropped_frames=self.dropped,
-            replay_buffer_write_count=getattr(replay_buffer, "write_count", None), lag=self.lag, wait=self.wait)
+            replay_buffer_write_count=getattr(replay_buffer, "write_count", None), lag=self.lag, wait=self.wait,
+            first_batch=self.first_batch)

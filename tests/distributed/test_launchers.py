@@ -90,14 +90,21 @@ def test_external_node_with_the_wrong_world_size_is_refused(secret_file):
         _stop(node)
 
 
-def test_external_launcher_times_out_clearly():
+def test_external_launcher_times_out_clearly(capfd):
     from rlcollect import WorkerError
 
+    port = free_port()
     with pytest.raises(WorkerError, match=r"nodes \[0\] did not start within start_timeout=1 s, during start-up "
                                           r"\(node 0 \(rank 1\): no authentic hello") as info:
         DistributedCollector([counting5], frames_per_batch=10, launcher="external", master_addr="127.0.0.1",
-                             tcp_port=free_port(), start_timeout=1.0)
+                             tcp_port=port, start_timeout=1.0)
     assert info.value.worker_index == 0
+    # What the user must do reaches stderr with no logging configured, with the bound that
+    # applies (start_timeout, not the 300-s timeout of replies).
+    err = capfd.readouterr().err
+    assert f"rlcollect: waiting up to 1 s (start_timeout) for 1 node(s) to join 127.0.0.1:{port}; start them " in err
+    assert f"  rlcollect node --master-addr 127.0.0.1 --master-port {port} --rank 1 --world-size 2" in err
+    assert "rlcollect: wrote this run's secret to " in err and "give it to each node with --secret-file" in err
 
 
 def test_submitit_launcher_with_the_local_executor(tmp_path, monkeypatch):
