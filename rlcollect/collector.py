@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 import logging
 import math
 import os
@@ -123,6 +124,18 @@ class Collector(CollectorBase):
             function, that moves the weights on ``update_policy_weights_`` instead of the
             schemes (exclusive with ``weight_sync_schemes``); the updater calls
             ``update_policy_weights_`` back. Default ``None``.
+        backend: torchrl's front door: ``"direct"`` (this collector), ``"process"`` (a
+            ``MultiSyncCollector`` or ``MultiAsyncCollector``), ``"distributed"``,
+            ``"submitit"`` or ``"ray"`` (a ``DistributedCollector`` with that launcher).
+            Given this, ``num_collectors``, ``backend_options`` or ``sync``, ``Collector(...)``
+            returns that backend's collector. Default ``None``: ``"process"`` if
+            ``num_collectors`` is given, else ``"direct"``.
+        num_collectors: the workers ("process") or nodes (the other backends) of the collector
+            the front door builds. Default ``None``.
+        backend_options: extra keyword arguments of that backend's collector (for ``"ray"``,
+            ``ray_options`` among them). Default ``None``.
+        sync: ``True`` builds a synchronous collector; torchrl's default is asynchronous.
+            Default ``None``.
 
     Example:
         >>> from rlcollect import Collector
@@ -590,6 +603,13 @@ class Collector(CollectorBase):
     def __repr__(self) -> str:
         return (f"Collector(env={self.env!r}, frames_per_batch={self.frames_per_batch}, "
                 f"total_frames={self.total_frames}, frames={self._frames})")
+
+
+# help() and IDEs show __init__'s arguments and the front door's (__new__ takes *args, **kwargs).
+_INIT = inspect.signature(Collector.__init__)
+Collector.__signature__ = _INIT.replace(parameters=[*list(_INIT.parameters.values())[1:], *(
+    inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None)
+    for n in ("backend", "num_collectors", "backend_options", "sync"))])
 
 
 def frames_written(replay_buffer: Any, collected: int) -> int:
