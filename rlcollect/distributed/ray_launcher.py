@@ -214,7 +214,8 @@ class RayLauncher:
         self._session = False
 
     # -- start ---------------------------------------------------------------------------------------
-    def start(self, master_addr: str, master_port: int, world_size: int, timeout: float) -> None:
+    def start(self, master_addr: str, master_port: int, world_size: int, timeout: float,
+              start_timeout: float | None = None) -> None:
         from rlcollect.distributed.ray_node import RayNode
 
         cpus = self.options["num_cpus"]
