@@ -34,11 +34,11 @@ def gil_hogging_env(at_step: int, seconds: float, marker: str, **kwargs):
     from rlcollect.envs.testing import CountingEnv
 
     class GilHoggingEnv(CountingEnv):
-        def _step_rows(self, action, obs_out, reward, terminated, truncated) -> None:
+        def step_rows(self, action, obs_out, reward, terminated, truncated) -> None:
             self.steps_taken = getattr(self, "steps_taken", 0) + 1
             if self.steps_taken == at_step and not Path(marker).exists():
                 Path(marker).touch()
                 hold_gil(seconds)
-            super()._step_rows(action, obs_out, reward, terminated, truncated)
+            super().step_rows(action, obs_out, reward, terminated, truncated)
 
     return GilHoggingEnv(**kwargs)
