@@ -60,14 +60,19 @@ class Wire:
     Args:
         sock: a connected stream socket (kept blocking; sends use ``MSG_DONTWAIT`` and a
             deadline, so a peer that stops reading never blocks a sender for ever).
+        received: bytes already read from ``sock`` that follow what was taken (the listener
+            reads a connection's first message in chunks: a peer that sends its next message
+            at once, as a watcher does, has its start in the same chunk); ``recv`` reads them
+            first.
     """
 
-    def __init__(self, sock: socket.socket):
+    def __init__(self, sock: socket.socket, received: bytes = b""):
         sock.setblocking(True)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock = sock
         self.lock = threading.Lock()
         self.closed = False
+        self._received = bytearray(received)
 
     @classmethod
     def connect(cls, host: str, port: int, timeout: float) -> Wire:
@@ -135,6 +140,10 @@ class Wire:
     def _recv_exactly(self, n: int) -> bytearray:
         buf = bytearray(n)
         view, got = memoryview(buf), 0
+        if self._received:
+            got = min(n, len(self._received))
+            view[:got] = self._received[:got]
+            del self._received[:got]
         while got < n:
             try:
                 k = self.sock.recv_into(view[got:], min(n - got, _CHUNK * 16))
@@ -265,13 +274,11 @@ class Listener:
             return
         if len(buf) < _LENGTH.size + size:
             return
-        if len(buf) > _LENGTH.size + size:  # nothing may follow an attach before it is answered
-            self._drop(sel, conn)
-            return
         sel.unregister(conn)
         del self._pending[conn]
-        try:
-            self._on_first(Wire(conn), bytes(buf[_LENGTH.size:]))
+        end = _LENGTH.size + size
+        try:  # what follows the attach (a watcher's first report) is the wire's to read, each message checked
+            self._on_first(Wire(conn, received=bytes(buf[end:])), bytes(buf[_LENGTH.size:end]))
         except Exception:  # noqa: BLE001
             logger.exception("rlcollect: handling a channel connection failed")
             conn.close()

@@ -55,6 +55,7 @@ def test_frozen_node_is_detected_by_its_heartbeat():
         deadline = time.monotonic() + 30
         while c._pool.handles[0].watch is None and time.monotonic() < deadline:  # its watcher reported
             next(iter(c))
+        assert c._pool.handles[0].watch is not None, "node 0's watcher never reported"
         os.kill(pids[0], signal.SIGSTOP)
         started = time.monotonic()
         with pytest.raises(WorkerError, match="node 0 stopped answering: no heartbeat") as info:

@@ -174,3 +174,37 @@ def test_drops_are_logged_once_per_sender_and_bounded(caplog):
             drops.drop("the inbox", f"rank {rank + 2}", "forged")
     assert drops.total == 1003
     assert len(caplog.records) == DropLog.MAX_SENDERS + 1 and len(drops.counts) == DropLog.MAX_SENDERS + 1
+
+
+def test_a_message_sent_right_after_the_attach_reaches_the_wire():
+    """A watcher sends its first report at once after its attach: both may arrive in the
+    listener's one read.  The first report is the wire's next message, not a reason to drop
+    the connection (that dropped a node's watcher about one run in six, and rank 0 then said
+    "no watcher report" for a stopped node)."""
+    import socket
+    import struct
+    import threading
+
+    from rlcollect.distributed.wire import Listener
+
+    got: list[bytes] = []
+    done = threading.Event()
+
+    def on_first(wire, data):
+        got.append(data)
+        got.append(wire.recv())
+        got.append(wire.recv())
+        wire.close()
+        done.set()
+
+    listener = Listener("127.0.0.1", on_first)
+    try:
+        frame = struct.Struct("!Q").pack
+        with socket.create_connection(("127.0.0.1", listener.port), timeout=10) as sock:
+            big = b"y" * 300_000  # the rest of the second frame comes in later reads
+            sock.sendall(frame(6) + b"attach" + frame(5) + b"first" + frame(len(big)) + big)
+            assert done.wait(10.0)
+        assert got == [b"attach", b"first", big]
+        assert listener.refused == 0
+    finally:
+        listener.close()
