@@ -40,7 +40,7 @@ from typing import Any
 
 from rlcollect.data import deliver
 from rlcollect.errors import WorkerError
-from rlcollect.torchrl_args import check_close_env, check_timeout
+from rlcollect.torchrl_args import check_close_env, check_hook, check_timeout
 from rlcollect.weights.models import update_targets
 
 logger = logging.getLogger("rlcollect")
@@ -73,6 +73,9 @@ class CollectorBase:
         try:
             while self.total_frames < 0 or self._frames < self.total_frames:
                 self._check_open()  # (shut down between two batches: say so)
+                hook = self.pre_collect_hook
+                if hook is not None:
+                    hook()
                 yield self._next_batch()
         except GeneratorExit:
             raise
@@ -297,7 +300,48 @@ class CollectorBase:
         cfg = self.config
         return deliver(batch, storing_device=storing_device, split_trajs=cfg.split_trajs, postproc=cfg.postproc,
                        replay_buffer=self.replay_buffer, extend_buffer=getattr(cfg, "extend_buffer", True),
-                       stacked_workers=stacked_workers)
+                       stacked_workers=stacked_workers, post_hook=getattr(cfg, "post_collect_hook", None))
+
+    # -- torchrl 0.14's collect hooks (kept in the config, where the constructor put them) -------
+    @property
+    def pre_collect_hook(self) -> Any:
+        """Called with no argument before each batch is collected (torchrl 0.14's), or None.
+        Setting it (to a callable or None) takes effect from the next batch.
+
+        Example:
+            >>> from rlcollect import Collector
+            >>> c = Collector("CartPole-v1", frames_per_batch=10, total_frames=20)
+            >>> calls = []
+            >>> c.pre_collect_hook = lambda: calls.append("pre")
+            >>> c.set_post_collect_hook(lambda batch: calls.append(batch.numel()))
+            >>> for _ in c: pass
+            >>> calls
+            ['pre', 10, 'pre', 10]
+            >>> c.shutdown()
+        """
+        return getattr(getattr(self, "config", None), "pre_collect_hook", None)
+
+    @pre_collect_hook.setter
+    def pre_collect_hook(self, hook: Any) -> None:
+        self.config.pre_collect_hook = check_hook("pre_collect_hook", hook)
+
+    @property
+    def post_collect_hook(self) -> Any:
+        """Called with each finished batch, after ``postproc`` and before it is yielded or
+        written into the replay buffer (torchrl 0.14's; what it returns is ignored), or None."""
+        return getattr(getattr(self, "config", None), "post_collect_hook", None)
+
+    @post_collect_hook.setter
+    def post_collect_hook(self, hook: Any) -> None:
+        self.config.post_collect_hook = check_hook("post_collect_hook", hook)
+
+    def set_post_collect_hook(self, hook: Any) -> None:
+        """Set ``post_collect_hook`` (torchrl 0.14's method form).
+
+        Args:
+            hook (callable | None): called with each finished batch; None removes it.
+        """
+        self.post_collect_hook = hook
 
     def next(self) -> Any:
         """The next batch, or None once ``total_frames`` are collected (torchrl's ``next()``).

@@ -124,6 +124,10 @@ class Collector(CollectorBase):
             function, that moves the weights on ``update_policy_weights_`` instead of the
             schemes (exclusive with ``weight_sync_schemes``); the updater calls
             ``update_policy_weights_`` back. Default ``None``.
+        pre_collect_hook: torchrl 0.14's: called with no argument before each batch (a
+            settable attribute too). Default ``None``.
+        post_collect_hook: torchrl 0.14's: called with each batch after ``postproc``, before it
+            is yielded or written (settable; ``set_post_collect_hook``). Default ``None``.
         backend: torchrl's front door: ``"direct"`` (this collector), ``"process"`` (a
             ``MultiSyncCollector`` or ``MultiAsyncCollector``), ``"distributed"``,
             ``"submitit"`` or ``"ray"`` (a ``DistributedCollector`` with that launcher).
@@ -187,20 +191,15 @@ class Collector(CollectorBase):
         traj_id_start: int | None = None,
         reset_when_done: bool = True,
         weight_updater: Any = None,
+        pre_collect_hook: Callable[[], Any] | None = None,
+        post_collect_hook: Callable[[Any], Any] | None = None,
     ):
         self._closed = True  # until construction succeeds, shutdown has nothing to do
         self.config = cfg = CollectorConfig(**bound_arguments(Collector.__init__, locals()))
         self._version_tracker = cfg.version_tracker
         self._schemes = cfg.schemes
         self.replay_buffer = replay_buffer
-        if cfg.total_frames > 0 and cfg.total_frames % cfg.frames_per_batch:
-            torchrl_args.warn(
-                f"total_frames={cfg.total_frames} is less than frames_per_batch={cfg.frames_per_batch}: the only "
-                f"batch has {cfg.frames_per_batch} frames" if cfg.total_frames < cfg.frames_per_batch else
-                f"total_frames={cfg.total_frames} is not a multiple of frames_per_batch={cfg.frames_per_batch}: "
-                "the last batch overshoots to a whole batch",
-                stacklevel=2,
-            )
+        torchrl_args.warn_overshoot(cfg.total_frames, cfg.frames_per_batch, stacklevel=3)
 
         with worker_index(worker_idx):
             # (a policy that builds its own rollout may build the env in parts: rollout.build_env)

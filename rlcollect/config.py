@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from rlcollect.base import CollectorBase
 from rlcollect.policy import as_exploration_type
-from rlcollect.torchrl_args import (check_reset_when_done, check_trust_policy,
+from rlcollect.torchrl_args import (check_hook, check_reset_when_done, check_trust_policy,
                                     endless_total_frames, random_frames, traj_limit, version_tracker)
 from rlcollect.weights.schemes import validate_schemes
 
@@ -219,9 +219,13 @@ class CollectorConfig:
     weight_updater: Any = dataclasses.field(default=None, repr=False, compare=False)
     traj_id_start: int | None = None
     reset_when_done: bool = True
+    pre_collect_hook: Callable[[], Any] | None = dataclasses.field(default=None, repr=False, compare=False)
+    post_collect_hook: Callable[[Any], Any] | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_reset_when_done(self.reset_when_done)
+        check_hook("pre_collect_hook", self.pre_collect_hook)
+        check_hook("post_collect_hook", self.post_collect_hook)
         self.track_policy_version, self.version_tracker = version_tracker(self.track_policy_version)
         positive_int("frames_per_batch", self.frames_per_batch)
         self.total_frames = total_frames_arg(self.total_frames)

@@ -250,10 +250,14 @@ def deliver(
     replay_buffer=None,
     extend_buffer: bool = True,
     stacked_workers: bool = False,
+    post_hook=None,
 ) -> TensorDict | None:
     """What every collector does to a finished batch: move it to ``storing_device``, split it
     into trajectories, apply ``postproc``, and either return it or write it into
     ``replay_buffer`` and return None.
+
+    ``post_hook``: called with the batch after ``postproc``, before it is written or returned
+    (torchrl 0.14's ``post_collect_hook``; what it returns is ignored).
 
     ``stacked_workers``: dim 0 of ``batch`` stacks the batches of several workers. A foreign
     buffer (a torchrl ``ReplayBuffer``) is written as torchrl's collectors write it: each
@@ -270,6 +274,8 @@ def deliver(
         batch = split_trajectories(batch)
     if postproc is not None:
         batch = postproc(batch)
+    if post_hook is not None:
+        post_hook(batch)
     if replay_buffer is None:
         return batch
     if not _is_own_buffer(replay_buffer):

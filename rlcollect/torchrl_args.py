@@ -38,6 +38,16 @@ def warn(message: str, stacklevel: int = 2) -> None:
         warnings.warn(message + " (set RL_WARNINGS=0 to silence this message)", stacklevel=stacklevel + 1)
 
 
+def warn_overshoot(total_frames: int, frames_per_batch: int, stacklevel: int = 2) -> None:
+    """Warn when ``total_frames`` is not a multiple of ``frames_per_batch`` (the last batch
+    overshoots)."""
+    if total_frames > 0 and total_frames % frames_per_batch:
+        warn(f"total_frames={total_frames} is less than frames_per_batch={frames_per_batch}: the only batch has "
+             f"{frames_per_batch} frames" if total_frames < frames_per_batch else
+             f"total_frames={total_frames} is not a multiple of frames_per_batch={frames_per_batch}: the last "
+             "batch overshoots to a whole batch", stacklevel=stacklevel + 1)
+
+
 def _int(name: str, value: Any, accepted: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name} must be {accepted}; got {value!r}")
@@ -98,6 +108,13 @@ def check_close_env(close_env: Any, owner: str) -> None:
             "shuts down (torchrl's multi-process collectors refuse close_env=False too); to keep using an env, "
             "keep collecting, or build a new env after shutdown"
         )
+
+
+def check_hook(name: str, value: Any) -> Any:
+    """``pre_collect_hook`` / ``post_collect_hook``: a callable or None."""
+    if value is not None and not callable(value):
+        raise TypeError(f"{name} must be a callable or None, got {type(value).__name__}")
+    return value
 
 
 def check_reset_when_done(value: Any) -> None:

@@ -161,6 +161,11 @@ class DistributedCollector(CollectorBase):
             ``scheduling_strategy``, ``placement_group`` with ``"PACK"``/``"SPREAD"``), ``address``
             (else ``$RAY_ADDRESS``, else a local Ray started quietly) and ``init_kwargs``.
             Refused with any other launcher. Default ``None``.
+        pre_collect_hook: torchrl 0.14's: called on rank 0 with no argument before each batch
+            is asked for (settable as an attribute). Default ``None``.
+        post_collect_hook: torchrl 0.14's: called on rank 0 with each batch after
+            ``postproc``, before it is yielded (the attribute and ``set_post_collect_hook`` set
+            it later). Default ``None``.
 
     Example:
         >>> from rlcollect import DistributedCollector
@@ -217,6 +222,8 @@ class DistributedCollector(CollectorBase):
         secret_file: str | os.PathLike | None = None,
         weight_updater: Any = None,
         ray_options: dict | None = None,
+        pre_collect_hook: Callable | None = None,
+        post_collect_hook: Callable | None = None,
     ):
         self._closed = True
         self.weight_updater, self._in_updater = None, False
@@ -238,7 +245,7 @@ class DistributedCollector(CollectorBase):
             heartbeat_timeout=heartbeat_timeout, weight_sync_schemes=weight_sync_schemes,
             on_node_failure=on_node_failure, max_node_restarts=max_node_restarts, node_timeout=node_timeout,
             start_timeout=start_timeout, rank0_timeout=rank0_timeout, secret_file=secret_file,
-            ray_options=ray_options,
+            ray_options=ray_options, pre_collect_hook=pre_collect_hook, post_collect_hook=post_collect_hook,
         )
         automatic = update_after_each_batch or max_weight_update_interval != -1 or update_interval is not None
         if automatic and cfg.weight_source is None:

@@ -121,6 +121,8 @@ class MultiCollectorBase(CollectorBase):
         inference: str = "worker",
         env_splits: int | None = None,
         max_wait_us: float = 0.0,
+        pre_collect_hook: Callable | None = None,
+        post_collect_hook: Callable | None = None,
         **inner_options: Any,
     ):
         args = bound_arguments(MultiCollectorBase.__init__, locals())
@@ -128,8 +130,7 @@ class MultiCollectorBase(CollectorBase):
         self.config = cfg = mpconfig.MultiConfig(sync=self._sync, owner=type(self).__name__, **args)
         n = self.num_workers = cfg.num_workers
         self._version_tracker = cfg.version_tracker
-        # torchrl's: the frames of one batch of every worker
-        self.requested_frames_per_batch = sum(cfg.worker_frames)
+        self.requested_frames_per_batch = cfg.requested_frames_per_batch  # torchrl's
         self._restart = RestartPolicy(cfg.on_worker_failure, cfg.max_worker_restarts, cfg.specs)
         self._stats = WorkerStats(n)
         self._version = 0

