@@ -15,7 +15,7 @@ from typing import Any
 import cloudpickle
 
 from rlcollect.collector import Collector
-from rlcollect.torchrl_args import check_hook, random_frames
+from rlcollect.torchrl_args import check_hook, check_recv_schemes, random_frames
 from rlcollect.config import (CollectorConfig, callable_or_none, check_policy_sources, flag, kwargs_arg,
                               non_negative_int, optional_positive_int, per_member, positive_int,
                               resolve_collector_class, seconds, total_frames_arg)
@@ -119,8 +119,10 @@ class DistributedConfig:
     ray_options: dict | None = None
     pre_collect_hook: Callable | None = None
     post_collect_hook: Callable | None = None
+    weight_recv_schemes: None = None
 
     def __post_init__(self) -> None:
+        check_recv_schemes(self.weight_recv_schemes)
         check_hook("pre_collect_hook", self.pre_collect_hook)
         check_hook("post_collect_hook", self.post_collect_hook)
         env_fns = self._check_nodes()

@@ -104,8 +104,8 @@ ARGS_DOC = """
             iteration yields None; an ``rlcollect.ReplayBuffer`` is written by the workers
             themselves (default None).
         extend_buffer (bool): write batches to ``replay_buffer`` as a whole (default True).
-        use_buffers (bool): torchrl's; both values accepted: batches always cross through
-            shared-memory slots and every delivered batch is fresh memory (default True).
+        use_buffers (bool | None): torchrl's; every value accepted (None: True): batches
+            always cross through shared-memory slots and every delivered batch is fresh memory (default True).
         weight_sync_schemes (dict | None): ``{model_id: scheme}``: how each model's weights
             reach the workers (``"shared"`` memory by default for ``"policy"``, ``"process"``
             pipes, ``"none"``) (default None).
@@ -139,7 +139,10 @@ ARGS_DOC = """
             ``max_frames_per_traj`` (truncate trajectories), ``reset_at_each_iter``,
             ``exploration_type`` (default ``"random"``), ``set_truncated``, ``trust_policy``,
             ``compile_policy``, ``cudagraph_policy``, ``no_cuda_sync``, ``track_policy_version``
-            (each as in ``Collector``); any other name is a ``TypeError``.
+            (each as in ``Collector``); and torchrl 0.14's ``track_traj_ids`` (False drops
+            ``("collector", "traj_ids")``), ``compact_obs`` (True drops the ``("next", ...)``
+            copies of root entries), ``weight_recv_schemes`` (only None), applied in this
+            process. Any other name is a ``TypeError``.
 """
 
 PER_WORKER_ARGS = ("device", "storing_device", "env_device", "policy_device")
@@ -150,6 +153,8 @@ INNER_OPTIONS = (
     "max_frames_per_traj", "reset_at_each_iter", "exploration_type", "set_truncated", "trust_policy",
     "compile_policy", "cudagraph_policy", "no_cuda_sync", "track_policy_version",
 )
+#: torchrl 0.14's options taken through ``**inner_options`` and applied in the main process.
+FACE_OPTIONS = ("weight_recv_schemes", "track_traj_ids", "compact_obs")
 #: Where warnings point: the user's call (user -> collector __init__ -> MultiConfig __init__ ->
 #: __post_init__ -> a check here).
 _USER = 5
@@ -231,10 +236,19 @@ class MultiConfig:
     max_wait_us: float = 0.0
     pre_collect_hook: Callable | None = None
     post_collect_hook: Callable | None = None
+    # torchrl 0.14's, given through **inner_options (FACE_OPTIONS); applied in this process
+    weight_recv_schemes: None = None
+    track_traj_ids: bool = True
+    compact_obs: bool = False
     inner_options: dict = dataclasses.field(default_factory=dict)
     owner: str = "MultiSyncCollector"  # the class name errors give
 
     def __post_init__(self) -> None:
+        for name in FACE_OPTIONS:
+            if name in self.inner_options:
+                setattr(self, name, self.inner_options.pop(name))
+        torchrl_args.check_recv_schemes(self.weight_recv_schemes)
+        torchrl_args.check_face(self.track_traj_ids, self.compact_obs, self.split_trajs)
         unknown = set(self.inner_options) - set(INNER_OPTIONS)
         if unknown:
             raise TypeError(f"{self.owner} got unexpected arguments {sorted(unknown)}")
@@ -243,8 +257,7 @@ class MultiConfig:
         torchrl_args.check_hook("pre_collect_hook", self.pre_collect_hook)
         torchrl_args.check_hook("post_collect_hook", self.post_collect_hook)
         self.local_init_rb = torchrl_args.check_local_init_rb(self.local_init_rb)
-        if not isinstance(self.use_buffers, bool):
-            raise TypeError(f"use_buffers must be a bool, got {self.use_buffers!r}")
+        self.use_buffers = torchrl_args.use_buffers(self.use_buffers)
         self.version_tracker = None
         if "track_policy_version" in inner:  # a torchrl PolicyVersion stays here; workers get True
             inner["track_policy_version"], self.version_tracker = version_tracker(inner["track_policy_version"])

@@ -21,7 +21,6 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from rlcollect.collector import frames_written
 from rlcollect.data import MASK, WORKER_ID, BatchLayout
 from rlcollect.envs.base import ArraySpec
 from rlcollect.errors import WorkerError
@@ -29,6 +28,7 @@ from rlcollect.metrics import policy_lag
 from rlcollect.multiprocess import protocol as P
 from rlcollect.multiprocess import shm
 from rlcollect.multiprocess.slots import StackedSlots, WorkerSlots
+from rlcollect.torchrl_args import frames_written
 
 #: ``update(index)``: the collector's weight update with each batch (``update_at_each_batch``;
 #: ``index`` None: before a sync batch; an async batch's worker after it), returning the version

@@ -151,3 +151,85 @@ def test_distributed_collector_kwargs_postproc_is_applied_or_refused():
                                        collector_kwargs={"postproc": mark})
     with pytest.raises(ValueError, match=r"collector_kwargs\['postproc'\] is not applied"):
         rlcollect.MultiSyncCollector([cartpole, cartpole], frames_per_batch=20, collector_kwargs={"postproc": mark})
+
+
+# -- torchrl's literal defaults, iterator(), receive_weights(), enable_profile ---------------------------
+def counted_cartpole():
+    from torchrl.envs import StepCounter, TransformedEnv
+
+    return TransformedEnv(cartpole(), StepCounter())
+
+
+def _keys(cls, **kwargs) -> set:
+    env = counted_cartpole()
+    env.set_seed(0)
+    c = cls(env, zero_policy(), frames_per_batch=10, total_frames=10, **kwargs)
+    try:
+        batch = next(c.iterator())
+        c.receive_weights()
+        return {str(k) for k in batch.keys(True, True)}
+    finally:
+        c.shutdown()
+
+
+@pytest.mark.parametrize("options", [{"use_buffers": None, "weight_recv_schemes": None}, {"track_traj_ids": False},
+                                     {"compact_obs": True}], ids=["literal-defaults", "no-traj-ids", "compact-obs"])
+def test_single_collector_options_give_torchrls_keys(options):
+    theirs, ours = _keys(trc.Collector, **options), _keys(rlcollect.Collector, **options)
+    assert ours == theirs
+    if "track_traj_ids" in options:
+        assert "('collector', 'traj_ids')" not in ours
+    if "compact_obs" in options:
+        assert "('next', 'observation')" not in ours and "('next', 'reward')" in ours
+
+
+def test_multisync_takes_torchrls_literal_defaults_and_face_options():
+    c = rlcollect.MultiSyncCollector([counted_cartpole, counted_cartpole], zero_policy(), frames_per_batch=20,
+                                     total_frames=20, collector_class=None, use_buffers=None, weight_recv_schemes=None,
+                                     compact_obs=True, track_traj_ids=False)
+    (batch,) = run(c)
+    keys = {str(k) for k in batch.keys(True, True)}
+    assert "('next', 'observation')" not in keys and "('collector', 'traj_ids')" not in keys
+    assert batch.shape == (2, 10)
+
+
+def test_refused_values_say_what_is_accepted():
+    with pytest.raises(ValueError, match="weight_recv_schemes=.* is not supported"):
+        rlcollect.Collector(cartpole(), frames_per_batch=10, weight_recv_schemes={"policy": object()})
+    with pytest.raises(ValueError, match="split_trajs=True needs the trajectory ids"):
+        rlcollect.Collector(cartpole(), frames_per_batch=10, split_trajs=True, track_traj_ids=False)
+    c = rlcollect.Collector(cartpole(), frames_per_batch=10)
+    with pytest.raises(TypeError, match="enable_profile got unexpected arguments \\['bogus'\\]"):
+        c.enable_profile(bogus=1)
+    c.shutdown()
+
+
+def test_enable_profile_with_torchrls_arguments_writes_a_trace(tmp_path):
+    c = rlcollect.Collector(cartpole(), zero_policy(), frames_per_batch=10, total_frames=30)
+    c.enable_profile(workers=[0], num_rollouts=2, warmup_rollouts=1, save_path=str(tmp_path / "trace.json"),
+                     activities=["cpu"], record_shapes=False)
+    run(c)
+    assert (tmp_path / "trace.json").stat().st_size > 0
+
+
+# -- torchrl's face: BaseCollector, stats() keys, init_random_frames ------------------------------------
+def test_our_collectors_are_torchrl_base_collectors():
+    c = rlcollect.Collector(cartpole(), frames_per_batch=10, total_frames=10, init_random_frames=None)
+    try:
+        assert isinstance(c, trc.BaseCollector)
+        assert issubclass(rlcollect.MultiAsyncCollector, trc.BaseCollector)
+        assert c.init_random_frames == 0  # torchrl's Trainer reads it
+    finally:
+        c.shutdown()
+
+
+def test_stats_have_torchrls_keys_with_torchrls_values():
+    stats = {}
+    for cls in (trc.Collector, rlcollect.Collector):
+        c = cls(cartpole(), zero_policy(), frames_per_batch=10, total_frames=20)
+        run(c)
+        stats[cls.__module__] = c.stats()
+    theirs, ours = stats.values()
+    assert set(theirs) <= set(ours)
+    assert {k: ours[k] for k in theirs} == theirs == {"frames": 20, "batches": 2, "total_frames": 20, "completed": True,
+                                                       "requested_frames_per_batch": 10}
