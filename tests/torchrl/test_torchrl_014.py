@@ -233,3 +233,33 @@ def test_stats_have_torchrls_keys_with_torchrls_values():
     assert set(theirs) <= set(ours)
     assert {k: ours[k] for k in theirs} == theirs == {"frames": 20, "batches": 2, "total_frames": 20, "completed": True,
                                                        "requested_frames_per_batch": 10}
+
+
+# -- the unified constructor ---------------------------------------------------------------------------
+def test_num_collectors_alone_builds_torchrls_class():
+    names = []
+    for cls in (trc.Collector, rlcollect.Collector):
+        c = cls(cartpole, None, frames_per_batch=20, total_frames=40, num_collectors=2)
+        names.append(type(c).__name__)
+        c.shutdown()
+    assert names == ["MultiAsyncCollector", "MultiAsyncCollector"]  # "process" inferred, async by default
+
+
+# -- distributed state_dict() with a torchrl env on the nodes ----------------------------------------------
+def counted_env():
+    return counted_cartpole()
+
+
+@pytest.mark.filterwarnings("ignore:rlcollect. env TransformedEnv does not expose")
+def test_distributed_state_dict_with_a_torchrl_env_round_trips():
+    c = rlcollect.DistributedCollector([counted_env, counted_env], frames_per_batch=20, total_frames=60, sync=True,
+                                       timeout=120.0)
+    try:
+        it = iter(c)
+        next(it)
+        state = c.state_dict()
+        assert sorted(state) == ["frames", "iter", "node0", "node1", "policy_version"]
+        c.load_state_dict(state)
+        assert next(it).shape == (2, 10)
+    finally:
+        c.shutdown()
