@@ -263,3 +263,24 @@ def test_distributed_state_dict_with_a_torchrl_env_round_trips():
         assert next(it).shape == (2, 10)
     finally:
         c.shutdown()
+
+
+# -- examples/torchrl014_port.py: a torchrl 0.14 script, the diff is its import line --------------------
+def test_ported_torchrl_014_script_prints_what_torchrl_prints(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent.parent / "examples" / "torchrl014_port.py"
+    ours_line = "from rlcollect import Collector  # torchrl 0.14: from torchrl.collectors import Collector"
+    text = script.read_text()
+    assert text.count(ours_line) == 1
+    theirs = tmp_path / "theirs.py"
+    theirs.write_text(text.replace(ours_line, "from torchrl.collectors import Collector"))
+    outputs = []
+    for path in (script, theirs):
+        proc = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=150, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        outputs.append(proc.stdout)
+    assert outputs[0] == outputs[1]
+    assert "hooks: ['start', 50, 'start', 50, 'start', 50]" in outputs[0]
