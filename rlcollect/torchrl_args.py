@@ -220,6 +220,27 @@ def register_with_torchrl(base: type) -> None:
         torchrl_base.register(base)
 
 
+#: torchrl 0.14 arguments taken at their default only (what the default means is what
+#: rlcollect does), with what else to do.
+DEFAULT_ONLY = {
+    "auto_register_policy_transforms": ((None, False), "add the transforms the policy needs (InitTracker, the "
+                                        "recurrent primers) to the env yourself"),
+    "init_fn": ((None,), "run per-worker set-up in create_env_fn"),
+    "trajs_per_batch": ((None,), "collect frames_per_batch frames and split them with split_trajs=True"),
+    "trajs_per_write": ((None,), "write batches (extend_buffer=True)"),
+    "traj_format": ((None,), "use split_trajs=True (padded, with ('collector', 'mask'))"),
+}
+
+
+def check_default_only(name: str, value: Any) -> None:
+    """One of ``DEFAULT_ONLY``'s arguments: its torchrl default, or a ``ValueError`` that says
+    what to do instead."""
+    accepted, instead = DEFAULT_ONLY[name]
+    if not any(value is a for a in accepted):
+        raise ValueError(f"{name}={value!r} is not supported yet (accepted: {' or '.join(map(repr, accepted))}, "
+                         f"torchrl's default); {instead}")
+
+
 def check_reset_when_done(value: Any) -> None:
     """``reset_when_done``: True is what rlcollect always does; False is refused."""
     if value is True:

@@ -142,7 +142,9 @@ ARGS_DOC = """
             (each as in ``Collector``); and torchrl 0.14's ``track_traj_ids`` (False drops
             ``("collector", "traj_ids")``), ``compact_obs`` (True drops the ``("next", ...)``
             copies of root entries), ``weight_recv_schemes`` (only None), applied in this
-            process. Any other name is a ``TypeError``.
+            process; ``auto_register_policy_transforms``, ``init_fn``, ``trajs_per_batch``,
+            ``trajs_per_write``, ``traj_format`` at torchrl's default only (None; a
+            ``ValueError`` otherwise). Any other name is a ``TypeError``.
 """
 
 PER_WORKER_ARGS = ("device", "storing_device", "env_device", "policy_device")
@@ -247,6 +249,9 @@ class MultiConfig:
         for name in FACE_OPTIONS:
             if name in self.inner_options:
                 setattr(self, name, self.inner_options.pop(name))
+        for name in torchrl_args.DEFAULT_ONLY:
+            if name in self.inner_options:
+                torchrl_args.check_default_only(name, self.inner_options.pop(name))
         torchrl_args.check_recv_schemes(self.weight_recv_schemes)
         torchrl_args.check_face(self.track_traj_ids, self.compact_obs, self.split_trajs)
         unknown = set(self.inner_options) - set(INNER_OPTIONS)
