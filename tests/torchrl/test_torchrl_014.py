@@ -308,3 +308,25 @@ def test_multiprocess_collectors_take_torchrls_other_defaults_and_refuse_the_res
     assert [b.shape for b in run(c)] == [(10,)]
     with pytest.raises(ValueError, match=r"trajs_per_batch=4 is not supported yet \(accepted: None"):
         rlcollect.MultiSyncCollector([cartpole], frames_per_batch=10, trajs_per_batch=4)
+
+
+# -- torchrl's Trainer drives our collector ---------------------------------------------------------------
+def test_torchrl_trainer_with_a_dqn_loss_trains_on_our_collector():
+    from torchrl.modules import MLP, QValueActor
+    from torchrl.objectives import DQNLoss
+    from torchrl.trainers import Trainer
+
+    torch.manual_seed(0)
+    spec = cartpole().action_spec
+    actor = QValueActor(MLP(in_features=4, out_features=2, num_cells=[16]), in_keys=["observation"], spec=spec)
+    loss = DQNLoss(actor, action_space=spec)
+    c = rlcollect.Collector(cartpole(), actor, frames_per_batch=50, total_frames=150, init_random_frames=50)
+    before = [p.detach().clone() for p in loss.parameters()]
+    try:
+        trainer = Trainer(collector=c, total_frames=150, frame_skip=1, optim_steps_per_batch=1, loss_module=loss,
+                          optimizer=torch.optim.Adam(loss.parameters(), 1e-3), progress_bar=False)
+        trainer.train()
+        assert c.stats()["frames"] == 150 and c.init_random_frames == 50
+    finally:
+        c.shutdown()
+    assert any(not torch.equal(b, p) for b, p in zip(before, loss.parameters()))
