@@ -40,7 +40,7 @@ from typing import Any
 
 from rlcollect.data import deliver
 from rlcollect.errors import WorkerError
-from rlcollect.torchrl_args import check_close_env, check_timeout
+from rlcollect.torchrl_args import check_close_env, check_hook, check_timeout, register_with_torchrl, trimmed
 from rlcollect.weights.models import update_targets
 
 logger = logging.getLogger("rlcollect")
@@ -48,6 +48,10 @@ logger = logging.getLogger("rlcollect")
 
 class CollectorBase:
     """The one base class of rlcollect's public collectors (see the module docstring)."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        register_with_torchrl(CollectorBase)  # (torchrl may have been imported since rlcollect was)
+        return super().__new__(cls)
 
     _version_tracker: Any = None
     _iterator: Iterator | None = None
@@ -73,6 +77,9 @@ class CollectorBase:
         try:
             while self.total_frames < 0 or self._frames < self.total_frames:
                 self._check_open()  # (shut down between two batches: say so)
+                hook = self.pre_collect_hook
+                if hook is not None:
+                    hook()
                 yield self._next_batch()
         except GeneratorExit:
             raise
@@ -80,6 +87,10 @@ class CollectorBase:
             if self._shutdown_on_error:
                 self.shutdown()
             raise
+
+    def iterator(self) -> Iterator[Any]:
+        """``iter(collector)`` (torchrl's name)."""
+        return iter(self)
 
     def __next__(self) -> Any:
         if self._iterator is None:
@@ -239,6 +250,41 @@ class CollectorBase:
                                 weights_dict=weights_dict)
         self._push_weights(models, worker_ids)
 
+    def receive_weights(self, policy_or_weights: Any = None, *, weights: Any = None, policy: Any = None) -> None:
+        """torchrl 0.14's: with weights, act with them (``update_policy_weights_``, a new
+        version); without, nothing to do: an rlcollect collector has no receiver schemes, its
+        workers (nodes) take the weights it pushes.
+
+        Args:
+            policy_or_weights: the weights (as ``update_policy_weights_`` takes them) or None.
+            weights: the same, by keyword.
+            policy: the same, by keyword.
+
+        Example:
+            >>> from rlcollect import Collector
+            >>> c = Collector("CartPole-v1", frames_per_batch=10)
+            >>> c.receive_weights(); c.policy_version
+            0
+            >>> c.shutdown()
+        """
+        if policy_or_weights is None and weights is None and policy is None:
+            self._check_open()
+            return
+        self.update_policy_weights_(policy_or_weights, weights=weights, policy=policy)
+
+    def _torchrl_stats(self, stats: dict[str, Any]) -> dict[str, Any]:
+        """``stats`` with torchrl 0.14's keys added after ours (``TORCHRL_STATS_KEYS``):
+        ``total_frames`` (None for an endless collector, where torchrl leaves it out),
+        ``completed``, ``requested_frames_per_batch``, ``workers_alive`` (``policy_version``
+        is ours too). torchrl's ``"workers"`` (a count) is ours (a list of per-worker dicts):
+        its count is ``len(stats["workers"])``."""
+        endless = self.total_frames < 0
+        stats["total_frames"] = None if endless else self.total_frames
+        stats["completed"] = not endless and self._frames >= self.total_frames
+        stats["requested_frames_per_batch"] = getattr(self, "requested_frames_per_batch", None)
+        stats["workers_alive"] = sum(bool(w.get("alive")) for w in stats.get("workers", []))
+        return stats
+
     def _push_weights(self, models: dict[str, Any], worker_ids: Any) -> None:
         """Act with ``models`` (``{model_id: weights or None}``, checked) on ``worker_ids``."""
         raise NotImplementedError
@@ -295,9 +341,51 @@ class CollectorBase:
         """A finished batch to the user (or the replay buffer): ``rlcollect.data.deliver`` with
         this collector's options."""
         cfg = self.config
+        batch = trimmed(batch, getattr(cfg, "track_traj_ids", True), getattr(cfg, "compact_obs", False))
         return deliver(batch, storing_device=storing_device, split_trajs=cfg.split_trajs, postproc=cfg.postproc,
                        replay_buffer=self.replay_buffer, extend_buffer=getattr(cfg, "extend_buffer", True),
-                       stacked_workers=stacked_workers)
+                       stacked_workers=stacked_workers, post_hook=getattr(cfg, "post_collect_hook", None))
+
+    # -- torchrl 0.14's collect hooks (kept in the config, where the constructor put them) -------
+    @property
+    def pre_collect_hook(self) -> Any:
+        """Called with no argument before each batch is collected (torchrl 0.14's), or None.
+        Setting it (to a callable or None) takes effect from the next batch.
+
+        Example:
+            >>> from rlcollect import Collector
+            >>> c = Collector("CartPole-v1", frames_per_batch=10, total_frames=20)
+            >>> calls = []
+            >>> c.pre_collect_hook = lambda: calls.append("pre")
+            >>> c.set_post_collect_hook(lambda batch: calls.append(batch.numel()))
+            >>> for _ in c: pass
+            >>> calls
+            ['pre', 10, 'pre', 10]
+            >>> c.shutdown()
+        """
+        return getattr(getattr(self, "config", None), "pre_collect_hook", None)
+
+    @pre_collect_hook.setter
+    def pre_collect_hook(self, hook: Any) -> None:
+        self.config.pre_collect_hook = check_hook("pre_collect_hook", hook)
+
+    @property
+    def post_collect_hook(self) -> Any:
+        """Called with each finished batch, after ``postproc`` and before it is yielded or
+        written into the replay buffer (torchrl 0.14's; what it returns is ignored), or None."""
+        return getattr(getattr(self, "config", None), "post_collect_hook", None)
+
+    @post_collect_hook.setter
+    def post_collect_hook(self, hook: Any) -> None:
+        self.config.post_collect_hook = check_hook("post_collect_hook", hook)
+
+    def set_post_collect_hook(self, hook: Any) -> None:
+        """Set ``post_collect_hook`` (torchrl 0.14's method form).
+
+        Args:
+            hook (callable | None): called with each finished batch; None removes it.
+        """
+        self.post_collect_hook = hook
 
     def next(self) -> Any:
         """The next batch, or None once ``total_frames`` are collected (torchrl's ``next()``).
@@ -397,3 +485,6 @@ class FromConfig:
 
     def __get__(self, obj: Any, owner: type | None = None) -> Any:
         return self if obj is None else getattr(obj.config, self.name)
+
+
+register_with_torchrl(CollectorBase)

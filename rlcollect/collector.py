@@ -27,7 +27,7 @@ from rlcollect.profiling import RolloutProfiler
 from rlcollect.policy import exploration_scope, has_weights, load_weights, make_runner
 from rlcollect.rollout import build_env, make_rollout
 from rlcollect import torchrl_args
-from rlcollect.base import CollectorBase
+from rlcollect.base import CollectorBase, FromConfig
 from rlcollect.weights.local import LocalWeights, acting_policy, place_env
 from rlcollect.weights.models import make_weight_updater
 
@@ -124,6 +124,13 @@ class Collector(CollectorBase):
             function, that moves the weights on ``update_policy_weights_`` instead of the
             schemes (exclusive with ``weight_sync_schemes``); the updater calls
             ``update_policy_weights_`` back. Default ``None``.
+        pre_collect_hook: torchrl 0.14's: called with no argument before each batch (a
+            settable attribute too). Default ``None``.
+        post_collect_hook: torchrl 0.14's: called with each batch after ``postproc``, before it
+            is yielded or written (settable; ``set_post_collect_hook``). Default ``None``.
+        weight_recv_schemes: torchrl 0.14's; only ``None`` (its default) is accepted.
+        track_traj_ids: ``False`` drops ``("collector", "traj_ids")`` (torchrl 0.14's). Default ``True``.
+        compact_obs: torchrl 0.14's: drop the ``("next", ...)`` copies of root entries. Default ``False``.
         backend: torchrl's front door: ``"direct"`` (this collector), ``"process"`` (a
             ``MultiSyncCollector`` or ``MultiAsyncCollector``), ``"distributed"``,
             ``"submitit"`` or ``"ray"`` (a ``DistributedCollector`` with that launcher).
@@ -144,6 +151,7 @@ class Collector(CollectorBase):
         [torch.Size([100]), torch.Size([100]), torch.Size([100])]
         >>> collector.shutdown()
     """
+    init_random_frames = FromConfig()  # torchrl's attribute (its Trainer reads it)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         """torchrl's front door: given ``backend``, ``num_collectors``, ``backend_options`` or
@@ -187,20 +195,18 @@ class Collector(CollectorBase):
         traj_id_start: int | None = None,
         reset_when_done: bool = True,
         weight_updater: Any = None,
+        pre_collect_hook: Callable[[], Any] | None = None,
+        post_collect_hook: Callable[[Any], Any] | None = None,
+        weight_recv_schemes: None = None,
+        track_traj_ids: bool = True,
+        compact_obs: bool = False,
     ):
         self._closed = True  # until construction succeeds, shutdown has nothing to do
         self.config = cfg = CollectorConfig(**bound_arguments(Collector.__init__, locals()))
         self._version_tracker = cfg.version_tracker
         self._schemes = cfg.schemes
         self.replay_buffer = replay_buffer
-        if cfg.total_frames > 0 and cfg.total_frames % cfg.frames_per_batch:
-            torchrl_args.warn(
-                f"total_frames={cfg.total_frames} is less than frames_per_batch={cfg.frames_per_batch}: the only "
-                f"batch has {cfg.frames_per_batch} frames" if cfg.total_frames < cfg.frames_per_batch else
-                f"total_frames={cfg.total_frames} is not a multiple of frames_per_batch={cfg.frames_per_batch}: "
-                "the last batch overshoots to a whole batch",
-                stacklevel=2,
-            )
+        torchrl_args.warn_overshoot(cfg.total_frames, cfg.frames_per_batch, stacklevel=3)
 
         with worker_index(worker_idx):
             # (a policy that builds its own rollout may build the env in parts: rollout.build_env)
@@ -303,7 +309,7 @@ class Collector(CollectorBase):
             torch.set_rng_state(outer)
 
     def _random_now(self) -> bool:
-        return frames_written(self.replay_buffer, self._frames) < self.config.init_random_frames
+        return torchrl_args.frames_written(self.replay_buffer, self._frames) < self.config.init_random_frames
 
     def _next_batch(self) -> TensorDict | None:
         cfg = self.config
@@ -358,13 +364,15 @@ class Collector(CollectorBase):
                        **profiler_kwargs) -> None:
         """Record a torch.profiler trace of the chosen rollouts (batch indices counted from the
         next one) and write it as a Chrome trace to ``path`` (``path`` gets ``.N`` appended
-        before the extension when several rollouts are profiled).
+        before the extension when several rollouts are profiled). torchrl 0.14's arguments
+        (``save_path``, ``num_rollouts``, ``warmup_rollouts``, ``activities``, ...) are taken too.
 
         Example:
             >>> c = Collector("CartPole-v1", frames_per_batch=50, total_frames=50)
             >>> c.enable_profile("/tmp/trace.json")
             >>> _ = list(c); c.shutdown()
         """
+        path, rollouts, profiler_kwargs, _ = torchrl_args.profile_args(path, rollouts, profiler_kwargs)
         self._profiler.enable(path, rollouts, profiler_kwargs, next_index=self._iter)
 
     # -- control -----------------------------------------------------------------------------
@@ -577,10 +585,10 @@ class Collector(CollectorBase):
         recent = self.layout.frames / self._last_batch_s if self._last_batch_s else 0.0
         worker = worker_keys(self.config.worker_idx or 0, frames=self._frames, alive=not self._closed, restarts=0,
                              version=self._version, step=self._step_times.summary())
-        return stats_keys(frames=self._frames, batches=self._iter, elapsed=elapsed, recent_fps=recent,
-                          version=self._version, workers=[worker], restarts=0, dropped_frames=0,
-                          replay_buffer_write_count=getattr(self.replay_buffer, "write_count", None),
-                          lag=self._lag, wait=self._wait, first_batch=self._first_batch)
+        return self._torchrl_stats(stats_keys(
+            frames=self._frames, batches=self._iter, elapsed=elapsed, recent_fps=recent, version=self._version,
+            workers=[worker], restarts=0, dropped_frames=0, lag=self._lag, wait=self._wait,
+            replay_buffer_write_count=getattr(self.replay_buffer, "write_count", None), first_batch=self._first_batch))
 
     def batch_info(self) -> dict:
         """The last batch filled, for the collector this one fills batches for (a worker's or
@@ -610,10 +618,3 @@ _INIT = inspect.signature(Collector.__init__)
 Collector.__signature__ = _INIT.replace(parameters=[*list(_INIT.parameters.values())[1:], *(
     inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None)
     for n in ("backend", "num_collectors", "backend_options", "sync"))])
-
-
-def frames_written(replay_buffer: Any, collected: int) -> int:
-    """Frames judged by ``init_random_frames``: the buffer's ``write_count`` when it has one."""
-    count = getattr(replay_buffer, "write_count", None) if replay_buffer is not None else None
-    return collected if not isinstance(count, int) else count
-

@@ -23,8 +23,9 @@ from typing import Any
 import torch
 from rlcollect.base import CollectorBase
 from rlcollect.policy import as_exploration_type
-from rlcollect.torchrl_args import (check_reset_when_done, check_trust_policy,
-                                    endless_total_frames, random_frames, traj_limit, version_tracker)
+from rlcollect.torchrl_args import (check_face, check_hook, check_recv_schemes, check_reset_when_done,
+                                    check_trust_policy, endless_total_frames, random_frames, traj_limit, use_buffers,
+                                    version_tracker)
 from rlcollect.weights.schemes import validate_schemes
 
 #: The collector classes ``collector_class`` may name by string, imported when first named (so
@@ -59,12 +60,14 @@ def seconds(name: str, value: Any, accepted: str = "a positive number of seconds
 
 def resolve_collector_class(value: Any) -> type:
     """``collector_class``: a collector class (``Collector``, a multi-process collector, or a
-    subclass), or one of ``"single"``, ``"sync"``, ``"async"``.
+    subclass), one of ``"single"``, ``"sync"``, ``"async"``, or None (torchrl's default: ``Collector``).
 
     Example:
         >>> resolve_collector_class("sync").__name__
         'MultiSyncCollector'
     """
+    if value is None:  # torchrl's default
+        value = "single"
     if isinstance(value, str):
         if value not in NAMED_COLLECTORS:
             raise ValueError(f"collector_class must be a collector class or one of {sorted(NAMED_COLLECTORS)}, "
@@ -219,9 +222,19 @@ class CollectorConfig:
     weight_updater: Any = dataclasses.field(default=None, repr=False, compare=False)
     traj_id_start: int | None = None
     reset_when_done: bool = True
+    weight_recv_schemes: None = None
+    track_traj_ids: bool = True
+    compact_obs: bool = False
+    pre_collect_hook: Callable[[], Any] | None = dataclasses.field(default=None, repr=False, compare=False)
+    post_collect_hook: Callable[[Any], Any] | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_reset_when_done(self.reset_when_done)
+        check_hook("pre_collect_hook", self.pre_collect_hook)
+        check_hook("post_collect_hook", self.post_collect_hook)
+        check_recv_schemes(self.weight_recv_schemes)
+        self.use_buffers = use_buffers(self.use_buffers)
+        check_face(self.track_traj_ids, self.compact_obs, self.split_trajs)
         self.track_policy_version, self.version_tracker = version_tracker(self.track_policy_version)
         positive_int("frames_per_batch", self.frames_per_batch)
         self.total_frames = total_frames_arg(self.total_frames)
@@ -237,7 +250,7 @@ class CollectorConfig:
         self.cudagraph_policy = compile_arg("cudagraph_policy", self.cudagraph_policy)
         if self.worker_idx is not None:
             non_negative_int("worker_idx", self.worker_idx)
-        for name in ("reset_at_each_iter", "split_trajs", "set_truncated", "use_buffers", "return_same_td",
+        for name in ("reset_at_each_iter", "split_trajs", "set_truncated", "return_same_td",
                      "extend_buffer", "no_cuda_sync", "track_policy_version"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")

@@ -177,6 +177,15 @@ def _flat_rows(td: TensorDict) -> TensorDict:
     return td.reshape(-1)
 
 
+def _whole_rows(td: TensorDict) -> bool:
+    """Whether every row of ``td`` along time is one whole trajectory, each its own."""
+    ids = td.get(TRAJ_IDS).reshape(-1, td.shape[-1])
+    if MASK in td.keys(include_nested=True) and not bool(td.get(MASK).all()):
+        return False
+    first = ids[:, 0]
+    return bool((ids == first[:, None]).all()) and bool((first != -1).all()) and first.unique().numel() == len(first)
+
+
 def split_trajectories(td: TensorDict) -> TensorDict:
     """One trajectory per row: ``(num_traj, T_max)``, right-padded with zeros.
 
@@ -190,7 +199,9 @@ def split_trajectories(td: TensorDict) -> TensorDict:
             ``("collector", "traj_ids")`` and optionally ``("collector", "mask")``.
 
     Returns:
-        A TensorDict of shape ``(num_traj, T_max)`` with the same keys, plus the mask.
+        A TensorDict of shape ``(num_traj, T_max)`` with the same keys, plus the mask; a batch
+        of more than two dims (stacked workers' batched envs) whose every row along time is one
+        whole trajectory keeps its shape, as torchrl's ``split_trajectories`` keeps it.
 
     Example:
         >>> import torch
@@ -202,6 +213,10 @@ def split_trajectories(td: TensorDict) -> TensorDict:
     """
     if TRAJ_IDS not in td.keys(include_nested=True):
         raise KeyError("split_trajectories needs ('collector', 'traj_ids') in the batch")
+    if td.batch_dims > 2 and _whole_rows(td):
+        out = td.copy()
+        out.set(MASK, torch.ones(td.shape, dtype=torch.bool, device=td.device))
+        return out
     flat = _flat_rows(td)
     ids = flat.get(TRAJ_IDS)
     valid = ids != -1
@@ -250,10 +265,14 @@ def deliver(
     replay_buffer=None,
     extend_buffer: bool = True,
     stacked_workers: bool = False,
+    post_hook=None,
 ) -> TensorDict | None:
     """What every collector does to a finished batch: move it to ``storing_device``, split it
     into trajectories, apply ``postproc``, and either return it or write it into
     ``replay_buffer`` and return None.
+
+    ``post_hook``: called with the batch after ``postproc``, before it is written or returned
+    (torchrl 0.14's ``post_collect_hook``; what it returns is ignored).
 
     ``stacked_workers``: dim 0 of ``batch`` stacks the batches of several workers. A foreign
     buffer (a torchrl ``ReplayBuffer``) is written as torchrl's collectors write it: each
@@ -270,6 +289,8 @@ def deliver(
         batch = split_trajectories(batch)
     if postproc is not None:
         batch = postproc(batch)
+    if post_hook is not None:
+        post_hook(batch)
     if replay_buffer is None:
         return batch
     if not _is_own_buffer(replay_buffer):

@@ -140,6 +140,7 @@ class Rollout:
         self._versions = np.zeros(time, np.int64)
         self.version_range: tuple[int, float] = (0, 0.0)  # the last batch's frames' (min, mean) version
         self.last_version = 0  # the version of its last step
+        self._obs_version = 0  # the version when the current observations came (torchrl's root "policy_version")
         self._outputs: dict[NestedKey, np.ndarray] = {}  # the policy's outputs, by key (on first use)
         self.layout: BatchLayout | None = None
         self._env_keys = list(buffers)  # the observation keys the env writes
@@ -213,8 +214,9 @@ class Rollout:
             fields["step_count"] = ArraySpec((1,), np.dtype(np.int64))
             fields[("next", "step_count")] = ArraySpec((1,), np.dtype(np.int64))
         fields[TRAJ_IDS] = ArraySpec((), np.dtype(np.int64))
-        if self.track_version:
-            fields[POLICY_VERSION] = ArraySpec((), np.dtype(np.int64))
+        if self.track_version:  # ours, and torchrl 0.14's (its PolicyVersion transform's root and "next" entries)
+            for key in (POLICY_VERSION, "policy_version", ("next", "policy_version")):
+                fields[key] = ArraySpec((), np.dtype(np.int64))
         fields.update(extra or {})
         self.layout = BatchLayout(fields, env.batch_size, self.time)
         return self.layout
@@ -291,6 +293,7 @@ class Rollout:
         self.env.arm_checks()
         if self.needs_reset:
             self.reset_all()
+            self._obs_version = version
         env, runner, n_time = self.env, self.runner, self.time
         random = random or runner.is_random
         versioned = not random and runner.reports_version
@@ -443,6 +446,12 @@ class Rollout:
             np.copyto(arrays[TRAJ_IDS][:, span], ids.T)
             if POLICY_VERSION in arrays:
                 arrays[POLICY_VERSION][:, span] = version
+                arrays[("next", "policy_version")][:, span] = version
+                # torchrl's root entry: the version when the step's observation came (the step before's)
+                acted = np.broadcast_to(np.asarray(version, np.int64), (steps,))
+                arrays["policy_version"][:, 0] = self._obs_version
+                arrays["policy_version"][:, 1:steps] = acted[:-1]
+                self._obs_version = int(acted[-1])
         mask = arrays.get(MASK)
         if mask is not None:
             mask[:, :steps] = True

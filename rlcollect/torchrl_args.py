@@ -18,6 +18,7 @@ Example:
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from typing import Any
 
@@ -36,6 +37,16 @@ def warn(message: str, stacklevel: int = 2) -> None:
     """``warnings.warn`` unless ``RL_WARNINGS`` is off."""
     if rl_warnings():
         warnings.warn(message + " (set RL_WARNINGS=0 to silence this message)", stacklevel=stacklevel + 1)
+
+
+def warn_overshoot(total_frames: int, frames_per_batch: int, stacklevel: int = 2) -> None:
+    """Warn when ``total_frames`` is not a multiple of ``frames_per_batch`` (the last batch
+    overshoots)."""
+    if total_frames > 0 and total_frames % frames_per_batch:
+        warn(f"total_frames={total_frames} is less than frames_per_batch={frames_per_batch}: the only batch has "
+             f"{frames_per_batch} frames" if total_frames < frames_per_batch else
+             f"total_frames={total_frames} is not a multiple of frames_per_batch={frames_per_batch}: the last "
+             "batch overshoots to a whole batch", stacklevel=stacklevel + 1)
 
 
 def _int(name: str, value: Any, accepted: str) -> int:
@@ -80,6 +91,12 @@ def random_frames(value: Any) -> int:
     return value
 
 
+def frames_written(replay_buffer: Any, collected: int) -> int:
+    """Frames judged by ``init_random_frames``: the buffer's ``write_count`` when it has one."""
+    count = getattr(replay_buffer, "write_count", None) if replay_buffer is not None else None
+    return collected if not isinstance(count, int) else count
+
+
 def version_tracker(value: Any) -> tuple[bool, Any]:
     """``track_policy_version``: a bool, or a torchrl ``PolicyVersion``-like object (anything with
     ``increment_version()``). Returns (track, the object or None)."""
@@ -98,6 +115,130 @@ def check_close_env(close_env: Any, owner: str) -> None:
             "shuts down (torchrl's multi-process collectors refuse close_env=False too); to keep using an env, "
             "keep collecting, or build a new env after shutdown"
         )
+
+
+def check_hook(name: str, value: Any) -> Any:
+    """``pre_collect_hook`` / ``post_collect_hook``: a callable or None."""
+    if value is not None and not callable(value):
+        raise TypeError(f"{name} must be a callable or None, got {type(value).__name__}")
+    return value
+
+
+def check_recv_schemes(value: Any) -> None:
+    """``weight_recv_schemes``: torchrl's schemes for a collector that receives weights from a
+    parent collector; only its default ``None`` is accepted."""
+    if value is not None:
+        raise ValueError(f"weight_recv_schemes={value!r} is not supported: an rlcollect collector receives weights "
+                         "only from its owner (update_policy_weights_, weight_sync_schemes); pass None (torchrl's "
+                         "default)")
+
+
+def use_buffers(value: Any) -> bool:
+    """``use_buffers``: a bool, or torchrl's ``None`` (decide for me: True)."""
+    if value is None:
+        return True
+    if not isinstance(value, bool):
+        raise TypeError(f"use_buffers must be True, False or None, got {value!r}")
+    return value
+
+
+def check_face(track_traj_ids: Any, compact_obs: Any, split_trajs: bool) -> None:
+    """``track_traj_ids`` and ``compact_obs`` (bools; splitting needs the trajectory ids)."""
+    for name, value in (("track_traj_ids", track_traj_ids), ("compact_obs", compact_obs)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
+    if split_trajs and not track_traj_ids:
+        raise ValueError("split_trajs=True needs the trajectory ids: track_traj_ids must be True")
+
+
+#: The ``("next", ...)`` entries ``compact_obs`` keeps (they are not the next step's root).
+_NOT_OBSERVATIONS = ("reward", "done", "terminated", "truncated")
+
+
+def trimmed(batch: Any, track_traj_ids: bool, compact_obs: bool) -> Any:
+    """The batch as torchrl 0.14 gives it with ``track_traj_ids=False`` (no
+    ``("collector", "traj_ids")``) and ``compact_obs=True`` (no ``("next", key)`` copy of a root
+    entry, but the reward and done flags)."""
+    drop = [] if track_traj_ids else [("collector", "traj_ids")]
+    if compact_obs and "next" in batch.keys():
+        root = set(batch.exclude("next").keys(True, True))
+        drop += [("next", *((k,) if isinstance(k, str) else k)) for k in batch["next"].keys(True, True)
+                 if k not in _NOT_OBSERVATIONS and k in root]
+    return batch.exclude(*drop) if drop else batch
+
+
+def profile_args(path: Any, rollouts: Any, kwargs: dict, workers: Any = (0,)) -> tuple[Any, tuple, dict, Any]:
+    """``enable_profile``'s arguments as ``(path, rollouts, torch.profiler.profile kwargs,
+    workers)``, torchrl 0.14's among them mapped: ``save_path`` (its ``{worker_idx}`` is
+    dropped: each worker writes its own file), ``num_rollouts`` / ``warmup_rollouts`` (the
+    rollouts ``warmup .. num - 1``), ``activities`` as ``"cpu"`` / ``"cuda"``, ``workers``.
+    Anything ``torch.profiler.profile`` does not take is a ``TypeError`` here, at the call.
+
+    Example:
+        >>> path, rollouts, kw, workers = profile_args("t.json", (0,), {"num_rollouts": 3, "warmup_rollouts": 1,
+        ...                                                            "save_path": "p_{worker_idx}.json"})
+        >>> path, rollouts, kw, workers
+        ('p_.json', (1, 2), {}, (0,))
+    """
+    import inspect
+
+    kwargs = dict(kwargs)
+    workers = kwargs.pop("workers", workers)
+    workers = (0,) if workers is None else tuple(workers)
+    save_path = kwargs.pop("save_path", None)
+    if save_path is not None:
+        path = str(save_path).replace("{worker_idx}", "")
+    if "num_rollouts" in kwargs or "warmup_rollouts" in kwargs:
+        total, warmup = kwargs.pop("num_rollouts", 3), kwargs.pop("warmup_rollouts", 1)
+        rollouts = tuple(range(warmup, total))
+        if not rollouts:
+            raise ValueError(f"enable_profile: num_rollouts={total} leaves no rollout after warmup_rollouts={warmup}")
+    if kwargs.get("on_trace_ready") is not None:
+        raise ValueError("enable_profile(on_trace_ready=...) is not supported: the trace is written as a Chrome "
+                         "trace to save_path (path)")
+    kwargs.pop("on_trace_ready", None)
+    if kwargs.get("activities") is not None:
+        names = {"cpu": torch.profiler.ProfilerActivity.CPU, "cuda": torch.profiler.ProfilerActivity.CUDA}
+        kwargs["activities"] = [names.get(a, a) if isinstance(a, str) else a for a in kwargs["activities"]]
+    accepted = set(inspect.signature(torch.profiler.profile.__init__).parameters) - {"self"}
+    unknown = sorted(set(kwargs) - accepted)
+    if unknown:
+        raise TypeError(f"enable_profile got unexpected arguments {unknown}: accepted are path, rollouts, workers, "
+                        "torchrl's save_path/num_rollouts/warmup_rollouts/activities, and torch.profiler.profile's "
+                        f"{sorted(accepted)}")
+    return path, tuple(rollouts), kwargs, workers
+
+
+def register_with_torchrl(base: type) -> None:
+    """Make ``base`` (rlcollect's ``CollectorBase``) a virtual subclass of torchrl's
+    ``torchrl.collectors.BaseCollector``, when torchrl's collectors are imported already: this
+    never imports torchrl. Called when rlcollect.base is imported and when a collector is
+    built (so ``isinstance(c, BaseCollector)`` holds whichever was imported first)."""
+    torchrl_base = getattr(sys.modules.get("torchrl.collectors"), "BaseCollector", None)
+    if torchrl_base is not None and callable(getattr(torchrl_base, "register", None)) \
+            and not issubclass(base, torchrl_base):
+        torchrl_base.register(base)
+
+
+#: torchrl 0.14 arguments taken at their default only (what the default means is what
+#: rlcollect does), with what else to do.
+DEFAULT_ONLY = {
+    "auto_register_policy_transforms": ((None, False), "add the transforms the policy needs (InitTracker, the "
+                                        "recurrent primers) to the env yourself"),
+    "init_fn": ((None,), "run per-worker set-up in create_env_fn"),
+    "trajs_per_batch": ((None,), "collect frames_per_batch frames and split them with split_trajs=True"),
+    "trajs_per_write": ((None,), "write batches (extend_buffer=True)"),
+    "traj_format": ((None,), "use split_trajs=True (padded, with ('collector', 'mask'))"),
+}
+
+
+def check_default_only(name: str, value: Any) -> None:
+    """One of ``DEFAULT_ONLY``'s arguments: its torchrl default, or a ``ValueError`` that says
+    what to do instead."""
+    accepted, instead = DEFAULT_ONLY[name]
+    if not any(value is a for a in accepted):
+        raise ValueError(f"{name}={value!r} is not supported yet (accepted: {' or '.join(map(repr, accepted))}, "
+                         f"torchrl's default); {instead}")
 
 
 def check_reset_when_done(value: Any) -> None:

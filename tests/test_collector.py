@@ -78,9 +78,10 @@ def test_key_set_with_step_count_and_policy_version(make_collector):
     c = make_collector(CountingEnv(), frames_per_batch=4, max_frames_per_traj=3)
     assert leaf_keys(next(c)) == BASE_KEYS | {"step_count", ("next", "step_count")}
     c = make_collector(CountingEnv(), frames_per_batch=4, track_policy_version=True)
-    assert leaf_keys(next(c)) == BASE_KEYS | {POLICY_VERSION}
+    versions = {POLICY_VERSION, "policy_version", ("next", "policy_version")}  # ours and torchrl 0.14's
+    assert leaf_keys(next(c)) == BASE_KEYS | versions
     c = make_collector(CountingEnv(), frames_per_batch=4, track_policy_version=True, max_frames_per_traj=3)
-    assert leaf_keys(next(c)) == BASE_KEYS | {POLICY_VERSION, "step_count", ("next", "step_count")}
+    assert leaf_keys(next(c)) == BASE_KEYS | versions | {"step_count", ("next", "step_count")}
 
 
 def test_dtypes_and_shapes_of_every_entry(make_collector):
@@ -95,6 +96,8 @@ def test_dtypes_and_shapes_of_every_entry(make_collector):
         ("next", "reward"): (torch.float32, (*shape, 1)),
         TRAJ_IDS: (torch.int64, shape),
         POLICY_VERSION: (torch.int64, shape),
+        "policy_version": (torch.int64, shape),
+        ("next", "policy_version"): (torch.int64, shape),
         "step_count": (torch.int64, (*shape, 1)),
         ("next", "step_count"): (torch.int64, (*shape, 1)),
     }

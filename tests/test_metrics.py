@@ -102,7 +102,9 @@ def test_collector_keys_lag_and_wait():
     s = json.loads(json.dumps(c.stats()))
     assert list(s) == ["frames", "batches", "elapsed_s", "fps", "fps_steady", "fps_recent", "policy_version", "workers",
                        "restarts", "dropped_frames", "replay_buffer_write_count", "policy_lag_mean",
-                       "policy_lag_max", "mean_policy_lag", "batch_wait_s", "wait_s"]
+                       "policy_lag_max", "mean_policy_lag", "batch_wait_s", "wait_s",
+                       "total_frames", "completed", "requested_frames_per_batch", "workers_alive"]  # torchrl 0.14's
+    assert (s["total_frames"], s["completed"], s["requested_frames_per_batch"], s["workers_alive"]) == (8, True, 4, 1)
     assert list(s["workers"][0]) == ["index", "frames", "alive", "restarts", "policy_version", "env_step_mean_s",
                                      "env_step_p95_s"]
     # one process: the batch is always collected with the current weights, nothing is waited on

@@ -385,8 +385,8 @@ def test_multi_reset_when_done_false_refused_before_workers_start():
         MultiSyncCollector([counting5] * 2, frames_per_batch=4, reset_when_done=False, mp_start_method=START)
     with pytest.raises(TypeError, match="local_init_rb must be None, True or False"):
         MultiSyncCollector([counting5] * 2, frames_per_batch=4, local_init_rb="yes", mp_start_method=START)
-    with pytest.raises(TypeError, match="use_buffers must be a bool"):
-        MultiSyncCollector([counting5] * 2, frames_per_batch=4, use_buffers=None, mp_start_method=START)
+    with pytest.raises(TypeError, match="use_buffers must be True, False or None"):  # None: torchrl's default
+        MultiSyncCollector([counting5] * 2, frames_per_batch=4, use_buffers="yes", mp_start_method=START)
 
 
 @pytest.mark.timeout(120)

@@ -161,6 +161,12 @@ class DistributedCollector(CollectorBase):
             ``scheduling_strategy``, ``placement_group`` with ``"PACK"``/``"SPREAD"``), ``address``
             (else ``$RAY_ADDRESS``, else a local Ray started quietly) and ``init_kwargs``.
             Refused with any other launcher. Default ``None``.
+        pre_collect_hook: torchrl 0.14's: called on rank 0 with no argument before each batch
+            is asked for (settable as an attribute). Default ``None``.
+        post_collect_hook: torchrl 0.14's: called on rank 0 with each batch after
+            ``postproc``, before it is yielded (the attribute and ``set_post_collect_hook`` set
+            it later). Default ``None``.
+        weight_recv_schemes: torchrl 0.14's; only ``None`` (its default) is accepted.
 
     Example:
         >>> from rlcollect import DistributedCollector
@@ -217,6 +223,9 @@ class DistributedCollector(CollectorBase):
         secret_file: str | os.PathLike | None = None,
         weight_updater: Any = None,
         ray_options: dict | None = None,
+        pre_collect_hook: Callable | None = None,
+        post_collect_hook: Callable | None = None,
+        weight_recv_schemes: None = None,
     ):
         self._closed = True
         self.weight_updater, self._in_updater = None, False
@@ -238,7 +247,8 @@ class DistributedCollector(CollectorBase):
             heartbeat_timeout=heartbeat_timeout, weight_sync_schemes=weight_sync_schemes,
             on_node_failure=on_node_failure, max_node_restarts=max_node_restarts, node_timeout=node_timeout,
             start_timeout=start_timeout, rank0_timeout=rank0_timeout, secret_file=secret_file,
-            ray_options=ray_options,
+            ray_options=ray_options, pre_collect_hook=pre_collect_hook, post_collect_hook=post_collect_hook,
+            weight_recv_schemes=weight_recv_schemes,
         )
         automatic = update_after_each_batch or max_weight_update_interval != -1 or update_interval is not None
         if automatic and cfg.weight_source is None:
@@ -437,15 +447,11 @@ class DistributedCollector(CollectorBase):
         """JSON-serialisable statistics: the keys of every collector (docs/observability.md; a
         "worker" is a node here, its env-step latency measured on the node), and each node's
         state, lost batches, host and pid, the dropped nodes, the launcher and rank 0's address."""
-        return distributed_stats(
+        return self._torchrl_stats(distributed_stats(
             self._pool, closed=self._closed, master=f"{self.master_addr}:{self.master_port}", frames=self._frames,
             batches=self._iter, elapsed=time.perf_counter() - self._started_at,
             recent_fps=self._last_batch_frames / self._last_batch_s if self._last_batch_s else 0.0,
-            version=self._version, lag=self._gather.lag, wait=self._gather.wait, first_batch=self._first_batch)
-
-    def iterator(self) -> Iterator[Any]:
-        """``iter(collector)`` (torchrl's name)."""
-        return iter(self)
+            version=self._version, lag=self._gather.lag, wait=self._gather.wait, first_batch=self._first_batch))
 
     @property
     def requested_frames_per_batch(self) -> int:

@@ -15,7 +15,7 @@ from typing import Any
 import cloudpickle
 
 from rlcollect.collector import Collector
-from rlcollect.torchrl_args import random_frames
+from rlcollect.torchrl_args import check_hook, check_recv_schemes, random_frames
 from rlcollect.config import (CollectorConfig, callable_or_none, check_policy_sources, flag, kwargs_arg,
                               non_negative_int, optional_positive_int, per_member, positive_int,
                               resolve_collector_class, seconds, total_frames_arg)
@@ -117,8 +117,14 @@ class DistributedConfig:
     rank0_timeout: float = 60.0
     secret_file: Any = None
     ray_options: dict | None = None
+    pre_collect_hook: Callable | None = None
+    post_collect_hook: Callable | None = None
+    weight_recv_schemes: None = None
 
     def __post_init__(self) -> None:
+        check_recv_schemes(self.weight_recv_schemes)
+        check_hook("pre_collect_hook", self.pre_collect_hook)
+        check_hook("post_collect_hook", self.post_collect_hook)
         env_fns = self._check_nodes()
         self._check_transport()
         self._check_secret()
@@ -252,6 +258,7 @@ class DistributedConfig:
                              "collector_class ('sync' or 'async'); a single Collector node has one worker")
         kwargs_lists = [kwargs_arg("collector_kwargs", k)
                         for k in per_member("collector_kwargs", self.collector_kwargs, n, "node")]
+        self._node_postproc(kwargs_lists)
         env_kwargs = per_member("create_env_kwargs", self.create_env_kwargs, n, "node")
         devices = {name: per_member(name, self.devices[name], n, "node") for name in PER_NODE_ARGS}
         self.storing_device = devices["storing_device"][0] or devices["device"][0]
@@ -296,6 +303,24 @@ class DistributedConfig:
         common = math.lcm(*footprints)
         self._incarnation_blocks = math.ceil(first_free_block / common) * common
         self._footprints = footprints
+
+    def _node_postproc(self, kwargs_lists: list[dict]) -> None:
+        """torchrl's ``collector_kwargs={"postproc": f}`` (each node's collector applies ``f`` to
+        its batch): a node writes into rank 0's fixed-size slots, so ``f`` runs on rank 0, on
+        each node's batch before ``postproc``; with ``sync=True`` (one batch of every node's
+        parts) it is refused rather than applied to the joined batch."""
+        given = [k.pop("postproc") for k in kwargs_lists if "postproc" in k]
+        if not given or all(f is None for f in given):
+            return
+        if self.sync:
+            raise ValueError("collector_kwargs['postproc'] with sync=True: a sync batch joins every node's part on "
+                             "rank 0, so a per-node postproc cannot run; pass postproc=f to DistributedCollector "
+                             "(applied on rank 0 to the joined batch), or use sync=False")
+        if len(given) != len(kwargs_lists) or any(f is not given[0] for f in given):
+            raise ValueError("collector_kwargs['postproc'] must be the same function for every node (it runs on "
+                             "rank 0)")
+        node_postproc, outer = callable_or_none("collector_kwargs['postproc']", given[0]), self.postproc
+        self.postproc = node_postproc if outer is None else (lambda batch: outer(node_postproc(batch)))
 
     def relaunch_payload(self, i: int, incarnation: int, seed: int | None) -> bytes:
         """Node ``i``'s spec for its ``incarnation`` (>= 1): the same factory and options, a

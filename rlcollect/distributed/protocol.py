@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import sys
 import traceback
 from typing import Any
 
@@ -204,6 +205,13 @@ def _rebuild_tensor(array: np.ndarray, dtype: str) -> torch.Tensor:
     return tensor.view(_TORCH_DTYPES[dtype]) if tensor.dtype != _TORCH_DTYPES[dtype] else tensor
 
 
+def _rebuild_tensordict(items: dict, batch_size: list) -> Any:
+    """A TensorDict (a torchrl env's state holds some) from its plain nested dict."""
+    from tensordict import TensorDict
+
+    return TensorDict(items, batch_size=batch_size)
+
+
 _SAFE_GLOBALS = {
     ("collections", "OrderedDict"),
     ("numpy", "ndarray"),
@@ -211,6 +219,7 @@ _SAFE_GLOBALS = {
     *((m, n) for m in ("numpy.core.multiarray", "numpy._core.multiarray") for n in ("_reconstruct", "scalar")),
     *((m, "_frombuffer") for m in ("numpy.core.numeric", "numpy._core.numeric")),
     (__name__, "_rebuild_tensor"),
+    (__name__, "_rebuild_tensordict"),
 }
 
 
@@ -220,6 +229,9 @@ class _DataPickler(pickle.Pickler):
             tensor = obj.detach().cpu().contiguous()
             as_numpy = tensor.view(torch.int16) if tensor.dtype == torch.bfloat16 else tensor
             return _rebuild_tensor, (as_numpy.numpy(), str(tensor.dtype))
+        tensordict = sys.modules.get("tensordict")  # (a TensorDict means tensordict is imported)
+        if tensordict is not None and isinstance(obj, tensordict.TensorDictBase):
+            return _rebuild_tensordict, (obj.to_dict(), list(obj.batch_size))
         return NotImplemented
 
 

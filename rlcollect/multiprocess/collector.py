@@ -29,7 +29,6 @@ from rlcollect.multiprocess import config as mpconfig
 from rlcollect.multiprocess import protocol as P
 from rlcollect.multiprocess import start
 from rlcollect.multiprocess.acting import acting_for
-from rlcollect.multiprocess.config import ARGS_DOC
 from rlcollect.multiprocess.freerun import free_running
 from rlcollect.multiprocess.gather import AsyncGather, SyncGather
 from rlcollect.multiprocess.pool import DEFAULT_START_TIMEOUT_S, WorkerPool
@@ -121,6 +120,8 @@ class MultiCollectorBase(CollectorBase):
         inference: str = "worker",
         env_splits: int | None = None,
         max_wait_us: float = 0.0,
+        pre_collect_hook: Callable | None = None,
+        post_collect_hook: Callable | None = None,
         **inner_options: Any,
     ):
         args = bound_arguments(MultiCollectorBase.__init__, locals())
@@ -128,8 +129,7 @@ class MultiCollectorBase(CollectorBase):
         self.config = cfg = mpconfig.MultiConfig(sync=self._sync, owner=type(self).__name__, **args)
         n = self.num_workers = cfg.num_workers
         self._version_tracker = cfg.version_tracker
-        # torchrl's: the frames of one batch of every worker
-        self.requested_frames_per_batch = sum(cfg.worker_frames)
+        self.requested_frames_per_batch = cfg.requested_frames_per_batch  # torchrl's
         self._restart = RestartPolicy(cfg.on_worker_failure, cfg.max_worker_restarts, cfg.specs)
         self._stats = WorkerStats(n)
         self._version = 0
@@ -523,13 +523,14 @@ class MultiCollectorBase(CollectorBase):
         extra = None if self._acting is None else self._acting.stats()
         if extra is not None:
             out["inference"] = extra
-        return out
+        return self._torchrl_stats(out)
 
     # -- observability ------------------------------------------------------------------------------
     def enable_profile(self, path: str = "rlcollect_trace.json", *, rollouts=(0,), workers=(0,),
                        **profiler_kwargs) -> None:
-        """Record torch.profiler traces of the chosen rollouts inside the chosen workers; worker
-        ``i`` writes ``<path stem>.worker<i><ext>`` (see ``Collector.enable_profile``)."""
+        """Record torch.profiler traces of the chosen rollouts inside the chosen workers (torchrl's
+        arguments too); worker ``i`` writes ``<path stem>.worker<i><ext>`` (``Collector.enable_profile``)."""
+        path, rollouts, profiler_kwargs, workers = torchrl_args.profile_args(path, rollouts, profiler_kwargs, workers)
         root, ext = os.path.splitext(os.fspath(path))
         for i in workers:
             self._broadcast(P.ENABLE_PROFILE, f"{root}.worker{i}{ext or '.json'}", tuple(rollouts), profiler_kwargs,
@@ -584,7 +585,7 @@ class MultiSyncCollector(MultiCollectorBase):
     at their next step; their unfilled frames are masked (``("collector", "mask")`` False,
     traj id -1) with "stack", or dropped with an int ``cat_results`` (counted in
     ``stats()["dropped_frames"]``).
-""" + ARGS_DOC + """
+""" + mpconfig.ARGS_DOC + """
     Example:
         >>> from rlcollect import MultiSyncCollector
         >>> with MultiSyncCollector("CartPole-v1", num_workers=2, frames_per_batch=200, total_frames=400) as c:
@@ -607,7 +608,7 @@ class MultiAsyncCollector(MultiCollectorBase):
     out of its slot instead. Every yielded batch is one worker's ``frames_per_batch`` frames
     with ``("collector", "worker_id")``.
     ``set_seed``, ``reset`` and ``load_state_dict`` discard the batches in flight.
-""" + ARGS_DOC + """
+""" + mpconfig.ARGS_DOC + """
     Example:
         >>> from rlcollect import MultiAsyncCollector
         >>> with MultiAsyncCollector("CartPole-v1", num_workers=2, frames_per_batch=100, total_frames=300) as c:

@@ -104,8 +104,8 @@ ARGS_DOC = """
             iteration yields None; an ``rlcollect.ReplayBuffer`` is written by the workers
             themselves (default None).
         extend_buffer (bool): write batches to ``replay_buffer`` as a whole (default True).
-        use_buffers (bool): torchrl's; both values accepted: batches always cross through
-            shared-memory slots and every delivered batch is fresh memory (default True).
+        use_buffers (bool | None): torchrl's; every value accepted (None: True): batches
+            always cross through shared-memory slots and every delivered batch is fresh memory (default True).
         weight_sync_schemes (dict | None): ``{model_id: scheme}``: how each model's weights
             reach the workers (``"shared"`` memory by default for ``"policy"``, ``"process"``
             pipes, ``"none"``) (default None).
@@ -128,11 +128,23 @@ ARGS_DOC = """
             are split into, stepped while the others wait for actions (default None: 2).
         max_wait_us (float): with ``inference="central"``, how long a forward waits for more
             workers once one is ready, in microseconds (default 0).
+        pre_collect_hook (callable | None): torchrl 0.14's: called with no argument in this
+            process before each batch is asked for (default None; settable as an attribute).
+        post_collect_hook (callable | None): torchrl 0.14's: called in this process with each
+            delivered batch after ``postproc``, before it is yielded or written into a replay
+            buffer the main process writes (default None; the attribute and
+            ``set_post_collect_hook`` set it later). torchrl calls both in each worker on its
+            part instead.
         **inner_options: options passed unchanged to each worker's ``Collector``:
             ``max_frames_per_traj`` (truncate trajectories), ``reset_at_each_iter``,
             ``exploration_type`` (default ``"random"``), ``set_truncated``, ``trust_policy``,
             ``compile_policy``, ``cudagraph_policy``, ``no_cuda_sync``, ``track_policy_version``
-            (each as in ``Collector``); any other name is a ``TypeError``.
+            (each as in ``Collector``); and torchrl 0.14's ``track_traj_ids`` (False drops
+            ``("collector", "traj_ids")``), ``compact_obs`` (True drops the ``("next", ...)``
+            copies of root entries), ``weight_recv_schemes`` (only None), applied in this
+            process; ``auto_register_policy_transforms``, ``init_fn``, ``trajs_per_batch``,
+            ``trajs_per_write``, ``traj_format`` at torchrl's default only (None; a
+            ``ValueError`` otherwise). Any other name is a ``TypeError``.
 """
 
 PER_WORKER_ARGS = ("device", "storing_device", "env_device", "policy_device")
@@ -143,6 +155,8 @@ INNER_OPTIONS = (
     "max_frames_per_traj", "reset_at_each_iter", "exploration_type", "set_truncated", "trust_policy",
     "compile_policy", "cudagraph_policy", "no_cuda_sync", "track_policy_version",
 )
+#: torchrl 0.14's options taken through ``**inner_options`` and applied in the main process.
+FACE_OPTIONS = ("weight_recv_schemes", "track_traj_ids", "compact_obs")
 #: Where warnings point: the user's call (user -> collector __init__ -> MultiConfig __init__ ->
 #: __post_init__ -> a check here).
 _USER = 5
@@ -222,18 +236,33 @@ class MultiConfig:
     inference: str = "worker"
     env_splits: int | None = None
     max_wait_us: float = 0.0
+    pre_collect_hook: Callable | None = None
+    post_collect_hook: Callable | None = None
+    # torchrl 0.14's, given through **inner_options (FACE_OPTIONS); applied in this process
+    weight_recv_schemes: None = None
+    track_traj_ids: bool = True
+    compact_obs: bool = False
     inner_options: dict = dataclasses.field(default_factory=dict)
     owner: str = "MultiSyncCollector"  # the class name errors give
 
     def __post_init__(self) -> None:
+        for name in FACE_OPTIONS:
+            if name in self.inner_options:
+                setattr(self, name, self.inner_options.pop(name))
+        for name in torchrl_args.DEFAULT_ONLY:
+            if name in self.inner_options:
+                torchrl_args.check_default_only(name, self.inner_options.pop(name))
+        torchrl_args.check_recv_schemes(self.weight_recv_schemes)
+        torchrl_args.check_face(self.track_traj_ids, self.compact_obs, self.split_trajs)
         unknown = set(self.inner_options) - set(INNER_OPTIONS)
         if unknown:
             raise TypeError(f"{self.owner} got unexpected arguments {sorted(unknown)}")
         inner = self.inner_options = dict(self.inner_options)
         torchrl_args.check_reset_when_done(self.reset_when_done)
+        torchrl_args.check_hook("pre_collect_hook", self.pre_collect_hook)
+        torchrl_args.check_hook("post_collect_hook", self.post_collect_hook)
         self.local_init_rb = torchrl_args.check_local_init_rb(self.local_init_rb)
-        if not isinstance(self.use_buffers, bool):
-            raise TypeError(f"use_buffers must be a bool, got {self.use_buffers!r}")
+        self.use_buffers = torchrl_args.use_buffers(self.use_buffers)
         self.version_tracker = None
         if "track_policy_version" in inner:  # a torchrl PolicyVersion stays here; workers get True
             inner["track_policy_version"], self.version_tracker = version_tracker(inner["track_policy_version"])
@@ -273,6 +302,9 @@ class MultiConfig:
                 frames = [fpb] * n
         # async with one size per worker: a batch is one worker's, so frames_per_batch stays the list
         self.frames_per_batch = sum(frames) if self.sync else fpb
+        # torchrl's requested_frames_per_batch: a sync batch's frames, or what async was given
+        # (an async batch is one worker's; a per-worker list counts all of them)
+        self.requested_frames_per_batch = sum(fpb) if isinstance(fpb, (list, tuple)) else self.frames_per_batch
         self.worker_frames = frames
         self.env_kwargs = per_member("create_env_kwargs", self.create_env_kwargs, n, "worker")
         self.factories = per_member("policy_factory", self.policy_factory, n, "worker")
@@ -312,6 +344,9 @@ class MultiConfig:
         positive_int("num_sub_threads", self.num_sub_threads)
         self.collector_class = resolve_collector_class(self.collector_class)
         self.collector_kwargs = kwargs_arg("collector_kwargs", self.collector_kwargs)
+        if self.collector_kwargs.get("postproc") is not None:  # workers fill slots: it would never run
+            raise ValueError(f"collector_kwargs['postproc'] is not applied by {self.owner}'s workers (they fill "
+                             "shared batch slots); pass postproc=f to the collector itself")
         if self.collector_class is not Collector and "num_workers" not in self.collector_kwargs:
             raise ValueError(f"collector_class={self.collector_class.__name__} runs its own workers: give their number "
                              "with collector_kwargs={'num_workers': K}")

@@ -21,7 +21,6 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from rlcollect.collector import frames_written
 from rlcollect.data import MASK, WORKER_ID, BatchLayout
 from rlcollect.envs.base import ArraySpec
 from rlcollect.errors import WorkerError
@@ -29,6 +28,7 @@ from rlcollect.metrics import policy_lag
 from rlcollect.multiprocess import protocol as P
 from rlcollect.multiprocess import shm
 from rlcollect.multiprocess.slots import StackedSlots, WorkerSlots
+from rlcollect.torchrl_args import frames_written
 
 #: ``update(index)``: the collector's weight update with each batch (``update_at_each_batch``;
 #: ``index`` None: before a sync batch; an async batch's worker after it), returning the version
@@ -67,6 +67,25 @@ def check_layouts(layouts: list[BatchLayout], cat_results: str | int) -> int | N
 def _name_time(batch: TensorDict) -> TensorDict:
     batch.names = [None] * (batch.batch_dims - 1) + ["time"]
     return batch
+
+
+def random_batches(init_random_frames: int, worker_frames: list[int]) -> int:
+    """How many random batches torchrl's MultiAsyncCollector asks for: every worker's first
+    (when ``init_random_frames`` > 0), then one per delivered batch while the frames delivered
+    are fewer than ``init_random_frames`` (deliveries counted in turn over the workers).
+
+    Example:
+        >>> random_batches(200, [200, 200]), random_batches(0, [10, 10]), random_batches(50, [10, 10])
+        (2, 0, 6)
+    """
+    if init_random_frames <= 0:
+        return 0
+    count, delivered, n = len(worker_frames), 0, len(worker_frames)
+    while True:
+        delivered += worker_frames[(count - n) % n]
+        if delivered >= init_random_frames:
+            return count
+        count += 1
 
 
 class _Gather:
@@ -284,15 +303,31 @@ class AsyncGather(_Gather):
         self.progress: list[float] = [time.monotonic()] * n
         self.armed = False
         self.rotation = 0
+        # init_random_frames as torchrl's MultiAsyncCollector counts it (random_batches): the
+        # random batches asked for and those not delivered yet, which go out before any other.
+        self.random_asked = 0
+        self.random_pending: set[tuple[int, int]] = set()
         # Batches delivered as views of their slot (lent until nothing refers to them).
         self.views = shm.can_count_references() and not self.config.workers_write
 
     def _arm(self, random: bool | None) -> None:
-        for i in range(self.num_workers):
-            for slot in range(self.SLOTS_PER_WORKER):
+        for slot in range(self.SLOTS_PER_WORKER):  # each worker's first batch first (the random ones)
+            for i in range(self.num_workers):
                 if not self.slots.is_lent(i, slot):
                     self._collect(i, slot, random)
         self.armed = True
+
+    def _random(self, index: int, slot: int) -> bool:
+        """Whether the batch asked of worker ``index`` in ``slot`` acts randomly: as many
+        random batches as torchrl's MultiAsyncCollector asks for (``random_batches``); a lost
+        random batch is asked for again as random."""
+        if (index, slot) in self.random_pending:
+            return True
+        if self.random_asked >= random_batches(self.config.init_random_frames, self.config.worker_frames):
+            return False
+        self.random_asked += 1
+        self.random_pending.add((index, slot))
+        return True
 
     def _reclaim(self, random: bool | None) -> None:
         """Give the workers back the slots whose batches nothing refers to any more."""
@@ -309,7 +344,7 @@ class AsyncGather(_Gather):
             self.progress[index] = time.monotonic()  # the worker starts working now
         self.in_flight[index].add(slot)
         try:
-            self.pool.send(index, P.COLLECT, slot, self.random_now() if random is None else random)
+            self.pool.send(index, P.COLLECT, slot, self._random(index, slot) if random is None else random)
         except WorkerError as err:  # it died since its last batch: replaced, and asked again, as in _poll
             if err.worker_index != index:
                 raise
@@ -335,12 +370,20 @@ class AsyncGather(_Gather):
         if lending:
             self._reclaim(random)
         started = time.perf_counter()
-        while not self.ready:
+        while not self._deliverable():
             self._poll(random)
         if lending:
             self.stats.wait.add(time.perf_counter() - started)
-        index, info = self.ready.popleft()
+        index, info = self._deliverable()[0]
+        self.ready.remove((index, info))
+        self.random_pending.discard((index, info["slot"]))
         return index, info, started
+
+    def _deliverable(self) -> list[tuple[int, dict]]:
+        """The ready batches that may go out now: while random batches are owed, only those."""
+        if not self.random_pending:
+            return list(self.ready)
+        return [(i, info) for i, info in self.ready if (i, info["slot"]) in self.random_pending]
 
     def next_batch(self, version: int, update: Update) -> tuple[TensorDict | None, dict]:
         """``(batch, where)``: the next worker's batch (None when it wrote it into the replay
@@ -431,6 +474,8 @@ class AsyncGather(_Gather):
         self.ready.clear()
         for slots in self.in_flight:
             slots.clear()
+        self.random_asked -= len(self.random_pending)  # asked again when the workers are armed
+        self.random_pending.clear()
         self.armed = False
 
     # -- nesting: a MultiAsyncCollector running inside another collector's worker -----------------

@@ -113,6 +113,16 @@ def test_data_payloads_round_trip():
     assert out["rng"] == state["rng"] and out["nested"] == state["nested"] and out["scalar"] == 1.5
 
 
+def test_tensordicts_round_trip_as_plain_data():
+    """A torchrl env's state holds TensorDicts (its last root tensordict, say)."""
+    from tensordict import TensorDict
+
+    td = TensorDict({"obs": torch.ones(2, 3), "inner": {"count": torch.arange(2)}}, batch_size=[2])
+    out = P.loads_data(P.dumps_data({"env": td}))["env"]
+    assert out.batch_size == (2,) and torch.equal(out["obs"], td["obs"]) and torch.equal(out["inner", "count"],
+                                                                                          td["inner", "count"])
+
+
 class _Evil:
     def __reduce__(self):
         return (os.system, ("echo pwned",))
