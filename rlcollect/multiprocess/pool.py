@@ -15,6 +15,7 @@ from multiprocessing.connection import wait
 from typing import Any
 
 
+from rlcollect._pids import pid_alive
 from rlcollect.errors import WorkerError
 from rlcollect.multiprocess import protocol as P
 from rlcollect.multiprocess.handle import WorkerHandle, WorkerState
@@ -25,6 +26,8 @@ from rlcollect.multiprocess.worker import worker_main
 
 logger = logging.getLogger("rlcollect")
 
+#: How long a dead worker's exit code may take to be known (the fork server reaps it first).
+_DEATH_NOTICE_S = 2.0
 #: Default ``start_timeout``: "spawn" under load has been measured at 30-40 s for 2 workers.
 DEFAULT_START_TIMEOUT_S = 120.0
 _STARTUP_HINT = (
@@ -385,6 +388,17 @@ class WorkerPool:
         if already:
             return already
         return [h.index for h in self._wait(handles, timeout)]
+
+    def raise_if_dead(self, index: int) -> None:
+        """Raise ``WorkerError`` if worker ``index``'s process has died (a zombie counts), even
+        when its sentinel has not fired yet: with "forkserver" the server reports the exit
+        only once it has reaped the process, a moment after the death."""
+        handle = self.handles[index]
+        if pid_alive(handle.process.pid):
+            return
+        handle.process.join(_DEATH_NOTICE_S)  # the exit code, for the message
+        handle.move(WorkerState.FAILED)
+        raise WorkerError(f"worker {index} {_describe_death(handle)}", index, handle.process.exitcode)
 
     def busy(self, index: int) -> bool:
         """Whether worker ``index`` owes a reply."""

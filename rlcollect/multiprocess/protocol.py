@@ -28,3 +28,10 @@ PAUSE = "pause"  # sent to a worker running free: ends it (the run_free reply co
 CLOSE = "close"
 
 OK, ERROR, READY = "ok", "error", "ready"
+
+# Each worker's shared control block (an int64 tensor handed with ATTACH): the main process sets
+# STOP_FLAG to make it stop at its next step (preemption); while running free the worker adds
+# each batch it wrote completely into the replay buffer to FREE_FRAMES (the main process zeroes it
+# before each RUN_FREE), so the frames of a worker killed while running free are still counted.
+STOP_FLAG, FREE_FRAMES = 0, 1
+CONTROL_SIZE = 2

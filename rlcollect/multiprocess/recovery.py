@@ -116,6 +116,17 @@ class WorkerRestarts:
         if self.after is not None:
             self.after(index)
 
+    def forgive(self, index: int, error: BaseException) -> None:
+        """Worker ``index`` failed while the collector shuts down: it is not replaced, but
+        ``error`` is re-raised where ``recover`` would have re-raised it (no restart allowed)."""
+        fatal = self.give_up() if self.give_up is not None else None
+        if fatal is not None:
+            raise fatal from error
+        if not self.policy.allows(index):
+            self.recover(index, error)  # raises
+        logger.warning("worker %d failed while the collector shuts down (not restarted): %s",
+                       index, str(error).splitlines()[0])
+
     def _check_layout(self, index: int, info: dict) -> None:
         if info["layout"] != self.layouts[index]:
             raise WorkerError(f"restarted worker {index} reports a different batch layout", index)

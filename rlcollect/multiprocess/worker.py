@@ -231,6 +231,8 @@ class _Worker:
             info = self.collect(0, random)
             batches += 1
             frames += info["frames"]
+            if self.stop is not None:  # read by the main process if this one is killed
+                self.stop[P.FREE_FRAMES] = frames
         self._deferred.append(self.conn.recv())
         return {"batches": batches, "frames": frames, "version": self.collector.policy_version,
                 "meta": self.collector.batch_info()}
