@@ -30,12 +30,25 @@ logger = logging.getLogger("rlcollect")
 _DEATH_NOTICE_S = 2.0
 #: Default ``start_timeout``: "spawn" under load has been measured at 30-40 s for 2 workers.
 DEFAULT_START_TIMEOUT_S = 120.0
-_STARTUP_HINT = (
-    " before it was ready. If the script that builds the collector runs it at import time, guard it with "
+_OWN_ERROR = "; its own error, if any, is on stderr above"
+_MAIN_GUARD_HINT = (
+    ". If the script that builds the collector runs it at import time, guard it with "
     "`if __name__ == '__main__':` (with 'spawn', and with 'forkserver', which the default picks instead of "
     "'fork' once another thread runs in the process, e.g. a TensorBoard writer or tqdm's monitor, or CUDA is "
     "initialised, every worker imports the main module); the worker's own error, if any, is on stderr above"
 )
+
+
+def _startup_hint(handle: WorkerHandle, start_method: str) -> str:
+    """What a worker that died before it was ready is told: nothing more when a signal killed it
+    (someone else's doing); the ``__main__`` guard hint only where it may apply: a first start,
+    not "fork" (a replacement imported the main module as its predecessor did)."""
+    code = handle.process.exitcode
+    if code is not None and code < 0:
+        return " before it was ready"
+    if handle.incarnation > 0 or start_method == "fork":
+        return " before it was ready" + _OWN_ERROR
+    return " before it was ready" + _MAIN_GUARD_HINT
 
 
 @contextlib.contextmanager
@@ -309,7 +322,8 @@ class WorkerPool:
                     kind, value = handle.conn.recv()
                 except (EOFError, OSError) as err:
                     handle.move(WorkerState.FAILED)
-                    raise WorkerError(f"worker {handle.index} {_describe_death(handle)}{_STARTUP_HINT}",
+                    death = _describe_death(handle)
+                    raise WorkerError(f"worker {handle.index} {death}{self._hint(handle)}",
                                       handle.index, handle.process.exitcode) from err
                 if kind == P.ERROR:
                     handle.move(WorkerState.FAILED)
@@ -317,6 +331,9 @@ class WorkerPool:
                 handle.info = value
                 handle.move(WorkerState.SERVING)
                 waiting.discard(handle.index)
+
+    def _hint(self, handle: WorkerHandle) -> str:
+        return _startup_hint(handle, self.context.get_start_method())
 
     def _wait(self, handles: list[WorkerHandle], timeout: float | None) -> list[WorkerHandle]:
         """Handles with a message to read; raises ``WorkerError`` if one of them died first."""
@@ -335,9 +352,9 @@ class WorkerPool:
                     out.append(dead)
                     continue
                 dead.move(WorkerState.FAILED)
-                hint = "" if dead.info else _STARTUP_HINT
-                raise WorkerError(f"worker {dead.index} {_describe_death(dead)}{hint}", dead.index,
-                                  dead.process.exitcode)
+                death = _describe_death(dead)
+                hint = "" if dead.info else self._hint(dead)
+                raise WorkerError(f"worker {dead.index} {death}{hint}", dead.index, dead.process.exitcode)
         return out
 
     # -- requests ---------------------------------------------------------------------------

@@ -100,19 +100,27 @@ class WorkerRestarts:
         if fatal is not None:
             raise fatal from error
         policy = self.policy
-        if not policy.allows(index):
-            if policy.mode == "restart":
-                raise WorkerError(
-                    f"worker {index} failed again after {policy.counts[index]} restarts "
-                    f"(max_worker_restarts={policy.max_restarts}): {type(error).__name__}: {error}",
-                    index, getattr(error, "exitcode", None), getattr(error, "worker_traceback", None),
-                ) from error
-            raise error
-        count = policy.record(index)
-        logger.warning("restarting worker %d (restart %d of %d) after: %s",
-                       index, count, policy.max_restarts, str(error).splitlines()[0])
-        self.pool.restart(index, policy.payload(index, self.single),
-                          check=lambda info: self._check_layout(index, info))
+        while True:
+            if not policy.allows(index):
+                if policy.mode == "restart":
+                    raise WorkerError(
+                        f"worker {index} failed again after {policy.counts[index]} restarts "
+                        f"(max_worker_restarts={policy.max_restarts}): {type(error).__name__}: {error}",
+                        index, getattr(error, "exitcode", None), getattr(error, "worker_traceback", None),
+                    ) from error
+                raise error
+            count = policy.record(index)
+            logger.warning("restarting worker %d (restart %d of %d) after: %s",
+                           index, count, policy.max_restarts, str(error).splitlines()[0])
+            try:
+                self.pool.restart(index, policy.payload(index, self.single),
+                                  check=lambda info: self._check_layout(index, info))
+            except WorkerError as err:  # the replacement died (killed, say) or hung while it started
+                if err.worker_index != index:
+                    raise
+                error = err
+                continue
+            break
         if self.after is not None:
             self.after(index)
 
