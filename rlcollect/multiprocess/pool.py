@@ -96,6 +96,35 @@ def _stop_process(process: Any, grace: float = 1.0) -> None:
     process.join(5.0)
 
 
+def _end_groups(pids: list[int], grace: float = 1.0) -> None:
+    """End what is left of the process groups the workers ``pids`` led (each worker leads its
+    own, worker.py): what their envs started and did not stop. SIGTERM, then SIGKILL after
+    ``grace`` seconds. A pid whose group is empty (the usual case) costs one system call; a group
+    id stays reserved while any member lives, so a recycled pid is not hit."""
+    left = []
+    for pid in pids:
+        try:
+            os.killpg(pid, signal.SIGTERM)
+            left.append(pid)
+        except OSError:  # no such group (nothing left), or not ours
+            pass
+    deadline = time.monotonic() + grace
+    while left and time.monotonic() < deadline:
+        time.sleep(0.02)
+        left = [pid for pid in left if _group_exists(pid)]
+    for pid in left:
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+def _group_exists(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except OSError:
+        return False
+    return True
+
+
 def _describe_death(handle: WorkerHandle) -> str:
     handle.process.join(0.5)
     code = handle.process.exitcode
@@ -279,6 +308,7 @@ class WorkerPool:
         old = self.handles[index]
         old.move(WorkerState.RESTARTING)
         _stop_process(old.process)
+        _end_groups([old.process.pid])
         self.reaper.forget(old.process.pid)
         old.conn.close()
         with contextlib.suppress(ValueError):
@@ -456,6 +486,7 @@ class WorkerPool:
             if handle.process.is_alive():
                 handle.process.kill()
                 handle.process.join(5.0)
+        _end_groups([handle.process.pid for handle in self.handles])
         for handle in self.handles:
             handle.move(WorkerState.CLOSED)
             handle.attachment = None  # the shared slots and stores: freed with the collector's
