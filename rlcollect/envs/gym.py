@@ -276,7 +276,11 @@ class GymEnv(EnvBase):
             obs, _ = self._envs[i].reset(seed=seed)
             if self._check_reset:
                 self._check_obs(obs, "reset() observation")
-            self._write_obs(obs, i, obs_out)
+            try:
+                self._write_obs(obs, i, obs_out)
+            except (ValueError, TypeError):  # checked on the first reset of a batch only
+                self._check_obs(obs, f"reset() observation (env {i})")
+                raise
         self._check_reset = False
 
     def _check_obs(self, obs: Any, what: str) -> None:
@@ -295,7 +299,11 @@ class GymEnv(EnvBase):
         actions = self._actions(action)
         for i, env in enumerate(self._envs):
             obs, r, term, trunc, _ = env.step(actions[i])
-            write(obs, i, obs_out)
+            try:
+                write(obs, i, obs_out)
+            except (ValueError, TypeError):  # checked on the first step of a batch only: say what is wrong
+                self._check_obs(obs, f"step() observation (env {i})")
+                raise
             reward[i] = r
             terminated[i] = term
             truncated[i] = trunc
@@ -315,7 +323,11 @@ class GymEnv(EnvBase):
         actions = self._actions(action)
         for i, env in enumerate(self._envs):
             obs, r, term, trunc = self._step_one(env, actions[i], check=False)
-            self._write_obs(obs, i, obs_out)
+            try:
+                self._write_obs(obs, i, obs_out)
+            except (ValueError, TypeError):
+                self._check_obs(obs, f"step() observation (env {i})")
+                raise
             reward[i] = r
             terminated[i] = term
             truncated[i] = trunc

@@ -168,9 +168,7 @@ class MultiCollectorBase(CollectorBase):
         acting.start(pool, weakref.ref(self))
         gather_class = SyncGather if self._sync else AsyncGather
         slots = gather_class.make_slots(cfg, self.layouts)
-        # each worker's control block (protocol.py: the stop flag, the frames written while running free)
-        self._stops = stops = [torch.zeros(P.CONTROL_SIZE, dtype=torch.int64).share_memory_()
-                               for _ in range(self.num_workers)]
+        self._stops = stops = [P.control_block() for _ in range(self.num_workers)]
         restarts = WorkerRestarts(self._restart, pool, self.layouts, cfg.collector_class is Collector,
                                   after=acting.resend, give_up=lambda a=acting: a.fatal_error)
         attach = _Attach(pool, slots, stops, acting)

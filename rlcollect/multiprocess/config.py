@@ -131,8 +131,8 @@ ARGS_DOC = """
         **inner_options: options passed unchanged to each worker's ``Collector``:
             ``max_frames_per_traj`` (truncate trajectories), ``reset_at_each_iter``,
             ``exploration_type`` (default ``"random"``), ``set_truncated``, ``trust_policy``,
-            ``compile_policy``, ``cudagraph_policy``, ``no_cuda_sync``, ``track_policy_version``
-            (each as in ``Collector``); any other name is a ``TypeError``.
+            ``compile_policy``, ``cudagraph_policy``, ``no_cuda_sync``, ``track_policy_version``,
+            ``check_finite`` (each as in ``Collector``); any other name is a ``TypeError``.
 """
 
 PER_WORKER_ARGS = ("device", "storing_device", "env_device", "policy_device")
@@ -141,7 +141,7 @@ INFERENCE_MODES = ("worker", "central")
 #: Options forwarded unchanged to each worker's inner collector.
 INNER_OPTIONS = (
     "max_frames_per_traj", "reset_at_each_iter", "exploration_type", "set_truncated", "trust_policy",
-    "compile_policy", "cudagraph_policy", "no_cuda_sync", "track_policy_version",
+    "compile_policy", "cudagraph_policy", "no_cuda_sync", "track_policy_version", "check_finite",
 )
 #: Where warnings point: the user's call (user -> collector __init__ -> MultiConfig __init__ ->
 #: __post_init__ -> a check here).
