@@ -159,9 +159,15 @@ class FreeRunningWorkers:
                 if command == P.RUN_FREE:
                     frames += self._account(i, info)
         self.running = False
-        for i, failure in failures.items():
-            frames += self._written(i, failure)
-            self._replace(index_of(failure, i), failure, final)
+        try:
+            for i, failure in failures.items():
+                frames += self._written(i, failure)
+                self._replace(index_of(failure, i), failure, final)
+        finally:
+            # Each failure's traceback holds this frame, which holds them: a cycle that would keep
+            # the shared tensors the frames reach (each an open fd) until the next garbage collection.
+            failures.clear()
+            failure = None
         return frames
 
     def check(self) -> int:

@@ -121,6 +121,7 @@ class WorkerRestarts:
                 error = err
                 continue
             break
+        error = None  # (a replacement's error holds this frame in its traceback: no cycle kept)
         if self.after is not None:
             self.after(index)
 
