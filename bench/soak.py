@@ -14,6 +14,13 @@ runs a ``DistributedCollector`` ("mp" launcher, ``on_node_failure="restart"``) i
 faults its nodes from outside, rotating SIGKILL and SIGSTOP (a frozen node, found by its
 heartbeat and its watcher's report) through the nodes; the summary adds the lost batches and
 checks that the frames delivered equal ``stats()["frames"]``.
+
+    python -m bench.soak --free-running --minutes 10 --fault-every 30
+
+runs the workers free (``start()`` into a shared ``ReplayBuffer``) and SIGKILLs one worker per
+fault, rotating through them, then pauses (``pause()``: the dead worker is restarted); the summary
+adds the buffer's ``write_count`` and the frames lost (``write_count - stats()["frames"]``: the
+batches the killed workers were writing, at most one batch per kill).
 """
 
 from __future__ import annotations
@@ -70,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=("sync", "async"), default="async")
     parser.add_argument("--frames-per-batch", type=int, default=2000)
     parser.add_argument("--nodes", type=int, default=0, help="soak a DistributedCollector with this many nodes")
+    parser.add_argument("--free-running", action="store_true",
+                        help="workers write a shared ReplayBuffer on their own (start()); faults are SIGKILLs")
     parser.add_argument("--json", metavar="PATH", help="also write the samples and summary as JSON")
     args = parser.parse_args(argv)
 
@@ -91,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         collector = cls(env, policy, num_workers=args.workers, frames_per_batch=args.frames_per_batch,
                         on_worker_failure="restart", max_worker_restarts=10_000, worker_timeout=5.0,
                         track_policy_version=True)
+    if args.free_running:
+        return _soak_free_running(args, cls, policy, start_fds, start_shm)
     began = time.monotonic()
     deadline = began + args.minutes * 60
     next_fault, next_report, faults = began + args.fault_every, began, 0
@@ -135,6 +146,70 @@ def main(argv: list[str] | None = None) -> int:
         "rss_growth_after_first_minute_mb": round(samples[-1]["rss_mb"] - after_minute[0]["rss_mb"], 1),
         "fds_start": start_fds, "fds_end": open_fds(), "shm_start": start_shm, "shm_end": shm_entries(),
         "frames_equal_stats": frames == stats["frames"], "lost_batches": stats.get("lost_batches", 0),
+    }
+    print("summary", json.dumps(summary), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"samples": samples, "summary": summary}, f, indent=1)
+    return 0
+
+
+def _soak_free_running(args: argparse.Namespace, cls: type, policy: torch.nn.Module, start_fds: int,
+                       start_shm: int) -> int:
+    """The workers run free into a ReplayBuffer; every ``fault_every`` s one is SIGKILLed, and
+    ``pause()`` (each report, or the fault's own) restarts it."""
+    import signal
+
+    from rlcollect import CountingEnv, ReplayBuffer
+
+    rb = ReplayBuffer(1_000_000)
+    collector = cls(functools.partial(CountingEnv, max_steps=200), policy, num_workers=args.workers,
+                    frames_per_batch=args.frames_per_batch, replay_buffer=rb, on_worker_failure="restart",
+                    max_worker_restarts=10_000, worker_timeout=30.0)
+    began = time.monotonic()
+    deadline = began + args.minutes * 60
+    next_fault, next_report, faults = began + args.fault_every, began, 0
+    samples: list[dict] = []
+    try:
+        collector.start()
+        while True:
+            time.sleep(0.5)
+            now = time.monotonic()
+            if now >= next_fault:
+                pid = collector.worker_pids()[faults % args.workers]
+                os.kill(pid, signal.SIGKILL)
+                faults += 1
+                next_fault = now + args.fault_every
+                time.sleep(0.5)
+                with collector.pause():  # the dead worker is found and restarted here
+                    pass
+            if now >= next_report or now >= deadline:
+                with torch.no_grad():
+                    for p in policy.parameters():
+                        p.add_(torch.randn_like(p) * 1e-3)
+                collector.update_policy_weights_()
+                stats = collector.stats()
+                sample = {"t_s": round(now - began, 1), "frames": stats["frames"], "write_count": rb.write_count,
+                          "restarts": stats["restarts"], "faults_injected": faults, "rss_mb": round(rss_mb(), 1),
+                          "fds": open_fds(), "shm": shm_entries()}
+                samples.append(sample)
+                print(json.dumps(sample), flush=True)
+                next_report = now + args.report_every
+            if now >= deadline:
+                break
+        collector.async_shutdown()
+        stats = collector.stats()
+        write_count = rb.write_count
+    finally:
+        collector.shutdown()
+        rb.close()
+    after_minute = [s for s in samples if s["t_s"] >= 60] or samples
+    summary = {
+        "mode": "free-running", "frames": stats["frames"], "write_count": write_count,
+        "frames_lost": write_count - stats["frames"], "lost_bound": faults * args.frames_per_batch,
+        "seconds": round(time.monotonic() - began, 1), "faults_injected": faults, "restarts": stats["restarts"],
+        "rss_growth_after_first_minute_mb": round(samples[-1]["rss_mb"] - after_minute[0]["rss_mb"], 1),
+        "fds_start": start_fds, "fds_end": open_fds(), "shm_start": start_shm, "shm_end": shm_entries(),
     }
     print("summary", json.dumps(summary), flush=True)
     if args.json:

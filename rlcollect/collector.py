@@ -131,6 +131,9 @@ class Collector(CollectorBase):
         weight_recv_schemes: torchrl 0.14's; only ``None`` (its default) is accepted.
         track_traj_ids: ``False`` drops ``("collector", "traj_ids")`` (torchrl 0.14's). Default ``True``.
         compact_obs: torchrl 0.14's: drop the ``("next", ...)`` copies of root entries. Default ``False``.
+        check_finite: NaN/inf in the env's rewards and float observations: ``None`` (default:
+            not looked for), ``"first"`` (on the first step of each batch) or ``"every"`` step; one
+            raises ``ValueError`` naming the worker (if any), the env row, the key and the step.
         backend: torchrl's front door: ``"direct"`` (this collector), ``"process"`` (a
             ``MultiSyncCollector`` or ``MultiAsyncCollector``), ``"distributed"``,
             ``"submitit"`` or ``"ray"`` (a ``DistributedCollector`` with that launcher).
@@ -169,10 +172,8 @@ class Collector(CollectorBase):
         policy_factory: Callable[[], Any] | None = None,
         frames_per_batch: int,
         total_frames: int = -1,
-        device: DeviceLike = None,
-        storing_device: DeviceLike = None,
-        env_device: DeviceLike = None,
-        policy_device: DeviceLike = None,
+        device: DeviceLike = None, storing_device: DeviceLike = None,
+        env_device: DeviceLike = None, policy_device: DeviceLike = None,
         create_env_kwargs: dict | None = None,
         max_frames_per_traj: int | None = None,
         init_random_frames: int | None = None,
@@ -186,8 +187,7 @@ class Collector(CollectorBase):
         replay_buffer: ReplayBufferLike | None = None,
         extend_buffer: bool = True,
         trust_policy: bool | None = None,
-        compile_policy: bool | dict | None = None,
-        cudagraph_policy: bool | dict | None = None,
+        compile_policy: bool | dict | None = None, cudagraph_policy: bool | dict | None = None,
         no_cuda_sync: bool = False,
         weight_sync_schemes: dict | None = None,
         track_policy_version: bool = False,
@@ -198,8 +198,8 @@ class Collector(CollectorBase):
         pre_collect_hook: Callable[[], Any] | None = None,
         post_collect_hook: Callable[[Any], Any] | None = None,
         weight_recv_schemes: None = None,
-        track_traj_ids: bool = True,
-        compact_obs: bool = False,
+        track_traj_ids: bool = True, compact_obs: bool = False,
+        check_finite: str | None = None,
     ):
         self._closed = True  # until construction succeeds, shutdown has nothing to do
         self.config = cfg = CollectorConfig(**bound_arguments(Collector.__init__, locals()))
@@ -235,7 +235,7 @@ class Collector(CollectorBase):
         if traj_id_start is None:
             traj_id_start = (cfg.worker_idx or 0) * TRAJ_ID_BLOCK
         options = dict(max_frames_per_traj=cfg.max_frames_per_traj, set_truncated=cfg.set_truncated,
-                       track_version=cfg.track_policy_version)
+                       track_version=cfg.track_policy_version, check_finite=cfg.check_finite)
         time_steps = math.ceil(cfg.frames_per_batch / rows)
         self.policy, self._weight_source = acting_policy(policy, policy_factory, cfg.policy_device_or_default)
         device = cfg.policy_device_or_default

@@ -37,6 +37,10 @@ NAMED_COLLECTORS = {
 }
 
 
+#: ``check_finite``: no check, the first step of each batch, every step.
+FINITE_CHECKS = (None, "first", "every")
+
+
 def bound_arguments(function: Callable, values: dict[str, Any]) -> dict[str, Any]:
     """The call's arguments, ``{name: value}`` for every parameter of ``function`` (``self``
     left out; ``**kwargs`` as the dict of that name), read from ``values``: the ``locals()``
@@ -227,6 +231,7 @@ class CollectorConfig:
     compact_obs: bool = False
     pre_collect_hook: Callable[[], Any] | None = dataclasses.field(default=None, repr=False, compare=False)
     post_collect_hook: Callable[[Any], Any] | None = dataclasses.field(default=None, repr=False, compare=False)
+    check_finite: str | None = None
 
     def __post_init__(self) -> None:
         check_reset_when_done(self.reset_when_done)
@@ -261,6 +266,8 @@ class CollectorConfig:
                             f"{type(self.policy_factory).__name__}")
         check_policy_sources(self.policy, self.policy_factory is not None, self.schemes)
         check_replay_buffer(self.replay_buffer)
+        if self.check_finite not in FINITE_CHECKS:
+            raise ValueError(f"check_finite must be one of {FINITE_CHECKS}, got {self.check_finite!r}")
 
     @property
     def policy_device_or_default(self) -> torch.device | None:

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlcollect._context import current_worker_index
 from rlcollect.data import MASK, POLICY_VERSION, TRAJ_IDS, BatchBuffer, BatchLayout
 from rlcollect.envs.base import DONE_KEYS, ArraySpec, EnvBase, NestedKey, numpy_dtype
 
@@ -95,6 +96,9 @@ class Rollout:
         set_truncated: mark the last step of each batch truncated and reset every row.
         track_version: write ``("collector", "policy_version")``.
         traj_id_start: the first trajectory id this rollout hands out.
+        check_finite: ``None`` (no check), ``"first"`` (the first step of each batch) or
+            ``"every"`` (every step): a NaN or infinite reward or float observation raises
+            ``ValueError`` naming the worker, the env row, the key and the step.
     """
 
     def __init__(
@@ -107,8 +111,10 @@ class Rollout:
         set_truncated: bool = False,
         track_version: bool = False,
         traj_id_start: int = 0,
+        check_finite: str | None = None,
     ):
         self.env = env
+        self.check_finite = check_finite
         self.runner = runner
         self.time = time
         self.max_frames_per_traj = max_frames_per_traj
@@ -317,6 +323,7 @@ class Rollout:
         step_count, max_steps, counts = self.step_count, self.max_frames_per_traj, self._step_counts
         last = n_time - 1 if self.set_truncated else -1
         step_seconds, clock = self.step_seconds, perf_counter
+        finite_check = self.check_finite
         go_on = bytes(self.rows)  # a flag array's tobytes() when no row is set: 10x cheaper than any()
         start_ids, first_new = self.traj_ids.copy(), self.next_traj_id
         resets: list[tuple[int, np.ndarray, dict]] = []  # (step, rows that ended, their final observations)
@@ -356,8 +363,13 @@ class Rollout:
                 # and, for direct keys, in the batch's ("next", key)[:, t]
                 nxt = dict(zip(obs_keys, next_obs))
                 began = clock()
-                step_rows(action, nxt if not policy_only else {k: nxt[k] for k in env_keys}, rew, term, trunc)
+                try:
+                    step_rows(action, nxt if not policy_only else {k: nxt[k] for k in env_keys}, rew, term, trunc)
+                except ValueError as err:
+                    raise self._malformed(err, t) from err
                 step_seconds[t] = clock() - began
+                if finite_check and (t == 0 or finite_check == "every"):
+                    self._check_finite(t, rew, nxt)
                 if direct:
                     now = next_obs[n_obs:]  # where step t + 1's observation of each direct key goes
                     for i, value in enumerate(now):
@@ -407,6 +419,31 @@ class Rollout:
                     for _, obs_b, _, carry in direct:
                         carry[...] = obs_b[:, t]
         return t
+
+    def _malformed(self, error: ValueError, t: int) -> ValueError:
+        """A clearer error for numpy's "could not broadcast" (an env whose observation changed
+        shape after the first step of the batch, which is checked): which env, which step, and
+        the shapes each env row must have. Any other ``ValueError`` is returned as it is."""
+        text = str(error)
+        if "broadcast" not in text and "reshape" not in text:
+            return error
+        expected = {key: spec.shape for key, spec in self.env.obs_layout.items()}
+        return ValueError(f"{_where()}{self.env!r} returned an observation of the wrong shape at step {t} of the "
+                          f"batch ({text}); expected per env row: {expected}")
+
+    def _check_finite(self, t: int, reward: np.ndarray, obs: dict[NestedKey, np.ndarray]) -> None:
+        """Raise ``ValueError`` if step ``t``'s reward or a float observation holds a NaN or an
+        infinity (``check_finite``)."""
+        for key, array in (("reward", reward), *obs.items()):
+            if array.dtype.kind != "f" or np.isfinite(array).all():
+                continue
+            per_row = np.isfinite(array.reshape(len(array), -1)).all(axis=1)
+            row = int(np.flatnonzero(~per_row)[0])
+            value = array[row]
+            raise ValueError(
+                f"{_where()}{self.env!r} row {row} returned a non-finite {key!r} at step {t} of the batch "
+                f"({value if value.size <= 8 else 'of shape ' + str(value.shape)}; check_finite="
+                f"{self.check_finite!r}): fix the env, or clip or mask the value in a wrapper")
 
     def _write(self, buf: BatchBuffer, steps: int, outputs: list | None, resets: list, start_ids: np.ndarray,
                first_new: int, version: int | np.ndarray) -> None:
@@ -510,6 +547,11 @@ def build_env(policy: Any, make_one: Callable[[], EnvBase]) -> EnvBase:
     central inference builds one env per split of a worker's envs)."""
     own = getattr(policy, "make_env", None)
     return make_one() if own is None else own(make_one)
+
+
+def _where() -> str:
+    index = current_worker_index()
+    return "" if index is None else f"worker {index}: "
 
 
 def make_rollout(policy: Any, env: EnvBase, runner: Callable[[], Any], time: int, traj_id_start: int,

@@ -26,6 +26,7 @@ from rlcollect.distributed.node_weights import NodeWeights
 from rlcollect.distributed.pool import NodePool
 from rlcollect.distributed.recovery import Recovery
 from rlcollect.distributed.stats import distributed_stats
+from rlcollect.envs.base import without_env_pickles
 from rlcollect.weights.models import UnknownModelError, make_weight_updater
 from rlcollect.weights.schemes import NoWeightSyncScheme
 
@@ -377,19 +378,26 @@ class DistributedCollector(CollectorBase):
         node)."""
         self._quiesce()
         with self._guard():
-            out: dict[str, Any] = {f"node{i}": P.loads_data(self._pool.ask(i, "state_dict")[1])
+            # Plain data only: a GymEnv's pickled envs are left out (a node could plant code there
+            # that load_state_dict would hand every node).
+            out: dict[str, Any] = {f"node{i}": without_env_pickles(P.loads_data(self._pool.ask(i, "state_dict")[1]))[0]
                                    for i in self._pool.serving_nodes()}
         out.update(frames=self._frames, iter=self._iter, policy_version=self._version)
         return out
 
     def _load(self, state: dict[str, Any]) -> None:
-        # A node that rejects its part raises its error; the collector stays usable.  The nodes' parts
-        # may hold pickles (a GymEnv's envs), which the nodes unpickle: only load states you trust.
+        # A node that rejects its part raises its error; the collector stays usable.  Pickled env
+        # state is refused (state_dict() never holds it); the rest is cloudpickled for the nodes
+        # (trusted from rank 0): only load states you trust.
         self._settle()
         nodes = self._pool.serving_nodes()
         missing = [k for k in (*(f"node{i}" for i in nodes), "frames", "iter") if k not in state]
         if missing:
             raise KeyError(f"DistributedCollector.load_state_dict: missing keys {missing}")
+        planted = [f"node{i}" for i in nodes if without_env_pickles(state[f"node{i}"])[1]]
+        if planted:
+            raise ValueError(f"DistributedCollector.load_state_dict: {planted} hold pickled env state ('envs'), which "
+                             "is never sent to a node (unpickling runs code); state_dict() leaves it out")
         self._discard_in_flight()
         with self._guard():
             for i in nodes:

@@ -47,6 +47,7 @@ from rlcollect.distributed.wire import Wire, WireClosed
 from rlcollect.distributed.auth import SECRET_ENV, DropLog, Keys, SecretError, check_secret, read_secret_file
 from rlcollect.distributed.heartbeat import NodeWatch
 from rlcollect.distributed.node_args import LOG_LEVEL_ENV, RANK0_TIMEOUT_S, add_arguments, node_arguments
+from rlcollect.envs.base import EnvPickleStash
 
 logger = logging.getLogger("rlcollect")
 
@@ -83,6 +84,7 @@ class Node:
             "close": self.close,
         }
         self.silent = {"collect", "weights"}
+        self.env_pickles = EnvPickleStash()
 
     def say_started(self) -> None:
         weights = None if self.weight_spec is None else {k: [list(s), str(d)] for k, (s, d) in self.weight_spec.items()}
@@ -113,10 +115,11 @@ class Node:
         self.collector.reset()
 
     def state_dict(self, args: dict, payload: bytes) -> tuple[None, bytes]:
-        return None, P.dumps_data(self.collector.state_dict())
+        # A GymEnv's pickled envs stay here; rank 0 gets their digest (pickles never cross the network)
+        return None, P.dumps_data(self.env_pickles.keep(self.collector.state_dict()))
 
     def load_state_dict(self, args: dict, payload: bytes) -> None:
-        self.collector.load_state_dict(cloudpickle.loads(payload))
+        self.collector.load_state_dict(self.env_pickles.restore(cloudpickle.loads(payload)))
 
     def close(self, args: dict, payload: bytes) -> None:
         self.closing = True

@@ -25,6 +25,7 @@ are adapted the other way round by :mod:`rlcollect.envs.adapter`.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -114,6 +115,82 @@ def check_output(env: Any, what: str, key: NestedKey, value: Any, spec: ArraySpe
             f"{env!r} returned a malformed {what} {key!r}: got {got}, expected shape {spec.shape} and dtype "
             f"{spec.dtype} (per env row); fix the env or wrap it so that it returns that"
         )
+
+
+#: Where a ``GymEnv`` / ``VectorEnv`` state keeps the pickles of its gymnasium envs.
+PICKLED_ENVS = "envs"
+
+
+def without_env_pickles(state: Any) -> tuple[Any, int]:
+    """``state`` (a collector's state: nested dicts and lists) without the pickled envs of any
+    ``GymEnv`` / ``VectorEnv`` state in it, and how many such entries it held. What crosses the
+    network is kept to plain data: unpickling runs code.
+
+    Example:
+        >>> without_env_pickles({"env": {"envs": [b"\\x80..."], "pending_seeds": [None]}, "frames": 3})
+        ({'env': {'pending_seeds': [None]}, 'frames': 3}, 1)
+    """
+    if isinstance(state, dict):
+        out, found = {}, 0
+        for key, value in state.items():
+            if key == PICKLED_ENVS and isinstance(value, list) and any(isinstance(b, bytes) for b in value):
+                found += 1
+                continue
+            out[key], n = without_env_pickles(value)
+            found += n
+        return out, found
+    if isinstance(state, list):
+        parts = [without_env_pickles(v) for v in state]
+        return [p for p, _ in parts], sum(n for _, n in parts)
+    return state, 0
+
+
+#: What stands for pickled envs kept where they were saved (``EnvPickleStash``): their digest.
+KEPT_ENVS = "envs_kept"
+
+
+class EnvPickleStash:
+    """Pickled env state kept in the process that saved it (a distributed node), so that only a
+    digest crosses the network: ``keep(state)`` swaps each ``"envs"`` list of pickles for its
+    sha256 digest (the last ``size`` are kept), ``restore(state)`` swaps a digest back; a digest
+    this process does not hold (a relaunched node, another run) is dropped, and those envs keep
+    their own state.
+
+    Example:
+        >>> stash = EnvPickleStash()
+        >>> sent = stash.keep({"env": {"envs": [b"pickle"], "rng": 1}})
+        >>> sent["env"]["envs_kept"][:8], stash.restore(sent)
+        ('47bf3e15', {'env': {'rng': 1, 'envs': [b'pickle']}})
+    """
+
+    def __init__(self, size: int = 4):
+        self.size = size
+        self.kept: dict[str, list] = {}
+
+    def keep(self, state: Any) -> Any:
+        if isinstance(state, dict):
+            out = {}
+            for key, value in state.items():
+                if key == PICKLED_ENVS and isinstance(value, list) and all(isinstance(b, bytes) for b in value):
+                    digest = hashlib.sha256(b"".join(hashlib.sha256(b).digest() for b in value)).hexdigest()
+                    self.kept.pop(digest, None)
+                    self.kept[digest] = value
+                    while len(self.kept) > self.size:
+                        del self.kept[next(iter(self.kept))]
+                    out[KEPT_ENVS] = digest
+                else:
+                    out[key] = self.keep(value)
+            return out
+        return [self.keep(v) for v in state] if isinstance(state, list) else state
+
+    def restore(self, state: Any) -> Any:
+        if isinstance(state, dict):
+            out = {k: self.restore(v) for k, v in state.items() if k != KEPT_ENVS}
+            digest = state.get(KEPT_ENVS)
+            if isinstance(digest, str) and digest in self.kept:
+                out[PICKLED_ENVS] = self.kept[digest]
+            return out
+        return [self.restore(v) for v in state] if isinstance(state, list) else state
 
 
 def torch_dtype(dtype: np.dtype) -> torch.dtype:

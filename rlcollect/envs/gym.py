@@ -276,7 +276,11 @@ class GymEnv(EnvBase):
             obs, _ = self._envs[i].reset(seed=seed)
             if self._check_reset:
                 self._check_obs(obs, "reset() observation")
-            self._write_obs(obs, i, obs_out)
+            try:
+                self._write_obs(obs, i, obs_out)
+            except (ValueError, TypeError):  # checked on the first reset of a batch only
+                self._check_obs(obs, f"reset() observation (env {i})")
+                raise
         self._check_reset = False
 
     def _check_obs(self, obs: Any, what: str) -> None:
@@ -295,7 +299,11 @@ class GymEnv(EnvBase):
         actions = self._actions(action)
         for i, env in enumerate(self._envs):
             obs, r, term, trunc, _ = env.step(actions[i])
-            write(obs, i, obs_out)
+            try:
+                write(obs, i, obs_out)
+            except (ValueError, TypeError):  # checked on the first step of a batch only: say what is wrong
+                self._check_obs(obs, f"step() observation (env {i})")
+                raise
             reward[i] = r
             terminated[i] = term
             truncated[i] = trunc
@@ -315,7 +323,11 @@ class GymEnv(EnvBase):
         actions = self._actions(action)
         for i, env in enumerate(self._envs):
             obs, r, term, trunc = self._step_one(env, actions[i], check=False)
-            self._write_obs(obs, i, obs_out)
+            try:
+                self._write_obs(obs, i, obs_out)
+            except (ValueError, TypeError):
+                self._check_obs(obs, f"step() observation (env {i})")
+                raise
             reward[i] = r
             terminated[i] = term
             truncated[i] = trunc
@@ -368,17 +380,20 @@ class GymEnv(EnvBase):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore ``state_dict()``.  Its ``"envs"`` entries are pickles of the gymnasium envs,
-        and unpickling runs code: **only load states you trust** (your own checkpoints)."""
-        missing = {"envs", "rng", "pending_seeds"} - set(state)
+        and unpickling runs code: **only load states you trust** (your own checkpoints). A state
+        without ``"envs"`` (a ``DistributedCollector``'s: pickles never cross the network)
+        restores the random actions and pending seeds and leaves the envs as they are."""
+        missing = {"rng", "pending_seeds"} - set(state)
         if missing:
             raise KeyError(f"GymEnv.load_state_dict: missing keys {sorted(missing)}")
-        if len(state["envs"]) != len(self._envs):
-            raise ValueError(
-                f"GymEnv.load_state_dict: state has {len(state['envs'])} envs, this env has {len(self._envs)}")
-        envs = [pickle.loads(blob) for blob in state["envs"]]
-        for env in self._envs:
-            env.close()
-        self._envs = envs
+        if "envs" in state:  # (left out of a state that crossed the network: the envs stay as they are)
+            if len(state["envs"]) != len(self._envs):
+                raise ValueError(
+                    f"GymEnv.load_state_dict: state has {len(state['envs'])} envs, this env has {len(self._envs)}")
+            envs = [pickle.loads(blob) for blob in state["envs"]]
+            for env in self._envs:
+                env.close()
+            self._envs = envs
         self._random.load_state_dict(state)
         self._pending_seeds = list(state["pending_seeds"])
 

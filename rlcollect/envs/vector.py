@@ -291,18 +291,19 @@ class VectorEnv(EnvBase):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not isinstance(self.env, gym.vector.SyncVectorEnv):
             raise TypeError(f"{type(self).__name__}.load_state_dict: a {type(self.env).__name__} cannot be restored")
-        missing = {"envs", "rng", "pending_seeds"} - set(state)
+        missing = {"rng", "pending_seeds"} - set(state)
         if missing:
             raise KeyError(f"{type(self).__name__}.load_state_dict: missing keys {sorted(missing)}")
-        if len(state["envs"]) != self.num_rows:
-            raise ValueError(
-                f"{type(self).__name__}.load_state_dict: state has {len(state['envs'])} envs, "
-                f"this env has {self.num_rows}"
-            )
-        envs = [pickle.loads(blob) for blob in state["envs"]]
-        for env in self.env.envs:
-            env.close()
-        self.env.envs = envs
+        if "envs" in state:  # (left out of a state that crossed the network: the envs stay as they are)
+            if len(state["envs"]) != self.num_rows:
+                raise ValueError(
+                    f"{type(self).__name__}.load_state_dict: state has {len(state['envs'])} envs, "
+                    f"this env has {self.num_rows}"
+                )
+            envs = [pickle.loads(blob) for blob in state["envs"]]
+            for env in self.env.envs:
+                env.close()
+            self.env.envs = envs
         self._random.load_state_dict(state)
         self._pending_seeds = list(state["pending_seeds"])
 

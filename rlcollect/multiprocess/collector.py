@@ -168,7 +168,7 @@ class MultiCollectorBase(CollectorBase):
         acting.start(pool, weakref.ref(self))
         gather_class = SyncGather if self._sync else AsyncGather
         slots = gather_class.make_slots(cfg, self.layouts)
-        self._stops = stops = [torch.zeros(1, dtype=torch.uint8).share_memory_() for _ in range(self.num_workers)]
+        self._stops = stops = [P.control_block() for _ in range(self.num_workers)]
         restarts = WorkerRestarts(self._restart, pool, self.layouts, cfg.collector_class is Collector,
                                   after=acting.resend, give_up=lambda a=acting: a.fatal_error)
         attach = _Attach(pool, slots, stops, acting)
@@ -176,7 +176,7 @@ class MultiCollectorBase(CollectorBase):
             attach(i)
         slots.settle()
         self._gather = gather_class(cfg, pool, slots, attach, restarts, self._stats, stops)
-        self._free = free_running(cfg, pool, restarts, self._stats)
+        self._free = free_running(cfg, pool, restarts, self._stats, stops)
 
     # -- the counters, kept with the statistics (which the gather updates) -------------------------
     _frames = property(lambda self: self._stats.frames, lambda self, v: setattr(self._stats, "frames", v))

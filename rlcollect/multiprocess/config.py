@@ -138,8 +138,8 @@ ARGS_DOC = """
         **inner_options: options passed unchanged to each worker's ``Collector``:
             ``max_frames_per_traj`` (truncate trajectories), ``reset_at_each_iter``,
             ``exploration_type`` (default ``"random"``), ``set_truncated``, ``trust_policy``,
-            ``compile_policy``, ``cudagraph_policy``, ``no_cuda_sync``, ``track_policy_version``
-            (each as in ``Collector``); and torchrl 0.14's ``track_traj_ids`` (False drops
+            ``compile_policy``, ``cudagraph_policy``, ``no_cuda_sync``, ``track_policy_version``,
+            ``check_finite`` (each as in ``Collector``); and torchrl 0.14's ``track_traj_ids`` (False drops
             ``("collector", "traj_ids")``), ``compact_obs`` (True drops the ``("next", ...)``
             copies of root entries), ``weight_recv_schemes`` (only None), applied in this
             process; ``auto_register_policy_transforms``, ``init_fn``, ``trajs_per_batch``,
@@ -153,7 +153,7 @@ INFERENCE_MODES = ("worker", "central")
 #: Options forwarded unchanged to each worker's inner collector.
 INNER_OPTIONS = (
     "max_frames_per_traj", "reset_at_each_iter", "exploration_type", "set_truncated", "trust_policy",
-    "compile_policy", "cudagraph_policy", "no_cuda_sync", "track_policy_version",
+    "compile_policy", "cudagraph_policy", "no_cuda_sync", "track_policy_version", "check_finite",
 )
 #: torchrl 0.14's options taken through ``**inner_options`` and applied in the main process.
 FACE_OPTIONS = ("weight_recv_schemes", "track_traj_ids", "compact_obs")

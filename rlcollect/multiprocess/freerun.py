@@ -13,7 +13,9 @@ buffer, checking its pipe between batches. ``pause()`` sends ``pause``: the work
 batch in progress, answers ``run_free`` (with what it wrote), then ``pause``; nothing more is
 written until the block exits and ``run_free`` is sent again. A worker failure while running free
 surfaces at the next ``pause()``, ``update_policy_weights_()``, ``stats()`` or
-``async_shutdown()`` (and is restarted when ``on_worker_failure="restart"``).
+``async_shutdown()``: the frames it wrote completely are counted (its control block, protocol.py),
+and it is restarted when ``on_worker_failure="restart"`` (at ``async_shutdown()`` only counted;
+with "raise", or past ``max_worker_restarts``, its ``WorkerError`` is raised).
 
 With any other buffer (an object with ``extend()`` the workers cannot share), the main process
 runs the collection loop in a background thread (rlcollect/freerun.py) and extends the buffer
@@ -32,11 +34,12 @@ from rlcollect.multiprocess.recovery import WorkerRestarts
 from rlcollect.multiprocess.stats import WorkerStats
 
 
-def free_running(config: Any, pool: Any, restarts: WorkerRestarts, stats: WorkerStats) -> Any:
+def free_running(config: Any, pool: Any, restarts: WorkerRestarts, stats: WorkerStats, controls: list) -> Any:
     """The workers write the replay buffer themselves (an rlcollect ``ReplayBuffer``), or
-    this process does from a background thread."""
+    this process does from a background thread. ``controls``: each worker's shared control
+    block (protocol.py)."""
     if config.workers_write:
-        return FreeRunningWorkers(pool, restarts, stats, config.init_random_frames)
+        return FreeRunningWorkers(pool, restarts, stats, config.init_random_frames, controls)
     return BackgroundThread()
 
 
@@ -89,26 +92,40 @@ class BackgroundThread:
 class FreeRunningWorkers:
     """The workers of one collector writing into a shared replay buffer on their own.
 
+    A worker that fails while running free (killed, say) is found by the next ``check()`` or
+    ``stop()``: the frames it had written completely are counted (its control block's
+    ``FREE_FRAMES``, protocol.py), then it is restarted (``restarts.recover``, which re-raises
+    its error when no restart is allowed). At the final stop (``async_shutdown``) it is not
+    replaced, only counted (``restarts.forgive``).
+
     Args:
         pool: the ``WorkerPool``.
         restarts: replaces a worker that failed while running free (or re-raises its error).
         stats: where what the workers wrote is counted.
         init_random_frames: sent with ``run_free``: each worker acts randomly while the
             buffer's ``write_count`` is below it.
+        controls: each worker's shared control block (protocol.py): ``FREE_FRAMES`` is zeroed
+            before each ``run_free`` and counts what the worker wrote since.
     """
 
-    def __init__(self, pool: Any, restarts: WorkerRestarts, stats: WorkerStats, init_random_frames: int):
+    def __init__(self, pool: Any, restarts: WorkerRestarts, stats: WorkerStats, init_random_frames: int,
+                 controls: list):
         self.pool, self.restarts, self.stats = pool, restarts, stats
         self.init_random_frames = init_random_frames
+        self.controls = controls
         self.running = False
 
     def start(self, step: Any = None) -> None:
         for i in range(len(self.pool)):
-            self.pool.send(i, P.RUN_FREE, self.init_random_frames)
+            self._run_free(i)
         self.running = True
 
+    def _run_free(self, index: int) -> None:
+        self.controls[index][P.FREE_FRAMES] = 0
+        self.pool.send(index, P.RUN_FREE, self.init_random_frames)
+
     def suspend(self) -> int:
-        return self.stop()
+        return self.stop(final=False)
 
     def resume(self) -> None:
         self.start()
@@ -116,51 +133,81 @@ class FreeRunningWorkers:
     def close(self, timeout: float) -> None:
         self.running = False
 
-    def stop(self) -> int:
+    def stop(self, final: bool = True) -> int:
         """Send ``pause`` to every worker and read what they owe: the ``run_free`` reply (the
-        frames written, or the error that stopped the worker), then the ``pause`` reply.
+        frames written, or the error that stopped the worker), then the ``pause`` reply. A
+        worker that failed meanwhile is restarted (not when ``final``: only counted), idle.
         Returns the frames written since ``start``."""
         pool, frames = self.pool, 0
+        failures: dict[int, BaseException] = {}
         for i in range(len(pool)):
-            pool.send(i, P.PAUSE)
+            try:
+                pool.send(i, P.PAUSE)
+            except WorkerError as err:  # died while running free: its pipe is broken
+                failures[i] = err
         for i in range(len(pool)):
-            failure = None
-            while pool.handles[i].pending:
+            while i not in failures and pool.handles[i].pending:
                 command = pool.handles[i].pending[0]
                 try:
                     info = pool.receive(i)
                 except WorkerError as err:  # dead or hung: nothing more to read
-                    failure = err
+                    failures[i] = err
                     break
                 except Exception as err:  # run_free raised; the pause reply still follows
-                    failure = err
+                    failures[i] = err
                     continue
                 if command == P.RUN_FREE:
                     frames += self._account(i, info)
-            if failure is not None:
-                self.restarts.recover(index_of(failure, i), failure)
         self.running = False
+        try:
+            for i, failure in failures.items():
+                frames += self._written(i, failure)
+                self._replace(index_of(failure, i), failure, final)
+        finally:
+            # Each failure's traceback holds this frame, which holds them: a cycle that would keep
+            # the shared tensors the frames reach (each an open fd) until the next garbage collection.
+            failures.clear()
+            failure = None
         return frames
 
     def check(self) -> int:
-        """Surface a worker that failed while running free (restarting it when allowed);
-        returns the frames such a worker had written."""
+        """Surface a worker that failed while running free (restarting it when allowed, and
+        sending it ``run_free``); returns the frames such a worker had written."""
         if not self.running:
             return 0
         pool, frames = self.pool, 0
         for i in range(len(pool)):
             try:
                 ready = pool.ready([i], 0.0)
+                if not ready:  # killed a moment ago: its pipe or sentinel may not tell yet
+                    pool.raise_if_dead(i)
                 if ready:  # a worker only answers run_free when it stops: here, on an error
                     info = pool.receive(i)
                     frames += self._account(i, info)
-                    pool.send(i, P.RUN_FREE, self.init_random_frames)
+                    self._run_free(i)
             except Exception as err:
-                self.restarts.recover(index_of(err, i), err)
-                pool.send(i, P.RUN_FREE, self.init_random_frames)
+                frames += self._written(i, err)
+                self._replace(index_of(err, i), err, final=False)
+                self._run_free(i)
+        return frames
+
+    def _replace(self, index: int, error: BaseException, final: bool) -> None:
+        if final:
+            self.restarts.forgive(index, error)
+        else:
+            self.restarts.recover(index, error)
+
+    def _written(self, index: int, error: BaseException) -> int:
+        """The frames worker ``index`` wrote completely before ``error`` stopped it (its run_free
+        reply never came). A batch it was writing when killed is lost: its slots are reserved
+        (in the buffer's ``write_count``) but never complete, and ``sample()`` skips them."""
+        frames = int(self.controls[index][P.FREE_FRAMES])
+        self.controls[index][P.FREE_FRAMES] = 0
+        self.stats.note_frames(index, frames)
         return frames
 
     def _account(self, index: int, info: dict) -> int:
+        self.controls[index][P.FREE_FRAMES] = 0
         self.stats.note_worker(index, info)
         return info["frames"]
 

@@ -15,6 +15,7 @@ from multiprocessing.connection import wait
 from typing import Any
 
 
+from rlcollect._pids import pid_alive
 from rlcollect.errors import WorkerError
 from rlcollect.multiprocess import protocol as P
 from rlcollect.multiprocess.handle import WorkerHandle, WorkerState
@@ -25,14 +26,29 @@ from rlcollect.multiprocess.worker import worker_main
 
 logger = logging.getLogger("rlcollect")
 
+#: How long a dead worker's exit code may take to be known (the fork server reaps it first).
+_DEATH_NOTICE_S = 2.0
 #: Default ``start_timeout``: "spawn" under load has been measured at 30-40 s for 2 workers.
 DEFAULT_START_TIMEOUT_S = 120.0
-_STARTUP_HINT = (
-    " before it was ready. If the script that builds the collector runs it at import time, guard it with "
+_OWN_ERROR = "; its own error, if any, is on stderr above"
+_MAIN_GUARD_HINT = (
+    ". If the script that builds the collector runs it at import time, guard it with "
     "`if __name__ == '__main__':` (with 'spawn', and with 'forkserver', which the default picks instead of "
     "'fork' once another thread runs in the process, e.g. a TensorBoard writer or tqdm's monitor, or CUDA is "
     "initialised, every worker imports the main module); the worker's own error, if any, is on stderr above"
 )
+
+
+def _startup_hint(handle: WorkerHandle, start_method: str) -> str:
+    """What a worker that died before it was ready is told: nothing more when a signal killed it
+    (someone else's doing); the ``__main__`` guard hint only where it may apply: a first start,
+    not "fork" (a replacement imported the main module as its predecessor did)."""
+    code = handle.process.exitcode
+    if code is not None and code < 0:
+        return " before it was ready"
+    if handle.incarnation > 0 or start_method == "fork":
+        return " before it was ready" + _OWN_ERROR
+    return " before it was ready" + _MAIN_GUARD_HINT
 
 
 @contextlib.contextmanager
@@ -78,6 +94,35 @@ def _stop_process(process: Any, grace: float = 1.0) -> None:
     if process.is_alive():
         process.kill()
     process.join(5.0)
+
+
+def _end_groups(pids: list[int], grace: float = 1.0) -> None:
+    """End what is left of the process groups the workers ``pids`` led (each worker leads its
+    own, worker.py): what their envs started and did not stop. SIGTERM, then SIGKILL after
+    ``grace`` seconds. A pid whose group is empty (the usual case) costs one system call; a group
+    id stays reserved while any member lives, so a recycled pid is not hit."""
+    left = []
+    for pid in pids:
+        try:
+            os.killpg(pid, signal.SIGTERM)
+            left.append(pid)
+        except OSError:  # no such group (nothing left), or not ours
+            pass
+    deadline = time.monotonic() + grace
+    while left and time.monotonic() < deadline:
+        time.sleep(0.02)
+        left = [pid for pid in left if _group_exists(pid)]
+    for pid in left:
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+def _group_exists(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except OSError:
+        return False
+    return True
 
 
 def _describe_death(handle: WorkerHandle) -> str:
@@ -263,6 +308,7 @@ class WorkerPool:
         old = self.handles[index]
         old.move(WorkerState.RESTARTING)
         _stop_process(old.process)
+        _end_groups([old.process.pid])
         self.reaper.forget(old.process.pid)
         old.conn.close()
         with contextlib.suppress(ValueError):
@@ -306,7 +352,8 @@ class WorkerPool:
                     kind, value = handle.conn.recv()
                 except (EOFError, OSError) as err:
                     handle.move(WorkerState.FAILED)
-                    raise WorkerError(f"worker {handle.index} {_describe_death(handle)}{_STARTUP_HINT}",
+                    death = _describe_death(handle)
+                    raise WorkerError(f"worker {handle.index} {death}{self._hint(handle)}",
                                       handle.index, handle.process.exitcode) from err
                 if kind == P.ERROR:
                     handle.move(WorkerState.FAILED)
@@ -314,6 +361,9 @@ class WorkerPool:
                 handle.info = value
                 handle.move(WorkerState.SERVING)
                 waiting.discard(handle.index)
+
+    def _hint(self, handle: WorkerHandle) -> str:
+        return _startup_hint(handle, self.context.get_start_method())
 
     def _wait(self, handles: list[WorkerHandle], timeout: float | None) -> list[WorkerHandle]:
         """Handles with a message to read; raises ``WorkerError`` if one of them died first."""
@@ -332,9 +382,9 @@ class WorkerPool:
                     out.append(dead)
                     continue
                 dead.move(WorkerState.FAILED)
-                hint = "" if dead.info else _STARTUP_HINT
-                raise WorkerError(f"worker {dead.index} {_describe_death(dead)}{hint}", dead.index,
-                                  dead.process.exitcode)
+                death = _describe_death(dead)
+                hint = "" if dead.info else self._hint(dead)
+                raise WorkerError(f"worker {dead.index} {death}{hint}", dead.index, dead.process.exitcode)
         return out
 
     # -- requests ---------------------------------------------------------------------------
@@ -386,6 +436,17 @@ class WorkerPool:
             return already
         return [h.index for h in self._wait(handles, timeout)]
 
+    def raise_if_dead(self, index: int) -> None:
+        """Raise ``WorkerError`` if worker ``index``'s process has died (a zombie counts), even
+        when its sentinel has not fired yet: with "forkserver" the server reports the exit
+        only once it has reaped the process, a moment after the death."""
+        handle = self.handles[index]
+        if pid_alive(handle.process.pid):
+            return
+        handle.process.join(_DEATH_NOTICE_S)  # the exit code, for the message
+        handle.move(WorkerState.FAILED)
+        raise WorkerError(f"worker {index} {_describe_death(handle)}", index, handle.process.exitcode)
+
     def busy(self, index: int) -> bool:
         """Whether worker ``index`` owes a reply."""
         return bool(self.handles[index].pending)
@@ -425,6 +486,7 @@ class WorkerPool:
             if handle.process.is_alive():
                 handle.process.kill()
                 handle.process.join(5.0)
+        _end_groups([handle.process.pid for handle in self.handles])
         for handle in self.handles:
             handle.move(WorkerState.CLOSED)
             handle.attachment = None  # the shared slots and stores: freed with the collector's

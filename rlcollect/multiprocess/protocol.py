@@ -8,6 +8,8 @@ is unprompted: ``("ready", description)`` once its collector is built, or ``("er
 
 from __future__ import annotations
 
+import torch
+
 # How an exception crosses a process boundary lives in errors.py (central inference uses it too).
 from rlcollect.errors import PackedException, pack_exception, unpack_exception  # noqa: F401
 
@@ -28,3 +30,14 @@ PAUSE = "pause"  # sent to a worker running free: ends it (the run_free reply co
 CLOSE = "close"
 
 OK, ERROR, READY = "ok", "error", "ready"
+
+# Each worker's shared control block (an int64 tensor handed with ATTACH): the main process sets
+# STOP_FLAG to make it stop at its next step (preemption); while running free the worker adds
+# each batch it wrote completely into the replay buffer to FREE_FRAMES (the main process zeroes it
+# before each RUN_FREE), so the frames of a worker killed while running free are still counted.
+STOP_FLAG, FREE_FRAMES = 0, 1
+
+
+def control_block() -> torch.Tensor:
+    """A worker's shared control block: ``[STOP_FLAG, FREE_FRAMES]``, zeroed."""
+    return torch.zeros(2, dtype=torch.int64).share_memory_()

@@ -100,21 +100,41 @@ class WorkerRestarts:
         if fatal is not None:
             raise fatal from error
         policy = self.policy
-        if not policy.allows(index):
-            if policy.mode == "restart":
-                raise WorkerError(
-                    f"worker {index} failed again after {policy.counts[index]} restarts "
-                    f"(max_worker_restarts={policy.max_restarts}): {type(error).__name__}: {error}",
-                    index, getattr(error, "exitcode", None), getattr(error, "worker_traceback", None),
-                ) from error
-            raise error
-        count = policy.record(index)
-        logger.warning("restarting worker %d (restart %d of %d) after: %s",
-                       index, count, policy.max_restarts, str(error).splitlines()[0])
-        self.pool.restart(index, policy.payload(index, self.single),
-                          check=lambda info: self._check_layout(index, info))
+        while True:
+            if not policy.allows(index):
+                if policy.mode == "restart":
+                    raise WorkerError(
+                        f"worker {index} failed again after {policy.counts[index]} restarts "
+                        f"(max_worker_restarts={policy.max_restarts}): {type(error).__name__}: {error}",
+                        index, getattr(error, "exitcode", None), getattr(error, "worker_traceback", None),
+                    ) from error
+                raise error
+            count = policy.record(index)
+            logger.warning("restarting worker %d (restart %d of %d) after: %s",
+                           index, count, policy.max_restarts, str(error).splitlines()[0])
+            try:
+                self.pool.restart(index, policy.payload(index, self.single),
+                                  check=lambda info: self._check_layout(index, info))
+            except WorkerError as err:  # the replacement died (killed, say) or hung while it started
+                if err.worker_index != index:
+                    raise
+                error = err
+                continue
+            break
+        error = None  # (a replacement's error holds this frame in its traceback: no cycle kept)
         if self.after is not None:
             self.after(index)
+
+    def forgive(self, index: int, error: BaseException) -> None:
+        """Worker ``index`` failed while the collector shuts down: it is not replaced, but
+        ``error`` is re-raised where ``recover`` would have re-raised it (no restart allowed)."""
+        fatal = self.give_up() if self.give_up is not None else None
+        if fatal is not None:
+            raise fatal from error
+        if not self.policy.allows(index):
+            self.recover(index, error)  # raises
+        logger.warning("worker %d failed while the collector shuts down (not restarted): %s",
+                       index, str(error).splitlines()[0])
 
     def _check_layout(self, index: int, info: dict) -> None:
         if info["layout"] != self.layouts[index]:

@@ -55,6 +55,10 @@ class WorkerStats:
         self.worker_versions[index] = info["version"]
         self.worker_steps[index] = (meta["step_mean_s"], meta["step_p95_s"])
 
+    def note_frames(self, index: int, frames: int) -> None:
+        """Frames worker ``index`` wrote before it failed (no reply of it tells them)."""
+        self.worker_frames[index] += frames
+
     def note_pushed(self, workers: Any, version: int) -> None:
         """Weights ``version`` went to ``workers``."""
         for i in workers:

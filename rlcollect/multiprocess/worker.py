@@ -49,6 +49,17 @@ def _exit_now() -> None:
     os._exit(0)
 
 
+def _lead_own_group() -> None:
+    # Every process the env starts (a simulator server, and what that starts) joins this
+    # process's group unless it leaves it (setsid): the pool ends the group once this worker is
+    # gone, however it ended (pool.py), and its guard process does when it dies unasked
+    # (reaper.py), so that no such process outlives its worker.
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        pass  # already a session or group leader
+
+
 def _ignore_ctrl_c() -> None:
     # Ctrl-C reaches every process of the terminal's foreground group; the main process handles
     # it and shuts the workers down. The pool starts workers with SIGINT blocked (pool.py), so
@@ -88,6 +99,7 @@ def worker_main(index: int, payload: bytes, conn: Any, parent_pid: int, num_thre
     ``environ`` (forked from a fork server): the main process's environment when the worker was
     started, taken before the payload is unpickled and the env is built. ``inference`` (central
     inference): the worker's pipes to the main process's inference loop, one per env split."""
+    _lead_own_group()
     _ignore_ctrl_c()
     signal.signal(signal.SIGTERM, _unlink_then_die)
     if inference:
@@ -231,6 +243,8 @@ class _Worker:
             info = self.collect(0, random)
             batches += 1
             frames += info["frames"]
+            if self.stop is not None:  # read by the main process if this one is killed
+                self.stop[P.FREE_FRAMES] = frames
         self._deferred.append(self.conn.recv())
         return {"batches": batches, "frames": frames, "version": self.collector.policy_version,
                 "meta": self.collector.batch_info()}

@@ -1,0 +1,66 @@
+"""Pickled env state never crosses the network (issue 23, item 8). A ``GymEnv``'s state holds
+pickles of its gymnasium envs (unavoidable for an arbitrary env); a node's ``state_dict`` reply
+comes from the network, so a compromised node could plant a pickle there that rank 0 would
+forward to every node at the next ``load_state_dict``. Now a node keeps its envs' pickles and
+sends their digest; rank 0 leaves any pickle a node sends out of what it collects and refuses to
+send a node state that holds one. The round trip within a run stays exact."""
+
+from __future__ import annotations
+
+import functools
+import os
+import pickle
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
+from dist_helpers import ValuePolicy  # noqa: E402
+
+from rlcollect import DistributedCollector, GymEnv  # noqa: E402
+
+pytestmark = pytest.mark.timeout(180)
+
+
+class _Payload:
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def _pickles(obj) -> list:
+    """Every ``"envs"`` list of bytes (the pickled envs of a GymEnv / VectorEnv state) in ``obj``."""
+    if isinstance(obj, dict):
+        found = [v for k, v in obj.items() if k == "envs" and isinstance(v, list) and v
+                 and all(isinstance(b, bytes) for b in v)]
+        return found + [p for v in obj.values() for p in _pickles(v)]
+    if isinstance(obj, (list, tuple)):
+        return [p for v in obj for p in _pickles(v)]
+    return []
+
+
+def test_no_pickled_env_state_travels_between_rank_0_and_the_nodes(tmp_path):
+    env = functools.partial(GymEnv, "CartPole-v1", num_envs=2)
+    c = DistributedCollector([env], ValuePolicy(), frames_per_batch=20, total_frames=-1, sync=True,
+                             launcher="mp", timeout=120.0)
+    try:
+        next(iter(c))
+        state = c.state_dict()
+        assert _pickles(state) == []  # what the node sent: plain data only
+        expected = next(iter(c))
+        next(iter(c))
+        c.load_state_dict(state)  # the node restores its envs from the pickles it kept
+        assert (next(iter(c))["observation"] == expected["observation"]).all()
+        # A planted pickle (a tampered checkpoint, or a node that sent one) is refused at rank 0.
+        marker = tmp_path / "pwned"
+        tampered = pickle.loads(pickle.dumps(state))
+        tampered["node0"]["env"] = {**tampered["node0"].get("env", {}), "envs": [pickle.dumps(_Payload(marker))] * 2}
+        with pytest.raises(ValueError, match="pickled env state"):
+            c.load_state_dict(tampered)
+        assert next(iter(c)).shape[-1] == 10
+        assert not marker.exists()
+    finally:
+        c.shutdown()
