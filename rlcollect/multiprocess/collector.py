@@ -121,6 +121,8 @@ class MultiCollectorBase(CollectorBase):
         inference: str = "worker",
         env_splits: int | None = None,
         max_wait_us: float = 0.0,
+        max_policy_lag: int | None = None,
+        lag_policy: str = "drop",
         **inner_options: Any,
     ):
         args = bound_arguments(MultiCollectorBase.__init__, locals())
@@ -198,7 +200,8 @@ class MultiCollectorBase(CollectorBase):
         None), or after an async batch of worker ``index`` (to it alone, unless one shared store
         serves all)."""
         if self.config.weight_source is not None:
-            if index is None or self._acting.shared_weights:
+            # with lag_policy="wait" every worker starts its next batch with the new weights
+            if index is None or self._acting.shared_weights or self._gather.waiting:
                 self.update_policy_weights_()
             else:
                 self.update_policy_weights_(worker_ids=[index])

@@ -128,6 +128,17 @@ ARGS_DOC = """
             are split into, stepped while the others wait for actions (default None: 2).
         max_wait_us (float): with ``inference="central"``, how long a forward waits for more
             workers once one is ready, in microseconds (default 0).
+        max_policy_lag (int | None): async only: no frame is delivered whose acting policy
+            version is more than this many versions behind the collector's ``policy_version``
+            at delivery (default None: no bound). ``lag_policy`` says what happens to such work.
+        lag_policy (str): with ``max_policy_lag``: ``"drop"`` (default): stale batches are
+            discarded and counted (``stats()["lag_dropped_frames"]``, per worker, and in the
+            next batch's ``("collector", "lag_dropped_frames")``); ``"wait"``: at most
+            ``max_policy_lag + 1`` batches are in flight, each started once the trainer's last
+            update reached the workers, and delivered in the order they were started, so a
+            trainer that updates at most once per batch never receives a stale one (any that
+            still is, after more updates, is dropped and counted as with ``"drop"``); ``"tag"``:
+            delivered anyway, tagged with their version (the behaviour without a bound).
         **inner_options: options passed unchanged to each worker's ``Collector``:
             ``max_frames_per_traj`` (truncate trajectories), ``reset_at_each_iter``,
             ``exploration_type`` (default ``"random"``), ``set_truncated``, ``trust_policy``,
@@ -138,6 +149,8 @@ ARGS_DOC = """
 PER_WORKER_ARGS = ("device", "storing_device", "env_device", "policy_device")
 #: ``inference``: each worker runs its own copy of the policy, or the main process runs it for all.
 INFERENCE_MODES = ("worker", "central")
+#: ``lag_policy``: what happens to work more than ``max_policy_lag`` versions behind.
+LAG_POLICIES = ("drop", "wait", "tag")
 #: Options forwarded unchanged to each worker's inner collector.
 INNER_OPTIONS = (
     "max_frames_per_traj", "reset_at_each_iter", "exploration_type", "set_truncated", "trust_policy",
@@ -222,6 +235,8 @@ class MultiConfig:
     inference: str = "worker"
     env_splits: int | None = None
     max_wait_us: float = 0.0
+    max_policy_lag: int | None = None
+    lag_policy: str = "drop"
     inner_options: dict = dataclasses.field(default_factory=dict)
     owner: str = "MultiSyncCollector"  # the class name errors give
 
@@ -242,6 +257,7 @@ class MultiConfig:
         self._workers()
         self._options()
         self._inference()
+        self._lag()
         self.specs = [self._spec(i) for i in range(self.num_workers)]
 
     def _workers(self) -> None:
@@ -333,6 +349,25 @@ class MultiConfig:
             raise ValueError(f"storing_device: MultiSyncCollector joins the workers' batches into one, so every worker "
                              f"must store on the same device; got {[str(d) for d in self.storing_devices]} (use "
                              "MultiAsyncCollector, which delivers each worker's batch on its own storing_device)")
+
+    def _lag(self) -> None:
+        """``max_policy_lag`` and ``lag_policy``; ``lag_bound`` is the bound enforced (None:
+        none, also with ``"tag"``)."""
+        if self.lag_policy not in LAG_POLICIES:
+            raise ValueError(f"lag_policy must be one of {LAG_POLICIES}, got {self.lag_policy!r}")
+        k = self.max_policy_lag
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+            raise ValueError(f"max_policy_lag must be None or an int >= 0 (versions), got {k!r}")
+        self.lag_bound = None if k is None or self.lag_policy == "tag" else k
+        if self.lag_bound is None:
+            return
+        if self.sync:
+            raise ValueError(f"max_policy_lag={k}: MultiSyncCollector delivers every batch collected with the "
+                             "trainer's current weights already; use it with MultiAsyncCollector")
+        if self.workers_write:
+            raise ValueError(f"max_policy_lag={k} with lag_policy={self.lag_policy!r}: the workers write this "
+                             "rlcollect ReplayBuffer themselves, so no batch passes through this process to be "
+                             "checked; use lag_policy='tag', or a replay buffer this process extends")
 
     def _inference(self) -> None:
         """``inference``, ``env_splits``, ``max_wait_us``, and what central inference rules out."""

@@ -35,6 +35,10 @@ from rlcollect.multiprocess.slots import StackedSlots, WorkerSlots
 #: acting from then on.
 Update = Callable[[Any], int]
 
+#: ``("collector", "lag_dropped_frames")`` (with ``max_policy_lag``): the frames dropped for
+#: lag since the previous batch was delivered, in every frame of an async batch.
+LAG_DROPPED = ("collector", "lag_dropped_frames")
+
 
 def check_layouts(layouts: list[BatchLayout], cat_results: str | int) -> int | None:
     """The dim the workers' batches are concatenated along (None: stacked), checked against
@@ -213,6 +217,7 @@ class SyncGather(_Gather):
                 if index not in waiting:
                     raise
                 self.restarts.recover(index, err)
+                self.stats.note_lost(index, 1)
                 start_or_recover(index)
             if threshold is not None and n - len(waiting) >= need:
                 for i in waiting:
@@ -286,10 +291,18 @@ class AsyncGather(_Gather):
         self.rotation = 0
         # Batches delivered as views of their slot (lent until nothing refers to them).
         self.views = shm.can_count_references() and not self.config.workers_write
+        # max_policy_lag: batches more than `bound` versions behind at delivery are dropped;
+        # lag_policy="wait" (`waiting`) also keeps at most bound + 1 batches started (in
+        # `order`, delivered in that order), the others `parked` until the next batch is asked
+        # for, after the trainer's update.
+        self.bound = getattr(self.config, "lag_bound", None)
+        self.waiting = self.bound is not None and self.config.lag_policy == "wait"
+        self.order: collections.deque[tuple[int, int]] = collections.deque()
+        self.parked: collections.deque[tuple[int, int]] = collections.deque()
 
     def _arm(self, random: bool | None) -> None:
-        for i in range(self.num_workers):
-            for slot in range(self.SLOTS_PER_WORKER):
+        for slot in range(self.SLOTS_PER_WORKER):  # slot-major: with "wait", workers take turns
+            for i in range(self.num_workers):
                 if not self.slots.is_lent(i, slot):
                     self._collect(i, slot, random)
         self.armed = True
@@ -300,10 +313,16 @@ class AsyncGather(_Gather):
             if self.armed:
                 self._collect(i, slot, random)
 
-    def _collect(self, index: int, slot: int, random: bool | None, needed_only: bool = True) -> None:
+    def _collect(self, index: int, slot: int, random: bool | None, needed_only: bool = True,
+                 again: bool = False) -> None:
         """Have worker ``index`` fill ``slot``, acting randomly when ``random`` (None: when
-        ``init_random_frames`` says so now; a nested collector is told by its worker)."""
+        ``init_random_frames`` says so now; a nested collector is told by its worker).
+        ``again``: a batch a failed worker lost, collected anew in its place (with "wait", it
+        keeps its turn); otherwise, with "wait", the slot is parked until ``_start_parked``."""
         if needed_only and not self._needed():
+            return
+        if self.waiting and not again:
+            self.parked.append((index, slot))
             return
         if not self.pool.busy(index):
             self.progress[index] = time.monotonic()  # the worker starts working now
@@ -313,7 +332,15 @@ class AsyncGather(_Gather):
         except WorkerError as err:  # it died since its last batch: replaced, and asked again, as in _poll
             if err.worker_index != index:
                 raise
-            self._fail(err, random)
+            self._fail(err, random, unsent=slot)
+
+    def _start_parked(self, random: bool | None) -> None:
+        """lag_policy="wait": start parked slots, with the weights of now, while fewer than
+        ``max_policy_lag + 1`` batches are started and not delivered."""
+        while self.parked and len(self.order) <= self.bound and self._needed():
+            index, slot = self.parked.popleft()
+            self.order.append((index, slot))
+            self._collect(index, slot, random, needed_only=False, again=True)
 
     def _needed(self) -> bool:
         """Whether another batch is needed to reach ``total_frames``: the workers never run past
@@ -334,18 +361,45 @@ class AsyncGather(_Gather):
             self._arm(random)
         if lending:
             self._reclaim(random)
+        if self.waiting:
+            self._start_parked(random)
         started = time.perf_counter()
-        while not self.ready:
+        while (taken := self._pop_ready()) is None:
             self._poll(random)
         if lending:
             self.stats.wait.add(time.perf_counter() - started)
-        index, info = self.ready.popleft()
+        index, info = taken
         return index, info, started
+
+    def _pop_ready(self) -> tuple[int, dict] | None:
+        """The next ready batch: the first that came, or with "wait" the first started (None:
+        not ready yet)."""
+        if not self.waiting:
+            return self.ready.popleft() if self.ready else None
+        if not self.order:
+            return self.ready.popleft() if self.ready else None
+        first = self.order[0]
+        for j, (index, info) in enumerate(self.ready):
+            if (index, info["slot"]) == first:
+                del self.ready[j]
+                self.order.popleft()
+                return index, info
+        return None
+
+    def _take_fresh(self, random: bool | None, version: int, lending: bool = True) -> tuple[int, dict, float]:
+        """``_take``, dropping (and counting) the batches more than ``max_policy_lag`` versions
+        behind ``version``; each dropped batch's slot is filled again."""
+        while True:
+            index, info, started = self._take(random, lending)
+            if self.bound is None or policy_lag(version, [info["meta"]])[1] <= self.bound:
+                return index, info, started
+            self.stats.note_lag_dropped(index, info)
+            self._collect(index, info["slot"], random)
 
     def next_batch(self, version: int, update: Update) -> tuple[TensorDict | None, dict]:
         """``(batch, where)``: the next worker's batch (None when it wrote it into the replay
         buffer) and the keyword arguments of its delivery."""
-        index, info, started = self._take(None)
+        index, info, started = self._take_fresh(None, version)
         slot = info["slot"]
         if self.config.workers_write:  # the worker put its batch into the replay buffer
             self._account(index, info, started, version)
@@ -357,6 +411,9 @@ class AsyncGather(_Gather):
         if not lend:
             batch = batch.clone()
         batch.set(WORKER_ID, torch.full(batch.shape, index, dtype=torch.int64))
+        if self.bound is not None:
+            batch.set(LAG_DROPPED, torch.full(batch.shape, self.stats.lag_dropped_since, dtype=torch.int64))
+            self.stats.lag_dropped_since = 0
         _name_time(batch)
         self._account(index, info, started, version)
         if self.config.update_at_each_batch:
@@ -411,15 +468,18 @@ class AsyncGather(_Gather):
                 self.in_flight[index].discard(value["slot"])
                 self.ready.append((index, value))
 
-    def _fail(self, err: Exception, random: bool | None) -> None:
+    def _fail(self, err: Exception, random: bool | None, unsent: int | None = None) -> None:
+        """Worker ``index`` failed: restarted (when allowed) and the batches it was filling
+        (all but ``unsent``, which it was never given) counted lost and collected anew."""
         index = getattr(err, "worker_index", None)
         if index is None or not 0 <= index < self.num_workers:
             raise err
         lost = sorted(self.in_flight[index])
         self.in_flight[index].clear()
         self.restarts.recover(index, err)
+        self.stats.note_lost(index, len([slot for slot in lost if slot != unsent]))
         for slot in lost:
-            self._collect(index, slot, random, needed_only=False)
+            self._collect(index, slot, random, needed_only=False, again=True)
 
     def quiesce(self) -> None:
         """Collect every reply still owed; finished batches stay queued for delivery."""
@@ -429,6 +489,8 @@ class AsyncGather(_Gather):
     def discard(self) -> None:
         self.quiesce()
         self.ready.clear()
+        self.order.clear()
+        self.parked.clear()
         for slots in self.in_flight:
             slots.clear()
         self.armed = False
@@ -443,7 +505,7 @@ class AsyncGather(_Gather):
 
     def collect_into(self, buf: Any, random: bool, version: int) -> int:
         """Copy the next ready batch straight into ``buf``; returns its frames."""
-        index, info, started = self._take(random, lending=False)
+        index, info, started = self._take_fresh(random, version, lending=False)
         for key, tensor in self.slots.buffer(index, info["slot"]).tensors.items():
             buf.tensors[key].copy_(tensor)
         buf.tensors[WORKER_ID].fill_(index)
