@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -126,6 +127,7 @@ class MultiCollectorBase(CollectorBase):
         **inner_options: Any,
     ):
         args = bound_arguments(MultiCollectorBase.__init__, locals())
+        self._versions = threading.RLock()  # the version moves under it (see _Gather's hold)
         self._closed = True
         self.config = cfg = mpconfig.MultiConfig(sync=self._sync, owner=type(self).__name__, **args)
         n = self.num_workers = cfg.num_workers
@@ -177,8 +179,17 @@ class MultiCollectorBase(CollectorBase):
         for i in range(self.num_workers):
             attach(i)
         slots.settle()
-        self._gather = gather_class(cfg, pool, slots, attach, restarts, self._stats, stops)
+        self._gather = gather_class(cfg, pool, slots, attach, restarts, self._stats, stops,
+                                    trainer_version=_version_of(weakref.ref(self)), hold=self._versions)
         self._free = free_running(cfg, pool, restarts, self._stats)
+
+    # -- the policy version: it moves under _versions, which the gather holds from the check of a
+    # batch's lag (max_policy_lag) until the batch is delivered ---------------------------------
+    def _set_version(self, value: int) -> None:
+        with self._versions:
+            self._policy_version = value
+
+    _version = property(lambda self: self.__dict__.get("_policy_version", 0), _set_version)
 
     # -- the counters, kept with the statistics (which the gather updates) -------------------------
     _frames = property(lambda self: self._stats.frames, lambda self, v: setattr(self._stats, "frames", v))
@@ -187,9 +198,12 @@ class MultiCollectorBase(CollectorBase):
     # -- iteration ---------------------------------------------------------------------------------
     def _next_batch(self) -> TensorDict | None:
         # (no _guard: iteration shuts the collector down on any error, _shutdown_on_error)
-        batch, where = self._gather.next_batch(self._version, self._update_each_batch)
-        self._iter += 1
-        return None if batch is None else self._deliver(batch, **where)
+        try:
+            batch, where = self._gather.next_batch(self._version, self._update_each_batch)
+            self._iter += 1
+            return None if batch is None else self._deliver(batch, **where)
+        finally:
+            self._gather.release()
 
     def _next_batch_guarded(self) -> TensorDict | None:  # (free running: a failure shuts down)
         with self._guard():
@@ -465,7 +479,7 @@ class MultiCollectorBase(CollectorBase):
         if not self._running():
             raise RuntimeError("pause() needs a collector running free: call start() first")
         with self._guard():
-            self._frames += self._free.suspend()
+            self._add_frames(self._free.suspend())
         try:
             yield
         finally:
@@ -473,10 +487,16 @@ class MultiCollectorBase(CollectorBase):
                 with self._guard():
                     self._free.resume()
 
+    def _add_frames(self, frames: int) -> None:
+        """Count frames the workers wrote running free (none: the counter is left alone, which a
+        background thread may be updating)."""
+        if frames:
+            self._frames += frames
+
     def _check_free(self) -> None:
         """Surface a worker that failed while running free (restarting it when allowed)."""
         if self._free is not None:
-            self._frames += self._free.check()
+            self._add_frames(self._free.check())
 
     @contextlib.contextmanager
     def _control(self) -> Iterator[None]:
@@ -499,7 +519,7 @@ class MultiCollectorBase(CollectorBase):
         try:
             if not self._closed and self._running():
                 with self._guard():
-                    self._frames += self._free.stop()
+                    self._add_frames(self._free.stop())
         finally:
             self.shutdown(timeout)
 
@@ -562,6 +582,12 @@ class MultiCollectorBase(CollectorBase):
         self._iterator = None
         if free_error is not None:
             raise free_error
+
+
+def _version_of(collector: weakref.ref) -> Callable[[], int]:
+    """The policy version of the collector ``collector`` refers to, read now (no reference
+    cycle through its gather)."""
+    return lambda: collector()._version
 
 
 def _shutdown(pool: WorkerPool, threads: int, acting: Any = None, timeout: float = 10.0) -> None:

@@ -84,12 +84,21 @@ class _Gather:
         restarts: ``WorkerRestarts``: replaces a failed worker or re-raises its error.
         stats: ``WorkerStats``: the counters (``frames``) and statistics.
         stops: each worker's shared stop flag.
+        trainer_version: returns the collector's policy version now (None: the version
+            ``next_batch`` is given): what ``max_policy_lag`` is checked against when a batch
+            is about to be delivered (running free, the trainer updates meanwhile).
+        hold: a lock the collector's version moves under: with ``max_policy_lag``, held from
+            the check of a batch's lag to its delivery (``release()``, the caller's, once the
+            batch is written), so no update slips in between.
     """
 
     def __init__(self, config: Any, pool: Any, slots: Any, attach: Callable[[int], None], restarts: Any,
-                 stats: Any, stops: list[torch.Tensor]):
+                 stats: Any, stops: list[torch.Tensor], trainer_version: Callable[[], int] | None = None,
+                 hold: Any = None):
         self.config, self.pool, self.slots, self.attach = config, pool, slots, attach
         self.restarts, self.stats, self.stops = restarts, stats, stops
+        self.trainer_version, self.hold = trainer_version, hold
+        self.held = False
         self.num_workers = len(pool)
         self.layouts = slots.layouts if isinstance(slots, WorkerSlots) else [slots.layout] * self.num_workers
 
@@ -97,6 +106,12 @@ class _Gather:
         """Whether the next batch acts randomly (``init_random_frames``)."""
         limit = self.config.init_random_frames
         return limit > 0 and frames_written(self.config.replay_buffer, self.stats.frames) < limit
+
+    def release(self) -> None:
+        """The batch ``next_batch`` returned is delivered: versions may move again."""
+        if self.held:
+            self.held = False
+            self.hold.release()
 
     def quiesce(self) -> None:
         """Wait for the replies workers still owe."""
@@ -391,8 +406,15 @@ class AsyncGather(_Gather):
         behind ``version``; each dropped batch's slot is filled again."""
         while True:
             index, info, started = self._take(random, lending)
-            if self.bound is None or policy_lag(version, [info["meta"]])[1] <= self.bound:
+            if self.bound is None:
                 return index, info, started
+            if self.hold is not None:
+                self.hold.acquire()
+                self.held = True
+            now = version if self.trainer_version is None else self.trainer_version()
+            if policy_lag(now, [info["meta"]])[1] <= self.bound:
+                return index, info, started
+            self.release()
             self.stats.note_lag_dropped(index, info)
             self._collect(index, info["slot"], random)
 
@@ -509,6 +531,7 @@ class AsyncGather(_Gather):
         for key, tensor in self.slots.buffer(index, info["slot"]).tensors.items():
             buf.tensors[key].copy_(tensor)
         buf.tensors[WORKER_ID].fill_(index)
+        self.release()
         self._account(index, info, started, version)
         self._collect(index, info["slot"], random)
         return info["frames"]

@@ -109,3 +109,42 @@ def test_bad_lag_arguments_are_refused(kwargs, message):
 def test_sync_refuses_a_lag_bound():
     with pytest.raises(ValueError, match="max_policy_lag=1: MultiSyncCollector"):
         MultiSyncCollector(CountingEnv, num_workers=1, frames_per_batch=4, max_policy_lag=1)
+
+
+class VersionedBuffer:
+    """A buffer this process extends (not shared with the workers), noting the collector's
+    policy version at each write."""
+
+    def __init__(self):
+        self.writes = []
+        self.collector = None
+
+    def extend(self, batch) -> None:
+        self.writes.append((self.collector.policy_version, batch.clone()))
+
+
+@pytest.mark.parametrize("lag_policy", ["drop", "wait"])
+def test_running_free_writes_nothing_staler_than_k(lag_policy):
+    """start(): the trainer updates while the collector writes; no written frame is more
+    than 1 version behind the version at its write."""
+    import time
+
+    buffer = VersionedBuffer()
+    with running(MultiAsyncCollector, SPEEDS, ValuePolicy(), frames_per_batch=FRAMES, replay_buffer=buffer,
+                 track_policy_version=True, max_policy_lag=1, lag_policy=lag_policy) as collector:
+        buffer.collector = collector
+        collector.start()
+        deadline = time.monotonic() + 60
+        while len(buffer.writes) < BATCHES:
+            assert time.monotonic() < deadline
+            written = len(buffer.writes)
+            while len(buffer.writes) == written:
+                time.sleep(0.001)
+            collector.update_policy_weights_(weights(collector.policy_version + 1))
+        collector.async_shutdown()
+        stats = collector.stats()
+    for version, batch in buffer.writes:
+        assert int((version - batch[POLICY_VERSION]).max()) <= 1
+        assert torch.equal(batch["action"], batch[POLICY_VERSION])
+    assert stats["delivered_frames"] == sum(batch.numel() for _, batch in buffer.writes)
+    assert stats["collected_frames"] - stats["delivered_frames"] == stats["lag_dropped_frames"]
