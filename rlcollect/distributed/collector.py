@@ -161,6 +161,13 @@ class DistributedCollector(CollectorBase):
             ``scheduling_strategy``, ``placement_group`` with ``"PACK"``/``"SPREAD"``), ``address``
             (else ``$RAY_ADDRESS``, else a local Ray started quietly) and ``init_kwargs``.
             Refused with any other launcher. Default ``None``.
+        max_policy_lag: rlcollect's own; ``sync=False`` only: no batch is delivered whose
+            frames' policy version is more than this many versions behind rank 0's at delivery
+            (``None``, the default: no bound).
+        lag_policy: with ``max_policy_lag``: ``"drop"`` (the default: a stale batch is
+            discarded, counted per node in ``stats()["workers"][i]["lag_dropped_frames"]`` and
+            in the next batch's ``("collector", "lag_dropped_frames")``) or ``"tag"``
+            (delivered anyway, tagged with its version); ``"wait"`` is not supported here yet.
 
     Example:
         >>> from rlcollect import DistributedCollector
@@ -217,6 +224,8 @@ class DistributedCollector(CollectorBase):
         secret_file: str | os.PathLike | None = None,
         weight_updater: Any = None,
         ray_options: dict | None = None,
+        max_policy_lag: int | None = None,
+        lag_policy: str = "drop",
     ):
         self._closed = True
         self.weight_updater, self._in_updater = None, False
@@ -238,7 +247,7 @@ class DistributedCollector(CollectorBase):
             heartbeat_timeout=heartbeat_timeout, weight_sync_schemes=weight_sync_schemes,
             on_node_failure=on_node_failure, max_node_restarts=max_node_restarts, node_timeout=node_timeout,
             start_timeout=start_timeout, rank0_timeout=rank0_timeout, secret_file=secret_file,
-            ray_options=ray_options,
+            ray_options=ray_options, max_policy_lag=max_policy_lag, lag_policy=lag_policy,
         )
         automatic = update_after_each_batch or max_weight_update_interval != -1 or update_interval is not None
         if automatic and cfg.weight_source is None:
