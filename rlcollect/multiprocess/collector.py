@@ -35,6 +35,7 @@ from rlcollect.multiprocess.freerun import free_running
 from rlcollect.multiprocess.gather import AsyncGather, SyncGather
 from rlcollect.multiprocess.pool import DEFAULT_START_TIMEOUT_S, WorkerPool
 from rlcollect.multiprocess.recovery import RestartPolicy, WorkerRestarts
+from rlcollect.multiprocess.schedule import schedule_for
 from rlcollect.multiprocess.stats import WorkerStats
 from rlcollect.weights.models import make_weight_updater
 
@@ -124,6 +125,8 @@ class MultiCollectorBase(CollectorBase):
         max_wait_us: float = 0.0,
         max_policy_lag: int | None = None,
         lag_policy: str = "drop",
+        record: Any = None,
+        replay: Any = None,
         **inner_options: Any,
     ):
         args = bound_arguments(MultiCollectorBase.__init__, locals())
@@ -179,8 +182,9 @@ class MultiCollectorBase(CollectorBase):
         for i in range(self.num_workers):
             attach(i)
         slots.settle()
+        extra = {} if self._sync else {"schedule": schedule_for(cfg)}
         self._gather = gather_class(cfg, pool, slots, attach, restarts, self._stats, stops,
-                                    trainer_version=_version_of(weakref.ref(self)), hold=self._versions)
+                                    trainer_version=_version_of(weakref.ref(self)), hold=self._versions, **extra)
         self._free = free_running(cfg, pool, restarts, self._stats)
 
     # -- the policy version: it moves under _versions, which the gather holds from the check of a
@@ -276,6 +280,7 @@ class MultiCollectorBase(CollectorBase):
         # Batches collected before the call and not yet delivered are discarded.
         with self._control(), self._guard():
             self._gather.discard()
+            self._gather.note_seed(seed)
             for i in range(self.num_workers):
                 self._restart.seeds[i] = seed
                 seed = self._pool.request(i, P.SEED, seed, static_seed)
@@ -468,6 +473,8 @@ class MultiCollectorBase(CollectorBase):
             raise RuntimeError("start() needs a replay_buffer: batches collected while running free go there")
         if self._running():
             raise RuntimeError("start() was already called; use pause() to stop writing for a while")
+        if self.config.record is not None or self.config.replay is not None:
+            raise RuntimeError("start() cannot record or replay a run: use iteration with record= / replay=")
         with self._guard():
             self._gather.discard()
             self._free.start(self._next_batch_guarded)
@@ -573,6 +580,8 @@ class MultiCollectorBase(CollectorBase):
         if pool is not None:
             self._finalizer.detach()
             _shutdown(pool, self._previous_threads, acting, timeout)
+        if self._gather is not None:
+            self._gather.close()
         # The parts hold the pool (its handles hold what they were attached with), the slots
         # and the weight stores: shared tensors, each holding a file descriptor until it is freed.
         self._gather = self._free = None

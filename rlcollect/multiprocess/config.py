@@ -139,6 +139,14 @@ ARGS_DOC = """
             trainer that updates at most once per batch never receives a stale one (any that
             still is, after more updates, is dropped and counted as with ``"drop"``); ``"tag"``:
             delivered anyway, tagged with their version (the behaviour without a bound).
+        record (str | os.PathLike | None): async only: write the schedule of this run (which
+            worker's batch was delivered or dropped when, the policy version each acted with,
+            restarts, seeds) to this file, as JSON lines (default None: none).
+        replay (str | os.PathLike | None): async only: make the run recorded in this file
+            again: with the same envs, seeds and weight updates, the same batches in the same
+            order, bit for bit, whatever the timing. Weights then travel through the workers'
+            pipes (``weight_sync_schemes`` must be None or ``{"policy": "process"}``); not with
+            ``inference="central"`` nor ``start()`` (default None: none).
         **inner_options: options passed unchanged to each worker's ``Collector``:
             ``max_frames_per_traj`` (truncate trajectories), ``reset_at_each_iter``,
             ``exploration_type`` (default ``"random"``), ``set_truncated``, ``trust_policy``,
@@ -237,6 +245,8 @@ class MultiConfig:
     max_wait_us: float = 0.0
     max_policy_lag: int | None = None
     lag_policy: str = "drop"
+    record: Any = None
+    replay: Any = None
     inner_options: dict = dataclasses.field(default_factory=dict)
     owner: str = "MultiSyncCollector"  # the class name errors give
 
@@ -255,6 +265,7 @@ class MultiConfig:
         if "exploration_type" in inner:  # travels as a plain string
             inner["exploration_type"] = as_exploration_type(inner["exploration_type"])
         self._workers()
+        self._schedule()
         self._options()
         self._inference()
         self._lag()
@@ -349,6 +360,31 @@ class MultiConfig:
             raise ValueError(f"storing_device: MultiSyncCollector joins the workers' batches into one, so every worker "
                              f"must store on the same device; got {[str(d) for d in self.storing_devices]} (use "
                              "MultiAsyncCollector, which delivers each worker's batch on its own storing_device)")
+
+    def _schedule(self) -> None:
+        """``record`` / ``replay``: async, in-worker inference; replaying, weights by pipe (each
+        worker acts with the weights pushed before it was asked for a batch)."""
+        given = {name: value for name, value in (("record", self.record), ("replay", self.replay))
+                 if value is not None}
+        if not given:
+            return
+        if len(given) > 1:
+            raise ValueError("give record or replay, not both")
+        (name, value), = given.items()
+        if self.sync:
+            raise ValueError(f"{name}: MultiSyncCollector runs are reproducible already (every batch waits for every "
+                             "worker); record and replay are for MultiAsyncCollector")
+        if self.inference == "central":
+            raise ValueError(f"{name} cannot be used with inference='central': a batch's frames may be collected "
+                             "with several versions there")
+        if name == "replay":
+            schemes = self.weight_sync_schemes
+            if schemes is None:
+                self.weight_sync_schemes = {"policy": "process"}
+            elif schemes != {"policy": "process"}:
+                raise ValueError(f"replay needs the weights to reach the workers by pipe, in order with the requests "
+                                 f"for batches: weight_sync_schemes must be None or {{'policy': 'process'}}, got "
+                                 f"{schemes!r}")
 
     def _lag(self) -> None:
         """``max_policy_lag`` and ``lag_policy``; ``lag_bound`` is the bound enforced (None:

@@ -120,6 +120,12 @@ class _Gather:
         """Drop the batches collected and not yet delivered (``set_seed``, ``reset``, ...)."""
         self.quiesce()
 
+    def note_seed(self, seed: int) -> None:
+        """``set_seed(seed)`` was called (recorded, or checked against the recording)."""
+
+    def close(self) -> None:
+        """At shutdown: close the schedule being recorded."""
+
 
 class SyncGather(_Gather):
     """One batch from every worker (``MultiSyncCollector``)."""
@@ -294,9 +300,14 @@ class AsyncGather(_Gather):
     def make_slots(config: Any, layouts: list[BatchLayout]) -> WorkerSlots:
         return WorkerSlots(layouts, AsyncGather.SLOTS_PER_WORKER)
 
-    def __init__(self, *args: Any, **kwargs: Any):
+    def __init__(self, *args: Any, schedule: Any = None, **kwargs: Any):
+        """``schedule``: a ``ScheduleRecorder`` (``record``) or ``ScheduleReplay`` (``replay``)
+        (schedule.py), or None; the other arguments are ``_Gather``'s."""
         super().__init__(*args, **kwargs)
         n = self.num_workers
+        self.schedule = schedule
+        self.replaying = schedule is not None and schedule.replaying
+        self.sent_random: dict[tuple[int, int], bool] = {}  # (worker, slot): the batch acts randomly
         self.ready: collections.deque[tuple[int, dict]] = collections.deque()
         self.in_flight: list[set[int]] = [set() for _ in range(n)]
         # When each worker last showed progress (a reply, or being given work while idle):
@@ -334,16 +345,18 @@ class AsyncGather(_Gather):
         ``init_random_frames`` says so now; a nested collector is told by its worker).
         ``again``: a batch a failed worker lost, collected anew in its place (with "wait", it
         keeps its turn); otherwise, with "wait", the slot is parked until ``_start_parked``."""
-        if needed_only and not self._needed():
+        if needed_only and not self.replaying and not self._needed():
             return
-        if self.waiting and not again:
+        if (self.waiting or self.replaying) and not again:
             self.parked.append((index, slot))
             return
         if not self.pool.busy(index):
             self.progress[index] = time.monotonic()  # the worker starts working now
         self.in_flight[index].add(slot)
+        random = self.random_now() if random is None else random
+        self.sent_random[(index, slot)] = random
         try:
-            self.pool.send(index, P.COLLECT, slot, self.random_now() if random is None else random)
+            self.pool.send(index, P.COLLECT, slot, random)
         except WorkerError as err:  # it died since its last batch: replaced, and asked again, as in _poll
             if err.worker_index != index:
                 raise
@@ -356,6 +369,33 @@ class AsyncGather(_Gather):
             index, slot = self.parked.popleft()
             self.order.append((index, slot))
             self._collect(index, slot, random, needed_only=False, again=True)
+
+    def _replay_start(self) -> None:
+        """Replaying: start each worker's next recorded batch once the version last pushed to
+        it is the recorded one (and a slot of its is free), and replace a worker where the
+        recording says it was."""
+        schedule, progress = self.schedule, True
+        while progress:
+            progress = False
+            for i in range(self.num_workers):
+                step = schedule.next_for(i)
+                if step is None:
+                    continue
+                if step[0] == "restart":
+                    if not self.in_flight[i]:
+                        schedule.pop_for(i)
+                        self.restarts.recover(i, WorkerError(f"worker {i} is restarted where the replayed run's "
+                                                             "was", i))
+                        progress = True
+                    continue
+                _, version, random = step
+                slot = next((s for j, s in self.parked if j == i), None)
+                if slot is None or self.stats.pushed[i] != version:
+                    continue
+                self.parked.remove((i, slot))
+                schedule.pop_for(i)
+                self._collect(i, slot, random, needed_only=False, again=True)
+                progress = True
 
     def _needed(self) -> bool:
         """Whether another batch is needed to reach ``total_frames``: the workers never run past
@@ -378,6 +418,8 @@ class AsyncGather(_Gather):
             self._reclaim(random)
         if self.waiting:
             self._start_parked(random)
+        if self.replaying:
+            self._replay_start()
         started = time.perf_counter()
         while (taken := self._pop_ready()) is None:
             self._poll(random)
@@ -389,6 +431,8 @@ class AsyncGather(_Gather):
     def _pop_ready(self) -> tuple[int, dict] | None:
         """The next ready batch: the first that came, or with "wait" the first started (None:
         not ready yet)."""
+        if self.replaying:
+            return self._pop_replayed()
         if not self.waiting:
             return self.ready.popleft() if self.ready else None
         if not self.order:
@@ -401,20 +445,52 @@ class AsyncGather(_Gather):
                 return index, info
         return None
 
+    def _pop_replayed(self) -> tuple[int, dict] | None:
+        """Replaying: the recorded worker's next batch (None: not ready yet)."""
+        event = self.schedule.next_event()
+        if event is None:
+            raise RuntimeError(f"replay={self.config.replay!r}: the recorded run handed in no more batches; this run "
+                               "asks for more than it delivered")
+        worker = event[0]
+        for j, (index, info) in enumerate(self.ready):
+            if index == worker:
+                del self.ready[j]
+                return index, info
+        if not self.in_flight[worker]:
+            self._replay_start()
+            if not self.in_flight[worker]:
+                raise RuntimeError(
+                    f"replay={self.config.replay!r} diverged: worker {worker}'s next recorded batch "
+                    f"({self.schedule.next_for(worker)}) cannot start: the weights last pushed to it are version "
+                    f"{self.stats.pushed[worker]} (the trainer must push the same weights at the same points)")
+        return None
+
     def _take_fresh(self, random: bool | None, version: int, lending: bool = True) -> tuple[int, dict, float]:
         """``_take``, dropping (and counting) the batches more than ``max_policy_lag`` versions
-        behind ``version``; each dropped batch's slot is filled again."""
+        behind ``version``; each dropped batch's slot is filled again. Recording, each batch
+        handed in is written to the schedule; replaying, the recorded fate is its fate."""
         while True:
             index, info, started = self._take(random, lending)
+            if self.replaying:
+                outcome = self.schedule.next_event()[1]
+                self.schedule.pop_event()
+                if outcome == "deliver":
+                    return index, info, started
+                self.stats.note_lag_dropped(index, info)
+                self._collect(index, info["slot"], random)
+                continue
             if self.bound is None:
+                self._record(index, info, "deliver")
                 return index, info, started
             if self.hold is not None:
                 self.hold.acquire()
                 self.held = True
             now = version if self.trainer_version is None else self.trainer_version()
             if policy_lag(now, [info["meta"]])[1] <= self.bound:
+                self._record(index, info, "deliver")
                 return index, info, started
             self.release()
+            self._record(index, info, "drop")
             self.stats.note_lag_dropped(index, info)
             self._collect(index, info["slot"], random)
 
@@ -444,7 +520,22 @@ class AsyncGather(_Gather):
             self.slots.lend(index, slot)
         else:
             self._collect(index, slot, None)
+        if self.replaying:  # what the recorded run started right after this delivery
+            self._replay_start()
         return batch, {"storing_device": self.config.storing_devices[index]}
+
+    def _record(self, index: int, info: dict, outcome: str) -> None:
+        if self.schedule is not None:
+            self.schedule.batch(index, version=info["meta"]["version_min"],
+                                random=self.sent_random.get((index, info["slot"]), False), outcome=outcome)
+
+    def note_seed(self, seed: int) -> None:
+        if self.schedule is not None:
+            self.schedule.seed(seed)
+
+    def close(self) -> None:
+        if self.schedule is not None:
+            self.schedule.close()
 
     def _account(self, index: int, info: dict, started: float, version: int) -> None:
         self.stats.frames += info["frames"]
@@ -494,8 +585,10 @@ class AsyncGather(_Gather):
         """Worker ``index`` failed: restarted (when allowed) and the batches it was filling
         (all but ``unsent``, which it was never given) counted lost and collected anew."""
         index = getattr(err, "worker_index", None)
-        if index is None or not 0 <= index < self.num_workers:
-            raise err
+        if index is None or not 0 <= index < self.num_workers or self.replaying:
+            raise err  # (replaying: only the recorded restarts can be replayed)
+        if self.schedule is not None:
+            self.schedule.restart(index, pending=sum(1 for i, _ in self.ready if i == index))
         lost = sorted(self.in_flight[index])
         self.in_flight[index].clear()
         self.restarts.recover(index, err)

@@ -26,6 +26,7 @@ class WorkerStats:
         self.batches = 0  # batches yielded (or written)
         self.worker_frames = [0] * num_workers
         self.worker_versions = [0] * num_workers
+        self.pushed = [0] * num_workers  # the version last pushed to each worker
         self.worker_steps: list[tuple[float | None, float | None]] = [(None, None)] * num_workers  # env-step mean, p95
         self.lag = (0.0, 0)  # policy lag of the last batch delivered: mean, max
         self.last_meta = batch_meta(0, 0, 0.0, (None, None))  # the last batch, for an outer collector
@@ -71,6 +72,7 @@ class WorkerStats:
         """Weights ``version`` went to ``workers``."""
         for i in workers:
             self.worker_versions[i] = version
+            self.pushed[i] = version
 
     def batch_info(self) -> dict:
         """The last batch filled for an outer collector (this one nested in a worker or node):
