@@ -230,6 +230,7 @@ def train(args: Args) -> list[dict]:
         )
     collector.set_seed(args.seed)
     running_returns = torch.zeros(args.workers, args.envs_per_worker)  # one per env stream
+    last_traj = torch.full((args.workers, args.envs_per_worker), -1, dtype=torch.long)  # each stream's last traj id
     behaviour = {0: copy.deepcopy(actor.state_dict())}  # async: the actors of the last versions
     old_actor = copy.deepcopy(actor)
     board = TensorBoardLogger(args.tensorboard) if args.tensorboard else None
@@ -252,7 +253,13 @@ def train(args: Args) -> list[dict]:
             terminated = batch["next", "terminated"].squeeze(-1)
             done = batch["next", "done"].squeeze(-1)
 
-            returns = finished_episode_returns(reward, done, streams)
+            # A stream whose episode went on in frames this learner never saw (a batch dropped for
+            # its policy lag) does not know that episode's return: it is left out (-inf).
+            rows = slice(worker, worker + 1) if version is not None else slice(None)
+            traj, seen = batch["collector", "traj_ids"], last_traj[rows].reshape(-1)
+            streams[(seen >= 0) & (traj[:, 0] != seen)] = -math.inf
+            last_traj[rows] = traj[:, -1].reshape(last_traj[rows].shape)
+            returns = [r for r in finished_episode_returns(reward, done, streams) if r != -math.inf]
 
             with torch.no_grad():
                 # the weights that collected this batch: the workers act with exactly these
