@@ -289,8 +289,10 @@ def train(args: Args) -> list[dict]:
                    "episodes": len(returns), **losses, "fps": frames / elapsed, "elapsed_s": elapsed}
             if args.collector == "async":
                 stats = collector.stats()
+                # episode ends seen (with or without their return): frames / ends estimates the mean
+                # episode length (CartPole's return) also where batches were dropped
                 row.update(worker=worker, policy_lag=collector.policy_version - 1 - version,
-                           lag_dropped_frames=stats["lag_dropped_frames"])
+                           lag_dropped_frames=stats["lag_dropped_frames"], episode_ends=int(done.sum()))
             history.append(row)
             if board is not None:
                 board.log(collector, step=frames)  # env-step latency, policy lag, time waiting, ...
@@ -366,7 +368,8 @@ def write_curve(history: list[dict], args: Args) -> None:
     ax.plot([r["frames"] for r in history], [r["mean_return"] for r in history], label=f"seed {args.seed}")
     ax.axhline(args.target_return, color="grey", linestyle="--", linewidth=1, label=f"{args.target_return:g}")
     ax.set(xlabel="frames", ylabel="mean return of episodes finished in the batch",
-           title=f"PPO on {args.env_id} (rlcollect {args.collector} collector, {args.workers}x{args.envs_per_worker} envs)")
+           title=f"PPO on {args.env_id} (rlcollect {args.collector} collector, "
+                 f"{args.workers}x{args.envs_per_worker} envs)")
     ax.legend(loc="lower right")
     ax.grid(alpha=0.3)
     fig.tight_layout()

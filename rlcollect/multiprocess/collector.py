@@ -30,26 +30,13 @@ from rlcollect.multiprocess import config as mpconfig
 from rlcollect.multiprocess import protocol as P
 from rlcollect.multiprocess import start
 from rlcollect.multiprocess.acting import acting_for
-from rlcollect.multiprocess.config import ARGS_DOC
 from rlcollect.multiprocess.freerun import free_running
 from rlcollect.multiprocess.gather import AsyncGather, SyncGather
-from rlcollect.multiprocess.pool import DEFAULT_START_TIMEOUT_S, WorkerPool
+from rlcollect.multiprocess.pool import DEFAULT_START_TIMEOUT_S, Attach, WorkerPool
 from rlcollect.multiprocess.recovery import RestartPolicy, WorkerRestarts
 from rlcollect.multiprocess.schedule import schedule_for
 from rlcollect.multiprocess.stats import WorkerStats
 from rlcollect.weights.models import make_weight_updater
-
-
-class _Attach:
-    """``attach(i)``: hand worker ``i`` its slots, stop flag, weight store and (central
-    inference) its rows of the shared block."""
-
-    def __init__(self, pool: WorkerPool, slots: Any, stops: list[torch.Tensor], acting: Any):
-        self.pool, self.slots, self.stops, self.acting = pool, slots, stops, acting
-
-    def __call__(self, index: int) -> None:
-        self.pool.attach(index, self.slots.handed(index), self.stops[index], self.acting.store_for(index),
-                         self.acting.attachment(index))
 
 
 class MultiCollectorBase(CollectorBase):
@@ -178,13 +165,14 @@ class MultiCollectorBase(CollectorBase):
         self._stops = stops = [torch.zeros(1, dtype=torch.uint8).share_memory_() for _ in range(self.num_workers)]
         restarts = WorkerRestarts(self._restart, pool, self.layouts, cfg.collector_class is Collector,
                                   after=acting.resend, give_up=lambda a=acting: a.fatal_error)
-        attach = _Attach(pool, slots, stops, acting)
+        attach = Attach(pool, slots, stops, acting)
         for i in range(self.num_workers):
             attach(i)
         slots.settle()
         extra = {} if self._sync else {"schedule": schedule_for(cfg)}
+        me = weakref.ref(self)  # (no reference cycle through the gather)
         self._gather = gather_class(cfg, pool, slots, attach, restarts, self._stats, stops,
-                                    trainer_version=_version_of(weakref.ref(self)), hold=self._versions, **extra)
+                                    trainer_version=lambda: me()._version, hold=self._versions, **extra)
         self._free = free_running(cfg, pool, restarts, self._stats)
 
     # -- the policy version: it moves under _versions, which the gather holds from the check of a
@@ -486,7 +474,8 @@ class MultiCollectorBase(CollectorBase):
         if not self._running():
             raise RuntimeError("pause() needs a collector running free: call start() first")
         with self._guard():
-            self._add_frames(self._free.suspend())
+            if frames := self._free.suspend():  # (0: leave the counter the background thread updates)
+                self._frames += frames
         try:
             yield
         finally:
@@ -494,16 +483,11 @@ class MultiCollectorBase(CollectorBase):
                 with self._guard():
                     self._free.resume()
 
-    def _add_frames(self, frames: int) -> None:
-        """Count frames the workers wrote running free (none: the counter is left alone, which a
-        background thread may be updating)."""
-        if frames:
-            self._frames += frames
-
     def _check_free(self) -> None:
         """Surface a worker that failed while running free (restarting it when allowed)."""
         if self._free is not None:
-            self._add_frames(self._free.check())
+            if frames := self._free.check():
+                self._frames += frames
 
     @contextlib.contextmanager
     def _control(self) -> Iterator[None]:
@@ -526,7 +510,8 @@ class MultiCollectorBase(CollectorBase):
         try:
             if not self._closed and self._running():
                 with self._guard():
-                    self._add_frames(self._free.stop())
+                    if frames := self._free.stop():
+                        self._frames += frames
         finally:
             self.shutdown(timeout)
 
@@ -593,12 +578,6 @@ class MultiCollectorBase(CollectorBase):
             raise free_error
 
 
-def _version_of(collector: weakref.ref) -> Callable[[], int]:
-    """The policy version of the collector ``collector`` refers to, read now (no reference
-    cycle through its gather)."""
-    return lambda: collector()._version
-
-
 def _shutdown(pool: WorkerPool, threads: int, acting: Any = None, timeout: float = 10.0) -> None:
     if acting is not None:  # first: a worker waiting for its actions gets an error at once, and exits
         acting.close()
@@ -607,51 +586,12 @@ def _shutdown(pool: WorkerPool, threads: int, acting: Any = None, timeout: float
 
 
 class MultiSyncCollector(MultiCollectorBase):
-    __doc__ = """Run a collector in each of ``num_workers`` processes and yield their batches together.
-
-    Each batch holds exactly one contribution from every worker, collected with the same
-    weights (an update made between batches is seen by every frame of the next batch).
-    Workers write into shared memory allocated once; only short messages cross the pipes.
-    When the workers' batches have the same layout, they write into one stacked shared slot
-    and the batch you get is a view of it (two such slots take turns; a slot is reused only
-    once you no longer hold its batch, else a reserve slot is used and the batch copied).
-
-    With ``cat_results="stack"`` (default) a batch has shape ``(N, *env_batch, T)``; ``0``
-    concatenates the workers' batches along the first dim, ``-1`` along time.
-    ``preemptive_threshold=p``: once a fraction ``p`` of the workers delivered, the others stop
-    at their next step; their unfilled frames are masked (``("collector", "mask")`` False,
-    traj id -1) with "stack", or dropped with an int ``cat_results`` (counted in
-    ``stats()["dropped_frames"]``).
-""" + ARGS_DOC + """
-    Example:
-        >>> from rlcollect import MultiSyncCollector
-        >>> with MultiSyncCollector("CartPole-v1", num_workers=2, frames_per_batch=200, total_frames=400) as c:
-        ...     shapes = [batch.shape for batch in c]
-        >>> shapes
-        [torch.Size([2, 100]), torch.Size([2, 100])]
-    """
+    __doc__ = mpconfig.SYNC_DOC
 
     _sync = True
 
 
 class MultiAsyncCollector(MultiCollectorBase):
-    __doc__ = """Run a collector in each of ``num_workers`` processes and yield each worker's batch as
-    soon as it is ready.
-
-    Each worker has three shared-memory slots: the batch you get is a view of the slot the
-    worker wrote (nothing is copied), lent to you until you let go of it, while the worker fills
-    the other two, so it never waits for the trainer. A worker's slot is never overwritten while
-    you hold its batch: when you already hold one batch of that worker, the next one is copied
-    out of its slot instead. Every yielded batch is one worker's ``frames_per_batch`` frames
-    with ``("collector", "worker_id")``.
-    ``set_seed``, ``reset`` and ``load_state_dict`` discard the batches in flight.
-""" + ARGS_DOC + """
-    Example:
-        >>> from rlcollect import MultiAsyncCollector
-        >>> with MultiAsyncCollector("CartPole-v1", num_workers=2, frames_per_batch=100, total_frames=300) as c:
-        ...     shapes = [batch.shape for batch in c]
-        >>> shapes
-        [torch.Size([100]), torch.Size([100]), torch.Size([100])]
-    """
+    __doc__ = mpconfig.ASYNC_DOC
 
     _sync = False

@@ -154,6 +154,52 @@ ARGS_DOC = """
             (each as in ``Collector``); any other name is a ``TypeError``.
 """
 
+#: The docstrings of ``MultiSyncCollector`` and ``MultiAsyncCollector``.
+SYNC_DOC = """Run a collector in each of ``num_workers`` processes and yield their batches together.
+
+    Each batch holds exactly one contribution from every worker, collected with the same
+    weights (an update made between batches is seen by every frame of the next batch).
+    Workers write into shared memory allocated once; only short messages cross the pipes.
+    When the workers' batches have the same layout, they write into one stacked shared slot
+    and the batch you get is a view of it (two such slots take turns; a slot is reused only
+    once you no longer hold its batch, else a reserve slot is used and the batch copied).
+
+    With ``cat_results="stack"`` (default) a batch has shape ``(N, *env_batch, T)``; ``0``
+    concatenates the workers' batches along the first dim, ``-1`` along time.
+    ``preemptive_threshold=p``: once a fraction ``p`` of the workers delivered, the others stop
+    at their next step; their unfilled frames are masked (``("collector", "mask")`` False,
+    traj id -1) with "stack", or dropped with an int ``cat_results`` (counted in
+    ``stats()["dropped_frames"]``).
+""" + ARGS_DOC + """
+    Example:
+        >>> from rlcollect import MultiSyncCollector
+        >>> with MultiSyncCollector("CartPole-v1", num_workers=2, frames_per_batch=200, total_frames=400) as c:
+        ...     shapes = [batch.shape for batch in c]
+        >>> shapes
+        [torch.Size([2, 100]), torch.Size([2, 100])]
+    """
+
+ASYNC_DOC = """Run a collector in each of ``num_workers`` processes and yield each worker's batch as
+    soon as it is ready.
+
+    Each worker has three shared-memory slots: the batch you get is a view of the slot the
+    worker wrote (nothing is copied), lent to you until you let go of it, while the worker fills
+    the other two, so it never waits for the trainer. A worker's slot is never overwritten while
+    you hold its batch: when you already hold one batch of that worker, the next one is copied
+    out of its slot instead. Every yielded batch is one worker's ``frames_per_batch`` frames
+    with ``("collector", "worker_id")``.
+    ``set_seed``, ``reset`` and ``load_state_dict`` discard the batches in flight.
+    ``max_policy_lag`` bounds how many versions behind the trainer a delivered batch may be;
+    ``record=`` / ``replay=`` write a run's schedule and make the same run again.
+""" + ARGS_DOC + """
+    Example:
+        >>> from rlcollect import MultiAsyncCollector
+        >>> with MultiAsyncCollector("CartPole-v1", num_workers=2, frames_per_batch=100, total_frames=300) as c:
+        ...     shapes = [batch.shape for batch in c]
+        >>> shapes
+        [torch.Size([100]), torch.Size([100]), torch.Size([100])]
+    """
+
 PER_WORKER_ARGS = ("device", "storing_device", "env_device", "policy_device")
 #: ``inference``: each worker runs its own copy of the policy, or the main process runs it for all.
 INFERENCE_MODES = ("worker", "central")

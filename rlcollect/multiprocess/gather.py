@@ -371,31 +371,11 @@ class AsyncGather(_Gather):
             self._collect(index, slot, random, needed_only=False, again=True)
 
     def _replay_start(self) -> None:
-        """Replaying: start each worker's next recorded batch once the version last pushed to
-        it is the recorded one (and a slot of its is free), and replace a worker where the
-        recording says it was."""
-        schedule, progress = self.schedule, True
-        while progress:
-            progress = False
-            for i in range(self.num_workers):
-                step = schedule.next_for(i)
-                if step is None:
-                    continue
-                if step[0] == "restart":
-                    if not self.in_flight[i]:
-                        schedule.pop_for(i)
-                        self.restarts.recover(i, WorkerError(f"worker {i} is restarted where the replayed run's "
-                                                             "was", i))
-                        progress = True
-                    continue
-                _, version, random = step
-                slot = next((s for j, s in self.parked if j == i), None)
-                if slot is None or self.stats.pushed[i] != version:
-                    continue
-                self.parked.remove((i, slot))
-                schedule.pop_for(i)
-                self._collect(i, slot, random, needed_only=False, again=True)
-                progress = True
+        """Replaying: start what the recording started by now (``ScheduleReplay.start_due``)."""
+        self.schedule.start_due(self.parked, self.in_flight, self.stats.pushed,
+                                lambda i, slot, random: self._collect(i, slot, random, needed_only=False, again=True),
+                                lambda i: self.restarts.recover(i, WorkerError(
+                                    f"worker {i} is restarted where the replayed run's was", i)))
 
     def _needed(self) -> bool:
         """Whether another batch is needed to reach ``total_frames``: the workers never run past
@@ -432,7 +412,7 @@ class AsyncGather(_Gather):
         """The next ready batch: the first that came, or with "wait" the first started (None:
         not ready yet)."""
         if self.replaying:
-            return self._pop_replayed()
+            return self.schedule.take_ready(self.ready, self.in_flight, self._replay_start, self.stats.pushed)
         if not self.waiting:
             return self.ready.popleft() if self.ready else None
         if not self.order:
@@ -443,26 +423,6 @@ class AsyncGather(_Gather):
                 del self.ready[j]
                 self.order.popleft()
                 return index, info
-        return None
-
-    def _pop_replayed(self) -> tuple[int, dict] | None:
-        """Replaying: the recorded worker's next batch (None: not ready yet)."""
-        event = self.schedule.next_event()
-        if event is None:
-            raise RuntimeError(f"replay={self.config.replay!r}: the recorded run handed in no more batches; this run "
-                               "asks for more than it delivered")
-        worker = event[0]
-        for j, (index, info) in enumerate(self.ready):
-            if index == worker:
-                del self.ready[j]
-                return index, info
-        if not self.in_flight[worker]:
-            self._replay_start()
-            if not self.in_flight[worker]:
-                raise RuntimeError(
-                    f"replay={self.config.replay!r} diverged: worker {worker}'s next recorded batch "
-                    f"({self.schedule.next_for(worker)}) cannot start: the weights last pushed to it are version "
-                    f"{self.stats.pushed[worker]} (the trainer must push the same weights at the same points)")
         return None
 
     def _take_fresh(self, random: bool | None, version: int, lending: bool = True) -> tuple[int, dict, float]:

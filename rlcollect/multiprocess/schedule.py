@@ -136,6 +136,53 @@ class ScheduleReplay:
     def pop_for(self, worker: int) -> None:
         self.plans[worker].popleft()
 
+    def start_due(self, parked: Any, in_flight: list[set], pushed: list[int], collect: Any, restart: Any) -> None:
+        """Start each worker's next recorded batch once the version last ``pushed`` to it is
+        the recorded one and one of its slots is ``parked`` (free): ``collect(worker, slot,
+        random)``; ``restart(worker)`` where the recording restarted it (nothing in flight)."""
+        progress = True
+        while progress:
+            progress = False
+            for i in range(len(self.plans)):
+                step = self.next_for(i)
+                if step is None:
+                    continue
+                if step[0] == "restart":
+                    if not in_flight[i]:
+                        self.pop_for(i)
+                        restart(i)
+                        progress = True
+                    continue
+                _, version, random = step
+                slot = next((s for j, s in parked if j == i), None)
+                if slot is None or pushed[i] != version:
+                    continue
+                parked.remove((i, slot))
+                self.pop_for(i)
+                collect(i, slot, random)
+                progress = True
+
+    def take_ready(self, ready: Any, in_flight: list[set], start_due: Any, pushed: list[int]) -> tuple | None:
+        """The recorded worker's next batch out of ``ready`` (``(worker, reply)``; None: not
+        ready yet); raises when it cannot come (the run diverged from the recording)."""
+        event = self.next_event()
+        if event is None:
+            raise RuntimeError(f"replay={self.path!r}: the recorded run handed in no more batches; this run asks "
+                               "for more than it delivered")
+        worker = event[0]
+        for j, (index, info) in enumerate(ready):
+            if index == worker:
+                del ready[j]
+                return index, info
+        if not in_flight[worker]:
+            start_due()
+            if not in_flight[worker]:
+                raise RuntimeError(
+                    f"replay={self.path!r} diverged: worker {worker}'s next recorded batch ({self.next_for(worker)}) "
+                    f"cannot start: the weights last pushed to it are version {pushed[worker]} (the trainer must "
+                    "push the same weights at the same points)")
+        return None
+
     def seed(self, seed: int) -> None:
         """``set_seed(seed)`` replayed: it must be the recorded call."""
         expected = self.seeds.popleft() if self.seeds else None
