@@ -179,9 +179,9 @@ class MultiCollectorBase(CollectorBase):
     # batch's lag (max_policy_lag) until the batch is delivered ---------------------------------
     def _set_version(self, value: int) -> None:
         with self._versions:
-            self._policy_version = value
+            CollectorBase._version.fset(self, value)
 
-    _version = property(lambda self: self.__dict__.get("_policy_version", 0), _set_version)
+    _version = property(CollectorBase._version.fget, _set_version)
 
     # -- the counters, kept with the statistics (which the gather updates) -------------------------
     _frames = property(lambda self: self._stats.frames, lambda self, v: setattr(self._stats, "frames", v))
