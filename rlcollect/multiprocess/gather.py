@@ -353,10 +353,10 @@ class AsyncGather(_Gather):
         if not self.pool.busy(index):
             self.progress[index] = time.monotonic()  # the worker starts working now
         self.in_flight[index].add(slot)
-        random = self.random_now() if random is None else random
-        self.sent_random[(index, slot)] = random
+        randomly = self.random_now() if random is None else random
+        self.sent_random[(index, slot)] = randomly
         try:
-            self.pool.send(index, P.COLLECT, slot, random)
+            self.pool.send(index, P.COLLECT, slot, randomly)
         except WorkerError as err:  # it died since its last batch: replaced, and asked again, as in _poll
             if err.worker_index != index:
                 raise
