@@ -1,4 +1,4 @@
-"""PPO on CartPole-v1, collected by rlcollect's `MultiSyncCollector`.
+"""PPO on CartPole-v1, collected by rlcollect's `MultiSyncCollector` (or `MultiAsyncCollector`).
 
 Two worker processes each step several CartPole copies with the current actor; every batch
 holds one contribution from every worker, all collected with the same weights. The learner
@@ -6,6 +6,12 @@ computes GAE on the batch, runs a few epochs of clipped PPO on it, and pushes th
 weights to the workers (shared memory) before the next batch.
 
     .venv/bin/python examples/ppo_cartpole.py --seed 1 --out ppo_cartpole.png
+
+With `--collector async` each batch is one worker's, delivered as soon as it is ready: it may
+have been collected by an older actor (its version is in `("collector", "policy_version")`),
+and the probability ratio is taken against that actor (kept for the last versions).
+`--max-policy-lag k --lag-policy drop|wait|tag` bounds how old (docs/staleness.md);
+`--record path` writes the run's schedule and `--replay path` replays it exactly.
 
 It prints one line per batch (frames, mean return of the episodes that finished in the batch,
 losses, frames/s) and writes a learning curve (PNG, plus the same data as CSV next to it).
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import copy
 import csv
 import dataclasses
 import inspect
@@ -30,7 +37,7 @@ import torch
 from torch import nn
 from torch.distributions import Categorical
 
-from rlcollect import GymEnv, MultiSyncCollector, TensorBoardLogger
+from rlcollect import GymEnv, MultiAsyncCollector, MultiSyncCollector, TensorBoardLogger
 
 
 @dataclass
@@ -73,6 +80,17 @@ class Args:
     """the return CartPole-v1 counts as solved; reported and drawn on the plot"""
     out: str = "ppo_cartpole.png"
     """where to write the learning curve (PNG); the same data goes to a .csv beside it"""
+    collector: str = "sync"
+    """"sync" (MultiSyncCollector) or "async" (MultiAsyncCollector: each batch is one worker's
+    frames_per_batch / workers frames)"""
+    max_policy_lag: int = -1
+    """async: deliver no frame more than this many policy versions old (-1: no bound)"""
+    lag_policy: str = "drop"
+    """async, with max_policy_lag: "drop", "wait" or "tag" (docs/staleness.md)"""
+    record: str = ""
+    """async: write the run's schedule to this file (empty: none)"""
+    replay: str = ""
+    """async: replay the schedule recorded in this file (same seed and arguments)"""
     tensorboard: str = ""
     """a folder for TensorBoard event files: the collector's stats() and this script's return and losses
     after every batch (empty: none; needs pip install 'rlcollect[tensorboard]')"""
@@ -188,21 +206,44 @@ def train(args: Args) -> list[dict]:
     optimizer = torch.optim.Adam([*actor.parameters(), *critic.parameters()], lr=args.learning_rate, eps=1e-5)
     start = time.perf_counter()  # the clock includes starting the workers
 
-    collector = MultiSyncCollector(
-        partial(GymEnv, args.env_id, num_envs=args.envs_per_worker),
-        actor,  # sent to the workers once; later updates travel through shared memory
-        num_workers=args.workers,
-        frames_per_batch=args.frames_per_batch,
-        total_frames=args.total_frames,
-        num_threads=args.torch_threads,
-    )
+    env = partial(GymEnv, args.env_id, num_envs=args.envs_per_worker)
+    if args.collector == "async":
+        options = {}
+        if args.max_policy_lag >= 0:
+            options.update(max_policy_lag=args.max_policy_lag, lag_policy=args.lag_policy)
+        if args.record:
+            options["record"] = args.record
+        if args.replay:
+            options["replay"] = args.replay
+        collector = MultiAsyncCollector(env, actor, num_workers=args.workers,
+                                        frames_per_batch=args.frames_per_batch // args.workers,
+                                        total_frames=args.total_frames, num_threads=args.torch_threads,
+                                        track_policy_version=True, **options)
+    else:
+        collector = MultiSyncCollector(
+            env,
+            actor,  # sent to the workers once; later updates travel through shared memory
+            num_workers=args.workers,
+            frames_per_batch=args.frames_per_batch,
+            total_frames=args.total_frames,
+            num_threads=args.torch_threads,
+        )
     collector.set_seed(args.seed)
-    running_returns = torch.zeros(args.workers * args.envs_per_worker)  # one per env stream
+    running_returns = torch.zeros(args.workers, args.envs_per_worker)  # one per env stream
+    last_traj = torch.full((args.workers, args.envs_per_worker), -1, dtype=torch.long)  # each stream's last traj id
+    behaviour = {0: copy.deepcopy(actor.state_dict())}  # async: the actors of the last versions
+    old_actor = copy.deepcopy(actor)
     board = TensorBoardLogger(args.tensorboard) if args.tensorboard else None
     history = []
     frames = 0
     with collector:
         for batch in collector:
+            if args.collector == "async":  # one worker's (envs, T): its streams' running returns
+                worker = int(batch["collector", "worker_id"].flatten()[0])
+                version = int(batch["collector", "policy_version"].flatten()[0])
+                streams = running_returns[worker]
+            else:
+                version, streams = None, running_returns.view(-1)
             # (workers, envs, T) -> (env streams, T): rows are independent streams, time is last.
             batch = batch.reshape(-1, batch.shape[-1])
             learning_rate = args.learning_rate * (1.0 - frames / args.total_frames)  # linear decay
@@ -212,11 +253,21 @@ def train(args: Args) -> list[dict]:
             terminated = batch["next", "terminated"].squeeze(-1)
             done = batch["next", "done"].squeeze(-1)
 
-            returns = finished_episode_returns(reward, done, running_returns)
+            # A stream whose episode went on in frames this learner never saw (a batch dropped for
+            # its policy lag) does not know that episode's return: it is left out (-inf).
+            rows = slice(worker, worker + 1) if version is not None else slice(None)
+            traj, seen = batch["collector", "traj_ids"], last_traj[rows].reshape(-1)
+            streams[(seen >= 0) & (traj[:, 0] != seen)] = -math.inf
+            last_traj[rows] = traj[:, -1].reshape(last_traj[rows].shape)
+            returns = [r for r in finished_episode_returns(reward, done, streams) if r != -math.inf]
 
             with torch.no_grad():
                 # the weights that collected this batch: the workers act with exactly these
-                log_prob = actor.distribution(obs).log_prob(batch["action"])
+                acted = actor
+                if version is not None and version != collector.policy_version:  # async: an older actor
+                    old_actor.load_state_dict(behaviour[version])
+                    acted = old_actor
+                log_prob = acted.distribution(obs).log_prob(batch["action"])
                 advantage, value_target = gae(
                     reward, critic(obs), critic(next_obs), terminated, done, args.gamma, args.gae_lambda
                 )
@@ -228,10 +279,20 @@ def train(args: Args) -> list[dict]:
             data = {key: value.flatten(0, 1) for key, value in data.items()}  # (streams, T) -> frames
             losses = ppo_update(actor, critic, optimizer, data, args)
             collector.update_policy_weights_()  # the next batch is collected with the new actor
+            if args.collector == "async":
+                behaviour[collector.policy_version] = copy.deepcopy(actor.state_dict())
+                for old_version in [v for v in behaviour if v < collector.policy_version - 64]:
+                    del behaviour[old_version]
 
             elapsed = time.perf_counter() - start
             row = {"frames": frames, "mean_return": float(np.mean(returns)) if returns else float("nan"),
                    "episodes": len(returns), **losses, "fps": frames / elapsed, "elapsed_s": elapsed}
+            if args.collector == "async":
+                stats = collector.stats()
+                # episode ends seen (with or without their return): frames / ends estimates the mean
+                # episode length (CartPole's return) also where batches were dropped
+                row.update(worker=worker, policy_lag=collector.policy_version - 1 - version,
+                           lag_dropped_frames=stats["lag_dropped_frames"], episode_ends=int(done.sum()))
             history.append(row)
             if board is not None:
                 board.log(collector, step=frames)  # env-step latency, policy lag, time waiting, ...
@@ -307,7 +368,8 @@ def write_curve(history: list[dict], args: Args) -> None:
     ax.plot([r["frames"] for r in history], [r["mean_return"] for r in history], label=f"seed {args.seed}")
     ax.axhline(args.target_return, color="grey", linestyle="--", linewidth=1, label=f"{args.target_return:g}")
     ax.set(xlabel="frames", ylabel="mean return of episodes finished in the batch",
-           title=f"PPO on {args.env_id} (rlcollect MultiSyncCollector, {args.workers}x{args.envs_per_worker} envs)")
+           title=f"PPO on {args.env_id} (rlcollect {args.collector} collector, "
+                 f"{args.workers}x{args.envs_per_worker} envs)")
     ax.legend(loc="lower right")
     ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -162,8 +162,13 @@ def steady_fps(frames: int, elapsed: float, first_batch: tuple[int, float] | Non
 
 def stats_keys(*, frames: int, batches: int, elapsed: float, recent_fps: float, version: int,
                workers: list[dict], restarts: int, dropped_frames: int, replay_buffer_write_count: int | None,
-               lag: tuple[float, int], wait: BatchClock, first_batch: tuple[int, float] | None = None) -> dict:
-    """The keys every collector's ``stats()`` has (each adds its own after these)."""
+               lag: tuple[float, int], wait: BatchClock, first_batch: tuple[int, float] | None = None,
+               lag_dropped_frames: int = 0, lost_batches: int = 0) -> dict:
+    """The keys every collector's ``stats()`` has (each adds its own after these). The books:
+    ``collected_frames`` (every frame that reached the collector: delivered, or dropped for
+    ``preemptive_threshold`` or for lag) = ``delivered_frames`` + ``dropped_frames`` +
+    ``lag_dropped_frames``; ``lost_batches`` (batches a failed worker or node was filling,
+    collected again); ``restarts``."""
     return {
         "frames": frames,
         "batches": batches,
@@ -175,6 +180,10 @@ def stats_keys(*, frames: int, batches: int, elapsed: float, recent_fps: float, 
         "workers": workers,
         "restarts": restarts,
         "dropped_frames": dropped_frames,
+        "collected_frames": frames + dropped_frames + lag_dropped_frames,
+        "delivered_frames": frames,
+        "lag_dropped_frames": lag_dropped_frames,
+        "lost_batches": lost_batches,
         "replay_buffer_write_count": replay_buffer_write_count,
         "policy_lag_mean": lag[0],
         "policy_lag_max": lag[1],
@@ -185,7 +194,8 @@ def stats_keys(*, frames: int, batches: int, elapsed: float, recent_fps: float, 
 
 
 def worker_keys(index: int, *, frames: int, alive: bool, restarts: int, version: int,
-                step: tuple[float | None, float | None]) -> dict:
+                step: tuple[float | None, float | None], lag_dropped_frames: int = 0, lost_batches: int = 0) -> dict:
     """The keys every entry of ``stats()["workers"]`` has."""
     return {"index": index, "frames": frames, "alive": alive, "restarts": restarts, "policy_version": version,
-            "env_step_mean_s": step[0], "env_step_p95_s": step[1]}
+            "env_step_mean_s": step[0], "env_step_p95_s": step[1], "lag_dropped_frames": lag_dropped_frames,
+            "lost_batches": lost_batches}

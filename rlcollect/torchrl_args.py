@@ -294,3 +294,21 @@ def chosen_workers(reset_idx: Any, n: int) -> list[int]:
         raise ValueError(f"reset_idx must be None or {n} bools (one per worker), got {reset_idx!r}")
     return [i for i, f in enumerate(flags) if f]
 
+
+def random_batches(init_random_frames: int, worker_frames: list[int]) -> int:
+    """How many random batches torchrl's MultiAsyncCollector asks for: every worker's first
+    (when ``init_random_frames`` > 0), then one per delivered batch while the frames delivered
+    are fewer than ``init_random_frames`` (deliveries counted in turn over the workers).
+
+    Example:
+        >>> random_batches(200, [200, 200]), random_batches(0, [10, 10]), random_batches(50, [10, 10])
+        (2, 0, 6)
+    """
+    if init_random_frames <= 0:
+        return 0
+    count, delivered, n = len(worker_frames), 0, len(worker_frames)
+    while True:
+        delivered += worker_frames[(count - n) % n]
+        if delivered >= init_random_frames:
+            return count
+        count += 1

@@ -26,6 +26,7 @@ TIMING = ("fps", "elapsed_s", "collect_s", "train_s")  # the CSV columns that ar
 def run_examples(script: str, tmp_path: Path, *args: str, copies: int = 1) -> list[list[dict]]:
     """Run `copies` instances of the script at once (each in its own directory); their CSVs."""
     outs, procs = [], []
+    tmp_path.mkdir(parents=True, exist_ok=True)
     for i in range(copies):
         (tmp_path / str(i)).mkdir()
         outs.append(tmp_path / str(i) / "curve.png")
@@ -69,6 +70,21 @@ def test_ppo_cartpole_learns_and_is_reproducible(tmp_path):
     assert rows[0]["mean_return"] < 30
     assert rows[-1]["mean_return"] > 1.5 * rows[0]["mean_return"]
     assert rows[-1]["entropy"] < rows[0]["entropy"]  # the policy moves away from uniform
+
+
+@pytest.mark.timeout(2 * RUN_TIMEOUT_S + 10)
+def test_ppo_cartpole_async_recorded_then_replayed_gives_the_same_csv(tmp_path):
+    # Async collection: which worker's batch comes next, and which actor collected it, depend on
+    # the timing; recorded (--record), the run is replayed (--replay) to the same CSV in every
+    # column but the clock's.
+    schedule = tmp_path / "run.jsonl"
+    common = ("--collector", "async", "--total-frames", "6000", "--seed", "1", "--max-policy-lag", "1")
+    (first,) = run_examples("ppo_cartpole.py", tmp_path / "a", *common, "--record", str(schedule))
+    (again,) = run_examples("ppo_cartpole.py", tmp_path / "b", *common, "--replay", str(schedule))
+    strip = [{k: v for k, v in row.items() if k not in TIMING} for row in first]
+    assert strip == [{k: v for k, v in row.items() if k not in TIMING} for row in again]
+    assert [row["frames"] for row in first] == list(range(1000, 6001, 1000))
+    assert {row["worker"] for row in first} == {0.0, 1.0}
 
 
 def test_the_docs_csv_is_the_demo_run():

@@ -101,15 +101,41 @@ def test_collector_keys_lag_and_wait():
     list(c)
     s = json.loads(json.dumps(c.stats()))
     assert list(s) == ["frames", "batches", "elapsed_s", "fps", "fps_steady", "fps_recent", "policy_version", "workers",
-                       "restarts", "dropped_frames", "replay_buffer_write_count", "policy_lag_mean",
+                       "restarts", "dropped_frames", "collected_frames", "delivered_frames", "lag_dropped_frames",
+                       "lost_batches", "replay_buffer_write_count", "policy_lag_mean",
                        "policy_lag_max", "mean_policy_lag", "batch_wait_s", "wait_s",
                        "total_frames", "completed", "requested_frames_per_batch", "workers_alive"]  # torchrl 0.14's
     assert (s["total_frames"], s["completed"], s["requested_frames_per_batch"], s["workers_alive"]) == (8, True, 4, 1)
     assert list(s["workers"][0]) == ["index", "frames", "alive", "restarts", "policy_version", "env_step_mean_s",
-                                     "env_step_p95_s"]
+                                     "env_step_p95_s", "lag_dropped_frames", "lost_batches"]
+    assert (s["collected_frames"], s["delivered_frames"], s["lag_dropped_frames"], s["lost_batches"]) == (8, 8, 0, 0)
     # one process: the batch is always collected with the current weights, nothing is waited on
     assert (s["policy_lag_mean"], s["policy_lag_max"], s["batch_wait_s"], s["wait_s"]) == (0.0, 0, 0.0, 0.0)
     c.shutdown()
+
+
+BOOKS = ("collected_frames", "delivered_frames", "dropped_frames", "lag_dropped_frames", "lost_batches", "restarts")
+
+
+@pytest.mark.timeout(120)
+def test_every_collector_keeps_the_same_books():
+    """collected, delivered, dropped (preemptive, lag), lost, restarted: the same keys on the
+    single-process and both multi-process collectors, per collector and per worker."""
+    from rlcollect import MultiAsyncCollector, MultiSyncCollector
+
+    made = [Collector(CountingEnv, frames_per_batch=4, total_frames=8),
+            MultiSyncCollector(CountingEnv, num_workers=2, frames_per_batch=4, total_frames=8),
+            MultiAsyncCollector(CountingEnv, num_workers=2, frames_per_batch=4, total_frames=8)]
+    try:
+        for c in made:
+            list(c)
+            s = c.stats()
+            assert [s[k] for k in BOOKS] == [8, 8, 0, 0, 0, 0], type(c).__name__
+            for w in s["workers"]:
+                assert (w["lag_dropped_frames"], w["lost_batches"], w["restarts"]) == (0, 0, 0)
+    finally:
+        for c in made:
+            c.shutdown()
 
 
 # -- TensorBoard ------------------------------------------------------------------------------------

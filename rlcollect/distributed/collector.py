@@ -168,6 +168,13 @@ class DistributedCollector(CollectorBase):
             ``postproc``, before it is yielded (the attribute and ``set_post_collect_hook`` set
             it later). Default ``None``.
         weight_recv_schemes: torchrl 0.14's; only ``None`` (its default) is accepted.
+        max_policy_lag: rlcollect's own; ``sync=False`` only: no batch is delivered whose
+            frames' policy version is more than this many versions behind rank 0's at delivery
+            (``None``, the default: no bound).
+        lag_policy: with ``max_policy_lag``: ``"drop"`` (the default: a stale batch is
+            discarded, counted per node in ``stats()["workers"][i]["lag_dropped_frames"]`` and
+            in the next batch's ``("collector", "lag_dropped_frames")``) or ``"tag"``
+            (delivered anyway, tagged with its version); ``"wait"`` is not supported here yet.
 
     Example:
         >>> from rlcollect import DistributedCollector
@@ -227,6 +234,8 @@ class DistributedCollector(CollectorBase):
         pre_collect_hook: Callable | None = None,
         post_collect_hook: Callable | None = None,
         weight_recv_schemes: None = None,
+        max_policy_lag: int | None = None,
+        lag_policy: str = "drop",
     ):
         self._closed = True
         self.weight_updater, self._in_updater = None, False
@@ -250,6 +259,7 @@ class DistributedCollector(CollectorBase):
             start_timeout=start_timeout, rank0_timeout=rank0_timeout, secret_file=secret_file,
             ray_options=ray_options, pre_collect_hook=pre_collect_hook, post_collect_hook=post_collect_hook,
             weight_recv_schemes=weight_recv_schemes,
+            max_policy_lag=max_policy_lag, lag_policy=lag_policy,
         )
         automatic = update_after_each_batch or max_weight_update_interval != -1 or update_interval is not None
         if automatic and cfg.weight_source is None:

@@ -120,18 +120,38 @@ class DistributedConfig:
     pre_collect_hook: Callable | None = None
     post_collect_hook: Callable | None = None
     weight_recv_schemes: None = None
+    max_policy_lag: int | None = None
+    lag_policy: str = "drop"
 
     def __post_init__(self) -> None:
         check_recv_schemes(self.weight_recv_schemes)
         check_hook("pre_collect_hook", self.pre_collect_hook)
         check_hook("post_collect_hook", self.post_collect_hook)
         env_fns = self._check_nodes()
+        self._check_lag()
         self._check_transport()
         self._check_secret()
         self._check_failures()
         self._check_weights()
         self._build_specs(env_fns)
         self._check_launcher_options()
+
+    def _check_lag(self) -> None:
+        """``max_policy_lag`` / ``lag_policy``; ``lag_bound``: the bound enforced (None: none)."""
+        if self.lag_policy not in ("drop", "wait", "tag"):
+            raise ValueError(f"lag_policy must be one of ('drop', 'wait', 'tag'), got {self.lag_policy!r}")
+        k = self.max_policy_lag
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+            raise ValueError(f"max_policy_lag must be None or an int >= 0 (versions), got {k!r}")
+        self.lag_bound = None if k is None or self.lag_policy == "tag" else k
+        if self.lag_bound is None:
+            return
+        if self.sync:
+            raise ValueError(f"max_policy_lag={k}: sync=True delivers batches collected with rank 0's current "
+                             "weights already; use it with sync=False")
+        if self.lag_policy == "wait":
+            raise ValueError("lag_policy='wait' is not supported by DistributedCollector yet; use 'drop' (stale "
+                             "batches are discarded and counted) or 'tag'")
 
     def _check_launcher_options(self) -> None:
         """``launcher_options``: what the launcher is given (``slurm_kwargs``, or the checked

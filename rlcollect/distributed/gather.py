@@ -24,6 +24,9 @@ from rlcollect.metrics import BatchClock, batch_meta, policy_lag
 
 #: ``("collector", "node_id")``: the node an async batch came from.
 NODE_ID = ("collector", "node_id")
+#: ``("collector", "lag_dropped_frames")`` (with ``max_policy_lag``): the frames dropped for
+#: lag since the previous batch was delivered.
+LAG_DROPPED = ("collector", "lag_dropped_frames")
 
 
 class Gather:
@@ -51,6 +54,7 @@ class Gather:
         self.round_open = False
         self.lag = (0.0, 0)  # policy lag of the last batch gathered: mean, max
         self.wait = BatchClock()  # rank 0 blocked waiting for the nodes' batches
+        self.lag_dropped_since = 0  # frames dropped for lag since the last batch delivered
 
     def take(self, msg: P.Message) -> TensorDict:
         """The batch ``msg`` announced, counted."""
@@ -93,7 +97,29 @@ class Gather:
 
     def next_async(self, yielded: int) -> TensorDict:
         """The first batch any node announced (or one received early), tagged with its node;
-        that node is restarted at once."""
+        that node is restarted at once. With ``max_policy_lag`` (``lag_policy="drop"``), a batch
+        more than that many versions behind rank 0's is dropped (counted per node, and in the
+        next batch's ``("collector", "lag_dropped_frames")``) and the next one taken."""
+        bound = self.config.lag_bound
+        while True:
+            i, batch, msg = self._next_announced(yielded)
+            if bound is None or policy_lag(self._version(), [_meta(msg)])[1] <= bound:
+                break
+            self.frames -= msg["frames"]  # taken, not delivered
+            self.pool.handles[i].frames -= msg["frames"]
+            self.pool.handles[i].lag_dropped += msg["frames"]
+            self.lag_dropped_since += msg["frames"]
+        batch.set(NODE_ID, torch.full(batch.shape, i, dtype=torch.int64))
+        if bound is not None:
+            batch.set(LAG_DROPPED, torch.full(batch.shape, self.lag_dropped_since, dtype=torch.int64))
+            self.lag_dropped_since = 0
+        batch.names = [None] * (batch.batch_dims - 1) + ["time"]
+        self.lag = policy_lag(self._version(), [_meta(msg)])
+        return batch
+
+    def _next_announced(self, yielded: int) -> tuple[int, TensorDict, P.Message]:
+        """The first batch any node announced (or one received early): ``(node, batch,
+        notice)``; that node is restarted at once."""
         taken: list[P.Message] = []
         pool, slots = self.pool, self.config.slots
 
@@ -114,12 +140,9 @@ class Gather:
             i, batch = msg.rank - 1, self.take(msg).clone()
         else:
             i, batch, msg = self.backlog.popleft()
-        batch.set(NODE_ID, torch.full(batch.shape, i, dtype=torch.int64))
-        batch.names = [None] * (batch.batch_dims - 1) + ["time"]
-        self.lag = policy_lag(self._version(), [_meta(msg)])
         self._push_due([i], yielded + 1)
         self.grant(i, slots - pool.handles[i].outstanding)  # restart that node at once
-        return batch
+        return i, batch, msg
 
     def drained(self) -> bool:
         """Receive the batches already announced into ``backlog``; True once no node owes one

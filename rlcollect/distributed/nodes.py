@@ -85,6 +85,7 @@ class NodeHandle:
     step: tuple[float | None, float | None] = (None, None)  # env-step latency: mean, p95 (seconds)
     restarts: int = 0
     lost_batches: int = 0
+    lag_dropped: int = 0  # frames dropped for being more than max_policy_lag behind
     seed: int | None = None  # the seed it was last given (a relaunched node derives its own)
 
     @property

@@ -19,11 +19,13 @@ def distributed_stats(pool: Any, *, closed: bool, master: str, **totals: Any) ->
     dropped = [h.index for h in handles if h.state is NodeState.DROPPED]
     nodes = [{**worker_keys(h.index, frames=h.frames, alive=not closed and h.index not in dead
                             and h.state is not NodeState.DROPPED,
-                            restarts=h.restarts, version=h.version, step=h.step),
-              "state": h.stats_state(), "lost_batches": h.lost_batches,
+                            restarts=h.restarts, version=h.version, step=h.step,
+                            lag_dropped_frames=h.lag_dropped, lost_batches=h.lost_batches),
+              "state": h.stats_state(),
               "host": h.info.get("host"), "pid": h.info.get("pid")} for h in handles]
     out = stats_keys(workers=nodes, restarts=sum(h.restarts for h in handles), dropped_frames=0,
-                     replay_buffer_write_count=None, **totals)
-    out.update({"dropped_nodes": dropped, "lost_batches": sum(h.lost_batches for h in handles),
+                     replay_buffer_write_count=None, lag_dropped_frames=sum(h.lag_dropped for h in handles),
+                     lost_batches=sum(h.lost_batches for h in handles), **totals)
+    out.update({"dropped_nodes": dropped,
                 "launcher": pool.config.launcher, "master": master})
     return out

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -31,22 +32,11 @@ from rlcollect.multiprocess import start
 from rlcollect.multiprocess.acting import acting_for
 from rlcollect.multiprocess.freerun import free_running
 from rlcollect.multiprocess.gather import AsyncGather, SyncGather
-from rlcollect.multiprocess.pool import DEFAULT_START_TIMEOUT_S, WorkerPool
+from rlcollect.multiprocess.pool import DEFAULT_START_TIMEOUT_S, Attach, WorkerPool
 from rlcollect.multiprocess.recovery import RestartPolicy, WorkerRestarts
+from rlcollect.multiprocess.schedule import schedule_for
 from rlcollect.multiprocess.stats import WorkerStats
 from rlcollect.weights.models import make_weight_updater
-
-
-class _Attach:
-    """``attach(i)``: hand worker ``i`` its slots, stop flag, weight store and (central
-    inference) its rows of the shared block."""
-
-    def __init__(self, pool: WorkerPool, slots: Any, stops: list[torch.Tensor], acting: Any):
-        self.pool, self.slots, self.stops, self.acting = pool, slots, stops, acting
-
-    def __call__(self, index: int) -> None:
-        self.pool.attach(index, self.slots.handed(index), self.stops[index], self.acting.store_for(index),
-                         self.acting.attachment(index))
 
 
 class MultiCollectorBase(CollectorBase):
@@ -122,9 +112,14 @@ class MultiCollectorBase(CollectorBase):
         max_wait_us: float = 0.0,
         pre_collect_hook: Callable | None = None,
         post_collect_hook: Callable | None = None,
+        max_policy_lag: int | None = None,
+        lag_policy: str = "drop",
+        record: Any = None,
+        replay: Any = None,
         **inner_options: Any,
     ):
         args = bound_arguments(MultiCollectorBase.__init__, locals())
+        self._versions = threading.RLock()  # the version moves under it (see _Gather's hold)
         self._closed = True
         self.config = cfg = mpconfig.MultiConfig(sync=self._sync, owner=type(self).__name__, **args)
         n = self.num_workers = cfg.num_workers
@@ -171,12 +166,23 @@ class MultiCollectorBase(CollectorBase):
         self._stops = stops = [P.control_block() for _ in range(self.num_workers)]
         restarts = WorkerRestarts(self._restart, pool, self.layouts, cfg.collector_class is Collector,
                                   after=acting.resend, give_up=lambda a=acting: a.fatal_error)
-        attach = _Attach(pool, slots, stops, acting)
+        attach = Attach(pool, slots, stops, acting)
         for i in range(self.num_workers):
             attach(i)
         slots.settle()
-        self._gather = gather_class(cfg, pool, slots, attach, restarts, self._stats, stops)
+        extra = {} if self._sync else {"schedule": schedule_for(cfg)}
+        me = weakref.ref(self)  # (no reference cycle through the gather)
+        self._gather = gather_class(cfg, pool, slots, attach, restarts, self._stats, stops,
+                                    trainer_version=lambda: me()._version, hold=self._versions, **extra)
         self._free = free_running(cfg, pool, restarts, self._stats, stops)
+
+    # -- the policy version: it moves under _versions, which the gather holds from the check of a
+    # batch's lag (max_policy_lag) until the batch is delivered ---------------------------------
+    def _set_version(self, value: int) -> None:
+        with self._versions:
+            CollectorBase._version.fset(self, value)
+
+    _version = property(CollectorBase._version.fget, _set_version)
 
     # -- the counters, kept with the statistics (which the gather updates) -------------------------
     _frames = property(lambda self: self._stats.frames, lambda self, v: setattr(self._stats, "frames", v))
@@ -185,9 +191,12 @@ class MultiCollectorBase(CollectorBase):
     # -- iteration ---------------------------------------------------------------------------------
     def _next_batch(self) -> TensorDict | None:
         # (no _guard: iteration shuts the collector down on any error, _shutdown_on_error)
-        batch, where = self._gather.next_batch(self._version, self._update_each_batch)
-        self._iter += 1
-        return None if batch is None else self._deliver(batch, **where)
+        try:
+            batch, where = self._gather.next_batch(self._version, self._update_each_batch)
+            self._iter += 1
+            return None if batch is None else self._deliver(batch, **where)
+        finally:
+            self._gather.release()
 
     def _next_batch_guarded(self) -> TensorDict | None:  # (free running: a failure shuts down)
         with self._guard():
@@ -198,7 +207,8 @@ class MultiCollectorBase(CollectorBase):
         None), or after an async batch of worker ``index`` (to it alone, unless one shared store
         serves all)."""
         if self.config.weight_source is not None:
-            if index is None or self._acting.shared_weights:
+            # with lag_policy="wait" every worker starts its next batch with the new weights
+            if index is None or self._acting.shared_weights or self._gather.waiting:
                 self.update_policy_weights_()
             else:
                 self.update_policy_weights_(worker_ids=[index])
@@ -259,6 +269,7 @@ class MultiCollectorBase(CollectorBase):
         # Batches collected before the call and not yet delivered are discarded.
         with self._control(), self._guard():
             self._gather.discard()
+            self._gather.note_seed(seed)
             for i in range(self.num_workers):
                 self._restart.seeds[i] = seed
                 seed = self._pool.request(i, P.SEED, seed, static_seed)
@@ -451,6 +462,8 @@ class MultiCollectorBase(CollectorBase):
             raise RuntimeError("start() needs a replay_buffer: batches collected while running free go there")
         if self._running():
             raise RuntimeError("start() was already called; use pause() to stop writing for a while")
+        if self.config.record is not None or self.config.replay is not None:
+            raise RuntimeError("start() cannot record or replay a run: use iteration with record= / replay=")
         with self._guard():
             self._gather.discard()
             self._free.start(self._next_batch_guarded)
@@ -462,7 +475,8 @@ class MultiCollectorBase(CollectorBase):
         if not self._running():
             raise RuntimeError("pause() needs a collector running free: call start() first")
         with self._guard():
-            self._frames += self._free.suspend()
+            if frames := self._free.suspend():  # (0: leave the counter the background thread updates)
+                self._frames += frames
         try:
             yield
         finally:
@@ -473,7 +487,8 @@ class MultiCollectorBase(CollectorBase):
     def _check_free(self) -> None:
         """Surface a worker that failed while running free (restarting it when allowed)."""
         if self._free is not None:
-            self._frames += self._free.check()
+            if frames := self._free.check():
+                self._frames += frames
 
     @contextlib.contextmanager
     def _control(self) -> Iterator[None]:
@@ -496,7 +511,8 @@ class MultiCollectorBase(CollectorBase):
         try:
             if not self._closed and self._running():
                 with self._guard():
-                    self._frames += self._free.stop()
+                    if frames := self._free.stop():
+                        self._frames += frames
         finally:
             self.shutdown(timeout)
 
@@ -551,6 +567,8 @@ class MultiCollectorBase(CollectorBase):
         if pool is not None:
             self._finalizer.detach()
             _shutdown(pool, self._previous_threads, acting, timeout)
+        if self._gather is not None:
+            self._gather.close()
         # The parts hold the pool (its handles hold what they were attached with), the slots
         # and the weight stores: shared tensors, each holding a file descriptor until it is freed.
         self._gather = self._free = None
@@ -570,51 +588,12 @@ def _shutdown(pool: WorkerPool, threads: int, acting: Any = None, timeout: float
 
 
 class MultiSyncCollector(MultiCollectorBase):
-    __doc__ = """Run a collector in each of ``num_workers`` processes and yield their batches together.
-
-    Each batch holds exactly one contribution from every worker, collected with the same
-    weights (an update made between batches is seen by every frame of the next batch).
-    Workers write into shared memory allocated once; only short messages cross the pipes.
-    When the workers' batches have the same layout, they write into one stacked shared slot
-    and the batch you get is a view of it (two such slots take turns; a slot is reused only
-    once you no longer hold its batch, else a reserve slot is used and the batch copied).
-
-    With ``cat_results="stack"`` (default) a batch has shape ``(N, *env_batch, T)``; ``0``
-    concatenates the workers' batches along the first dim, ``-1`` along time.
-    ``preemptive_threshold=p``: once a fraction ``p`` of the workers delivered, the others stop
-    at their next step; their unfilled frames are masked (``("collector", "mask")`` False,
-    traj id -1) with "stack", or dropped with an int ``cat_results`` (counted in
-    ``stats()["dropped_frames"]``).
-""" + mpconfig.ARGS_DOC + """
-    Example:
-        >>> from rlcollect import MultiSyncCollector
-        >>> with MultiSyncCollector("CartPole-v1", num_workers=2, frames_per_batch=200, total_frames=400) as c:
-        ...     shapes = [batch.shape for batch in c]
-        >>> shapes
-        [torch.Size([2, 100]), torch.Size([2, 100])]
-    """
+    __doc__ = mpconfig.SYNC_DOC
 
     _sync = True
 
 
 class MultiAsyncCollector(MultiCollectorBase):
-    __doc__ = """Run a collector in each of ``num_workers`` processes and yield each worker's batch as
-    soon as it is ready.
-
-    Each worker has three shared-memory slots: the batch you get is a view of the slot the
-    worker wrote (nothing is copied), lent to you until you let go of it, while the worker fills
-    the other two, so it never waits for the trainer. A worker's slot is never overwritten while
-    you hold its batch: when you already hold one batch of that worker, the next one is copied
-    out of its slot instead. Every yielded batch is one worker's ``frames_per_batch`` frames
-    with ``("collector", "worker_id")``.
-    ``set_seed``, ``reset`` and ``load_state_dict`` discard the batches in flight.
-""" + mpconfig.ARGS_DOC + """
-    Example:
-        >>> from rlcollect import MultiAsyncCollector
-        >>> with MultiAsyncCollector("CartPole-v1", num_workers=2, frames_per_batch=100, total_frames=300) as c:
-        ...     shapes = [batch.shape for batch in c]
-        >>> shapes
-        [torch.Size([100]), torch.Size([100]), torch.Size([100])]
-    """
+    __doc__ = mpconfig.ASYNC_DOC
 
     _sync = False

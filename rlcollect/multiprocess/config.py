@@ -135,6 +135,25 @@ ARGS_DOC = """
             buffer the main process writes (default None; the attribute and
             ``set_post_collect_hook`` set it later). torchrl calls both in each worker on its
             part instead.
+        max_policy_lag (int | None): async only: no frame is delivered whose acting policy
+            version is more than this many versions behind the collector's ``policy_version``
+            at delivery (default None: no bound). ``lag_policy`` says what happens to such work.
+        lag_policy (str): with ``max_policy_lag``: ``"drop"`` (default): stale batches are
+            discarded and counted (``stats()["lag_dropped_frames"]``, per worker, and in the
+            next batch's ``("collector", "lag_dropped_frames")``); ``"wait"``: at most
+            ``max_policy_lag + 1`` batches are in flight, each started once the trainer's last
+            update reached the workers, and delivered in the order they were started, so a
+            trainer that updates at most once per batch never receives a stale one (any that
+            still is, after more updates, is dropped and counted as with ``"drop"``); ``"tag"``:
+            delivered anyway, tagged with their version (the behaviour without a bound).
+        record (str | os.PathLike | None): async only: write the schedule of this run (which
+            worker's batch was delivered or dropped when, the policy version each acted with,
+            restarts, seeds) to this file, as JSON lines (default None: none).
+        replay (str | os.PathLike | None): async only: make the run recorded in this file
+            again: with the same envs, seeds and weight updates, the same batches in the same
+            order, bit for bit, whatever the timing. Weights then travel through the workers'
+            pipes (``weight_sync_schemes`` must be None or ``{"policy": "process"}``); not with
+            ``inference="central"`` nor ``start()`` (default None: none).
         **inner_options: options passed unchanged to each worker's ``Collector``:
             ``max_frames_per_traj`` (truncate trajectories), ``reset_at_each_iter``,
             ``exploration_type`` (default ``"random"``), ``set_truncated``, ``trust_policy``,
@@ -147,9 +166,57 @@ ARGS_DOC = """
             ``ValueError`` otherwise). Any other name is a ``TypeError``.
 """
 
+#: The docstrings of ``MultiSyncCollector`` and ``MultiAsyncCollector``.
+SYNC_DOC = """Run a collector in each of ``num_workers`` processes and yield their batches together.
+
+    Each batch holds exactly one contribution from every worker, collected with the same
+    weights (an update made between batches is seen by every frame of the next batch).
+    Workers write into shared memory allocated once; only short messages cross the pipes.
+    When the workers' batches have the same layout, they write into one stacked shared slot
+    and the batch you get is a view of it (two such slots take turns; a slot is reused only
+    once you no longer hold its batch, else a reserve slot is used and the batch copied).
+
+    With ``cat_results="stack"`` (default) a batch has shape ``(N, *env_batch, T)``; ``0``
+    concatenates the workers' batches along the first dim, ``-1`` along time.
+    ``preemptive_threshold=p``: once a fraction ``p`` of the workers delivered, the others stop
+    at their next step; their unfilled frames are masked (``("collector", "mask")`` False,
+    traj id -1) with "stack", or dropped with an int ``cat_results`` (counted in
+    ``stats()["dropped_frames"]``).
+""" + ARGS_DOC + """
+    Example:
+        >>> from rlcollect import MultiSyncCollector
+        >>> with MultiSyncCollector("CartPole-v1", num_workers=2, frames_per_batch=200, total_frames=400) as c:
+        ...     shapes = [batch.shape for batch in c]
+        >>> shapes
+        [torch.Size([2, 100]), torch.Size([2, 100])]
+    """
+
+ASYNC_DOC = """Run a collector in each of ``num_workers`` processes and yield each worker's batch as
+    soon as it is ready.
+
+    Each worker has three shared-memory slots: the batch you get is a view of the slot the
+    worker wrote (nothing is copied), lent to you until you let go of it, while the worker fills
+    the other two, so it never waits for the trainer. A worker's slot is never overwritten while
+    you hold its batch: when you already hold one batch of that worker, the next one is copied
+    out of its slot instead. Every yielded batch is one worker's ``frames_per_batch`` frames
+    with ``("collector", "worker_id")``.
+    ``set_seed``, ``reset`` and ``load_state_dict`` discard the batches in flight.
+    ``max_policy_lag`` bounds how many versions behind the trainer a delivered batch may be;
+    ``record=`` / ``replay=`` write a run's schedule and make the same run again.
+""" + ARGS_DOC + """
+    Example:
+        >>> from rlcollect import MultiAsyncCollector
+        >>> with MultiAsyncCollector("CartPole-v1", num_workers=2, frames_per_batch=100, total_frames=300) as c:
+        ...     shapes = [batch.shape for batch in c]
+        >>> shapes
+        [torch.Size([100]), torch.Size([100]), torch.Size([100])]
+    """
+
 PER_WORKER_ARGS = ("device", "storing_device", "env_device", "policy_device")
 #: ``inference``: each worker runs its own copy of the policy, or the main process runs it for all.
 INFERENCE_MODES = ("worker", "central")
+#: ``lag_policy``: what happens to work more than ``max_policy_lag`` versions behind.
+LAG_POLICIES = ("drop", "wait", "tag")
 #: Options forwarded unchanged to each worker's inner collector.
 INNER_OPTIONS = (
     "max_frames_per_traj", "reset_at_each_iter", "exploration_type", "set_truncated", "trust_policy",
@@ -242,6 +309,10 @@ class MultiConfig:
     weight_recv_schemes: None = None
     track_traj_ids: bool = True
     compact_obs: bool = False
+    max_policy_lag: int | None = None
+    lag_policy: str = "drop"
+    record: Any = None
+    replay: Any = None
     inner_options: dict = dataclasses.field(default_factory=dict)
     owner: str = "MultiSyncCollector"  # the class name errors give
 
@@ -269,8 +340,10 @@ class MultiConfig:
         if "exploration_type" in inner:  # travels as a plain string
             inner["exploration_type"] = as_exploration_type(inner["exploration_type"])
         self._workers()
+        self._schedule()
         self._options()
         self._inference()
+        self._lag()
         self.specs = [self._spec(i) for i in range(self.num_workers)]
 
     def _workers(self) -> None:
@@ -368,6 +441,50 @@ class MultiConfig:
             raise ValueError(f"storing_device: MultiSyncCollector joins the workers' batches into one, so every worker "
                              f"must store on the same device; got {[str(d) for d in self.storing_devices]} (use "
                              "MultiAsyncCollector, which delivers each worker's batch on its own storing_device)")
+
+    def _schedule(self) -> None:
+        """``record`` / ``replay``: async, in-worker inference; replaying, weights by pipe (each
+        worker acts with the weights pushed before it was asked for a batch)."""
+        given = {name: value for name, value in (("record", self.record), ("replay", self.replay))
+                 if value is not None}
+        if not given:
+            return
+        if len(given) > 1:
+            raise ValueError("give record or replay, not both")
+        (name, value), = given.items()
+        if self.sync:
+            raise ValueError(f"{name}: MultiSyncCollector runs are reproducible already (every batch waits for every "
+                             "worker); record and replay are for MultiAsyncCollector")
+        if self.inference == "central":
+            raise ValueError(f"{name} cannot be used with inference='central': a batch's frames may be collected "
+                             "with several versions there")
+        if name == "replay":
+            schemes = self.weight_sync_schemes
+            if schemes is None:
+                self.weight_sync_schemes = {"policy": "process"}
+            elif schemes != {"policy": "process"}:
+                raise ValueError(f"replay needs the weights to reach the workers by pipe, in order with the requests "
+                                 f"for batches: weight_sync_schemes must be None or {{'policy': 'process'}}, got "
+                                 f"{schemes!r}")
+
+    def _lag(self) -> None:
+        """``max_policy_lag`` and ``lag_policy``; ``lag_bound`` is the bound enforced (None:
+        none, also with ``"tag"``)."""
+        if self.lag_policy not in LAG_POLICIES:
+            raise ValueError(f"lag_policy must be one of {LAG_POLICIES}, got {self.lag_policy!r}")
+        k = self.max_policy_lag
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+            raise ValueError(f"max_policy_lag must be None or an int >= 0 (versions), got {k!r}")
+        self.lag_bound = None if k is None or self.lag_policy == "tag" else k
+        if self.lag_bound is None:
+            return
+        if self.sync:
+            raise ValueError(f"max_policy_lag={k}: MultiSyncCollector delivers every batch collected with the "
+                             "trainer's current weights already; use it with MultiAsyncCollector")
+        if self.workers_write:
+            raise ValueError(f"max_policy_lag={k} with lag_policy={self.lag_policy!r}: the workers write this "
+                             "rlcollect ReplayBuffer themselves, so no batch passes through this process to be "
+                             "checked; use lag_policy='tag', or a replay buffer this process extends")
 
     def _inference(self) -> None:
         """``inference``, ``env_splits``, ``max_wait_us``, and what central inference rules out."""

@@ -27,65 +27,22 @@ from rlcollect.errors import WorkerError
 from rlcollect.metrics import policy_lag
 from rlcollect.multiprocess import protocol as P
 from rlcollect.multiprocess import shm
-from rlcollect.multiprocess.slots import StackedSlots, WorkerSlots
-from rlcollect.torchrl_args import frames_written
+from rlcollect.multiprocess.slots import StackedSlots, WorkerSlots, check_layouts
+from rlcollect.torchrl_args import frames_written, random_batches
 
 #: ``update(index)``: the collector's weight update with each batch (``update_at_each_batch``;
 #: ``index`` None: before a sync batch; an async batch's worker after it), returning the version
 #: acting from then on.
 Update = Callable[[Any], int]
 
-
-def check_layouts(layouts: list[BatchLayout], cat_results: str | int) -> int | None:
-    """The dim the workers' batches are concatenated along (None: stacked), checked against
-    the layouts they reported."""
-    shapes = {(tuple(lay.batch_size), lay.time) for lay in layouts}
-    keys = {tuple(sorted(map(str, lay.fields))) for lay in layouts}
-    if len(keys) > 1:
-        raise ValueError("the workers' batches hold different keys; they cannot be combined into one batch")
-    if cat_results == "stack" and len(shapes) > 1:
-        raise ValueError(
-            f"cat_results='stack' needs every worker's batch to have the same shape, got {sorted(shapes)}; "
-            "use cat_results=0 (same T) or -1 (same env batch size)"
-        )
-    if cat_results == "stack":
-        return None
-    dims = {len(b) + 1 for b, _ in shapes}
-    ndim = min(dims)
-    if len(dims) > 1 or not -ndim <= cat_results < ndim:
-        raise ValueError(f"cat_results={cat_results} is not a dim of the workers' batches (shapes "
-                         f"{sorted(shapes)}, {ndim} dims: give one in {-ndim}..{ndim - 1})")
-    dim = cat_results % ndim
-    full = {(*b, t) for b, t in shapes}
-    if len({s[:dim] + s[dim + 1:] for s in full}) > 1:
-        raise ValueError(f"cat_results={cat_results} needs the workers' batches to agree on every dim "
-                         f"but dim {dim}, got {sorted(shapes)}")
-    # 0 keeps its meaning of "along the first dim, same T"; the last dim is time
-    return -1 if dim == ndim - 1 and cat_results != 0 else dim
+#: ``("collector", "lag_dropped_frames")`` (with ``max_policy_lag``): the frames dropped for
+#: lag since the previous batch was delivered, in every frame of an async batch.
+LAG_DROPPED = ("collector", "lag_dropped_frames")
 
 
 def _name_time(batch: TensorDict) -> TensorDict:
     batch.names = [None] * (batch.batch_dims - 1) + ["time"]
     return batch
-
-
-def random_batches(init_random_frames: int, worker_frames: list[int]) -> int:
-    """How many random batches torchrl's MultiAsyncCollector asks for: every worker's first
-    (when ``init_random_frames`` > 0), then one per delivered batch while the frames delivered
-    are fewer than ``init_random_frames`` (deliveries counted in turn over the workers).
-
-    Example:
-        >>> random_batches(200, [200, 200]), random_batches(0, [10, 10]), random_batches(50, [10, 10])
-        (2, 0, 6)
-    """
-    if init_random_frames <= 0:
-        return 0
-    count, delivered, n = len(worker_frames), 0, len(worker_frames)
-    while True:
-        delivered += worker_frames[(count - n) % n]
-        if delivered >= init_random_frames:
-            return count
-        count += 1
 
 
 class _Gather:
@@ -99,12 +56,21 @@ class _Gather:
         restarts: ``WorkerRestarts``: replaces a failed worker or re-raises its error.
         stats: ``WorkerStats``: the counters (``frames``) and statistics.
         stops: each worker's shared stop flag.
+        trainer_version: returns the collector's policy version now (None: the version
+            ``next_batch`` is given): what ``max_policy_lag`` is checked against when a batch
+            is about to be delivered (running free, the trainer updates meanwhile).
+        hold: a lock the collector's version moves under: with ``max_policy_lag``, held from
+            the check of a batch's lag to its delivery (``release()``, the caller's, once the
+            batch is written), so no update slips in between.
     """
 
     def __init__(self, config: Any, pool: Any, slots: Any, attach: Callable[[int], None], restarts: Any,
-                 stats: Any, stops: list[torch.Tensor]):
+                 stats: Any, stops: list[torch.Tensor], trainer_version: Callable[[], int] | None = None,
+                 hold: Any = None):
         self.config, self.pool, self.slots, self.attach = config, pool, slots, attach
         self.restarts, self.stats, self.stops = restarts, stats, stops
+        self.trainer_version, self.hold = trainer_version, hold
+        self.held = False
         self.num_workers = len(pool)
         self.layouts = slots.layouts if isinstance(slots, WorkerSlots) else [slots.layout] * self.num_workers
 
@@ -113,12 +79,24 @@ class _Gather:
         limit = self.config.init_random_frames
         return limit > 0 and frames_written(self.config.replay_buffer, self.stats.frames) < limit
 
+    def release(self) -> None:
+        """The batch ``next_batch`` returned is delivered: versions may move again."""
+        if self.held:
+            self.held = False
+            self.hold.release()
+
     def quiesce(self) -> None:
         """Wait for the replies workers still owe."""
 
     def discard(self) -> None:
         """Drop the batches collected and not yet delivered (``set_seed``, ``reset``, ...)."""
         self.quiesce()
+
+    def note_seed(self, seed: int) -> None:
+        """``set_seed(seed)`` was called (recorded, or checked against the recording)."""
+
+    def close(self) -> None:
+        """At shutdown: close the schedule being recorded."""
 
 
 class SyncGather(_Gather):
@@ -232,6 +210,7 @@ class SyncGather(_Gather):
                 if index not in waiting:
                     raise
                 self.restarts.recover(index, err)
+                self.stats.note_lost(index, 1)
                 start_or_recover(index)
             if threshold is not None and n - len(waiting) >= need:
                 for i in waiting:
@@ -293,9 +272,14 @@ class AsyncGather(_Gather):
     def make_slots(config: Any, layouts: list[BatchLayout]) -> WorkerSlots:
         return WorkerSlots(layouts, AsyncGather.SLOTS_PER_WORKER)
 
-    def __init__(self, *args: Any, **kwargs: Any):
+    def __init__(self, *args: Any, schedule: Any = None, **kwargs: Any):
+        """``schedule``: a ``ScheduleRecorder`` (``record``) or ``ScheduleReplay`` (``replay``)
+        (schedule.py), or None; the other arguments are ``_Gather``'s."""
         super().__init__(*args, **kwargs)
         n = self.num_workers
+        self.schedule = schedule
+        self.replaying = schedule is not None and schedule.replaying
+        self.sent_random: dict[tuple[int, int], bool] = {}  # (worker, slot): the batch acts randomly
         self.ready: collections.deque[tuple[int, dict]] = collections.deque()
         self.in_flight: list[set[int]] = [set() for _ in range(n)]
         # When each worker last showed progress (a reply, or being given work while idle):
@@ -309,9 +293,17 @@ class AsyncGather(_Gather):
         self.random_pending: set[tuple[int, int]] = set()
         # Batches delivered as views of their slot (lent until nothing refers to them).
         self.views = shm.can_count_references() and not self.config.workers_write
+        # max_policy_lag: batches more than `bound` versions behind at delivery are dropped;
+        # lag_policy="wait" (`waiting`) also keeps at most bound + 1 batches started (in
+        # `order`, delivered in that order), the others `parked` until the next batch is asked
+        # for, after the trainer's update.
+        self.bound = getattr(self.config, "lag_bound", None)
+        self.waiting = self.bound is not None and self.config.lag_policy == "wait"
+        self.order: collections.deque[tuple[int, int]] = collections.deque()
+        self.parked: collections.deque[tuple[int, int]] = collections.deque()
 
     def _arm(self, random: bool | None) -> None:
-        for slot in range(self.SLOTS_PER_WORKER):  # each worker's first batch first (the random ones)
+        for slot in range(self.SLOTS_PER_WORKER):  # slot-major: each worker's first batch first (the random ones)
             for i in range(self.num_workers):
                 if not self.slots.is_lent(i, slot):
                     self._collect(i, slot, random)
@@ -335,20 +327,43 @@ class AsyncGather(_Gather):
             if self.armed:
                 self._collect(i, slot, random)
 
-    def _collect(self, index: int, slot: int, random: bool | None, needed_only: bool = True) -> None:
+    def _collect(self, index: int, slot: int, random: bool | None, needed_only: bool = True,
+                 again: bool = False) -> None:
         """Have worker ``index`` fill ``slot``, acting randomly when ``random`` (None: when
-        ``init_random_frames`` says so now; a nested collector is told by its worker)."""
-        if needed_only and not self._needed():
+        ``init_random_frames`` says so now; a nested collector is told by its worker).
+        ``again``: a batch a failed worker lost, collected anew in its place (with "wait", it
+        keeps its turn); otherwise, with "wait", the slot is parked until ``_start_parked``."""
+        if needed_only and not self.replaying and not self._needed():
+            return
+        if (self.waiting or self.replaying) and not again:
+            self.parked.append((index, slot))
             return
         if not self.pool.busy(index):
             self.progress[index] = time.monotonic()  # the worker starts working now
         self.in_flight[index].add(slot)
+        randomly = self._random(index, slot) if random is None else random
+        self.sent_random[(index, slot)] = randomly
         try:
-            self.pool.send(index, P.COLLECT, slot, self._random(index, slot) if random is None else random)
+            self.pool.send(index, P.COLLECT, slot, randomly)
         except WorkerError as err:  # it died since its last batch: replaced, and asked again, as in _poll
             if err.worker_index != index:
                 raise
-            self._fail(err, random)
+            self._fail(err, random, unsent=slot)
+
+    def _start_parked(self, random: bool | None) -> None:
+        """lag_policy="wait": start parked slots, with the weights of now, while fewer than
+        ``max_policy_lag + 1`` batches are started and not delivered."""
+        while self.parked and len(self.order) <= self.bound and self._needed():
+            index, slot = self.parked.popleft()
+            self.order.append((index, slot))
+            self._collect(index, slot, random, needed_only=False, again=True)
+
+    def _replay_start(self) -> None:
+        """Replaying: start what the recording started by now (``ScheduleReplay.start_due``)."""
+        self.schedule.start_due(self.parked, self.in_flight, self.stats.pushed,
+                                lambda i, slot, random: self._collect(i, slot, random, needed_only=False, again=True),
+                                lambda i: self.restarts.recover(i, WorkerError(
+                                    f"worker {i} is restarted where the replayed run's was", i)))
 
     def _needed(self) -> bool:
         """Whether another batch is needed to reach ``total_frames``: the workers never run past
@@ -369,13 +384,16 @@ class AsyncGather(_Gather):
             self._arm(random)
         if lending:
             self._reclaim(random)
+        if self.waiting:
+            self._start_parked(random)
+        if self.replaying:
+            self._replay_start()
         started = time.perf_counter()
-        while not self._deliverable():
+        while (taken := self._pop_ready()) is None:
             self._poll(random)
         if lending:
             self.stats.wait.add(time.perf_counter() - started)
-        index, info = self._deliverable()[0]
-        self.ready.remove((index, info))
+        index, info = taken
         self.random_pending.discard((index, info["slot"]))
         return index, info, started
 
@@ -385,10 +403,58 @@ class AsyncGather(_Gather):
             return list(self.ready)
         return [(i, info) for i, info in self.ready if (i, info["slot"]) in self.random_pending]
 
+    def _pop_ready(self) -> tuple[int, dict] | None:
+        """The next ready batch: the first that came, or with "wait" the first started (None:
+        not ready yet)."""
+        if self.replaying:
+            return self.schedule.take_ready(self.ready, self.in_flight, self._replay_start, self.stats.pushed)
+        if not self.waiting or not self.order:
+            deliverable = self._deliverable()
+            if not deliverable:
+                return None
+            self.ready.remove(deliverable[0])
+            return deliverable[0]
+        first = self.order[0]
+        for j, (index, info) in enumerate(self.ready):
+            if (index, info["slot"]) == first:
+                del self.ready[j]
+                self.order.popleft()
+                return index, info
+        return None
+
+    def _take_fresh(self, random: bool | None, version: int, lending: bool = True) -> tuple[int, dict, float]:
+        """``_take``, dropping (and counting) the batches more than ``max_policy_lag`` versions
+        behind ``version``; each dropped batch's slot is filled again. Recording, each batch
+        handed in is written to the schedule; replaying, the recorded fate is its fate."""
+        while True:
+            index, info, started = self._take(random, lending)
+            if self.replaying:
+                outcome = self.schedule.next_event()[1]
+                self.schedule.pop_event()
+                if outcome == "deliver":
+                    return index, info, started
+                self.stats.note_lag_dropped(index, info)
+                self._collect(index, info["slot"], random)
+                continue
+            if self.bound is None:
+                self._record(index, info, "deliver")
+                return index, info, started
+            if self.hold is not None:
+                self.hold.acquire()
+                self.held = True
+            now = version if self.trainer_version is None else self.trainer_version()
+            if policy_lag(now, [info["meta"]])[1] <= self.bound:
+                self._record(index, info, "deliver")
+                return index, info, started
+            self.release()
+            self._record(index, info, "drop")
+            self.stats.note_lag_dropped(index, info)
+            self._collect(index, info["slot"], random)
+
     def next_batch(self, version: int, update: Update) -> tuple[TensorDict | None, dict]:
         """``(batch, where)``: the next worker's batch (None when it wrote it into the replay
         buffer) and the keyword arguments of its delivery."""
-        index, info, started = self._take(None)
+        index, info, started = self._take_fresh(None, version)
         slot = info["slot"]
         if self.config.workers_write:  # the worker put its batch into the replay buffer
             self._account(index, info, started, version)
@@ -400,6 +466,9 @@ class AsyncGather(_Gather):
         if not lend:
             batch = batch.clone()
         batch.set(WORKER_ID, torch.full(batch.shape, index, dtype=torch.int64))
+        if self.bound is not None:
+            batch.set(LAG_DROPPED, torch.full(batch.shape, self.stats.lag_dropped_since, dtype=torch.int64))
+            self.stats.lag_dropped_since = 0
         _name_time(batch)
         self._account(index, info, started, version)
         if self.config.update_at_each_batch:
@@ -408,7 +477,22 @@ class AsyncGather(_Gather):
             self.slots.lend(index, slot)
         else:
             self._collect(index, slot, None)
+        if self.replaying:  # what the recorded run started right after this delivery
+            self._replay_start()
         return batch, {"storing_device": self.config.storing_devices[index]}
+
+    def _record(self, index: int, info: dict, outcome: str) -> None:
+        if self.schedule is not None:
+            self.schedule.batch(index, version=info["meta"]["version_min"],
+                                random=self.sent_random.get((index, info["slot"]), False), outcome=outcome)
+
+    def note_seed(self, seed: int) -> None:
+        if self.schedule is not None:
+            self.schedule.seed(seed)
+
+    def close(self) -> None:
+        if self.schedule is not None:
+            self.schedule.close()
 
     def _account(self, index: int, info: dict, started: float, version: int) -> None:
         self.stats.frames += info["frames"]
@@ -454,15 +538,20 @@ class AsyncGather(_Gather):
                 self.in_flight[index].discard(value["slot"])
                 self.ready.append((index, value))
 
-    def _fail(self, err: Exception, random: bool | None) -> None:
+    def _fail(self, err: Exception, random: bool | None, unsent: int | None = None) -> None:
+        """Worker ``index`` failed: restarted (when allowed) and the batches it was filling
+        (all but ``unsent``, which it was never given) counted lost and collected anew."""
         index = getattr(err, "worker_index", None)
-        if index is None or not 0 <= index < self.num_workers:
-            raise err
+        if index is None or not 0 <= index < self.num_workers or self.replaying:
+            raise err  # (replaying: only the recorded restarts can be replayed)
+        if self.schedule is not None:
+            self.schedule.restart(index, pending=sum(1 for i, _ in self.ready if i == index))
         lost = sorted(self.in_flight[index])
         self.in_flight[index].clear()
         self.restarts.recover(index, err)
+        self.stats.note_lost(index, len([slot for slot in lost if slot != unsent]))
         for slot in lost:
-            self._collect(index, slot, random, needed_only=False)
+            self._collect(index, slot, random, needed_only=False, again=True)
 
     def quiesce(self) -> None:
         """Collect every reply still owed; finished batches stay queued for delivery."""
@@ -472,6 +561,8 @@ class AsyncGather(_Gather):
     def discard(self) -> None:
         self.quiesce()
         self.ready.clear()
+        self.order.clear()
+        self.parked.clear()
         for slots in self.in_flight:
             slots.clear()
         self.random_asked -= len(self.random_pending)  # asked again when the workers are armed
@@ -488,10 +579,11 @@ class AsyncGather(_Gather):
 
     def collect_into(self, buf: Any, random: bool, version: int) -> int:
         """Copy the next ready batch straight into ``buf``; returns its frames."""
-        index, info, started = self._take(random, lending=False)
+        index, info, started = self._take_fresh(random, version, lending=False)
         for key, tensor in self.slots.buffer(index, info["slot"]).tensors.items():
             buf.tensors[key].copy_(tensor)
         buf.tensors[WORKER_ID].fill_(index)
+        self.release()
         self._account(index, info, started, version)
         self._collect(index, info["slot"], random)
         return info["frames"]

@@ -499,3 +499,13 @@ class WorkerPool:
         self.reaper.close()
 
 
+class Attach:
+    """``attach(i)``: hand worker ``i`` its slots, stop flag, weight store and (central
+    inference) its rows of the shared block."""
+
+    def __init__(self, pool: WorkerPool, slots: Any, stops: list[Any], acting: Any):
+        self.pool, self.slots, self.stops, self.acting = pool, slots, stops, acting
+
+    def __call__(self, index: int) -> None:
+        self.pool.attach(index, self.slots.handed(index), self.stops[index], self.acting.store_for(index),
+                         self.acting.attachment(index))

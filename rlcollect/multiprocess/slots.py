@@ -176,3 +176,31 @@ class StackedSlots:
         if self.current == STACKED_SLOTS:  # the reserve: the batch is copied out
             batch = batch.clone()
         return batch
+
+
+def check_layouts(layouts: list[BatchLayout], cat_results: str | int) -> int | None:
+    """The dim the workers' batches are concatenated along (None: stacked), checked against
+    the layouts they reported."""
+    shapes = {(tuple(lay.batch_size), lay.time) for lay in layouts}
+    keys = {tuple(sorted(map(str, lay.fields))) for lay in layouts}
+    if len(keys) > 1:
+        raise ValueError("the workers' batches hold different keys; they cannot be combined into one batch")
+    if cat_results == "stack" and len(shapes) > 1:
+        raise ValueError(
+            f"cat_results='stack' needs every worker's batch to have the same shape, got {sorted(shapes)}; "
+            "use cat_results=0 (same T) or -1 (same env batch size)"
+        )
+    if cat_results == "stack":
+        return None
+    dims = {len(b) + 1 for b, _ in shapes}
+    ndim = min(dims)
+    if len(dims) > 1 or not -ndim <= cat_results < ndim:
+        raise ValueError(f"cat_results={cat_results} is not a dim of the workers' batches (shapes "
+                         f"{sorted(shapes)}, {ndim} dims: give one in {-ndim}..{ndim - 1})")
+    dim = cat_results % ndim
+    full = {(*b, t) for b, t in shapes}
+    if len({s[:dim] + s[dim + 1:] for s in full}) > 1:
+        raise ValueError(f"cat_results={cat_results} needs the workers' batches to agree on every dim "
+                         f"but dim {dim}, got {sorted(shapes)}")
+    # 0 keeps its meaning of "along the first dim, same T"; the last dim is time
+    return -1 if dim == ndim - 1 and cat_results != 0 else dim

@@ -26,11 +26,15 @@ class WorkerStats:
         self.batches = 0  # batches yielded (or written)
         self.worker_frames = [0] * num_workers
         self.worker_versions = [0] * num_workers
+        self.pushed = [0] * num_workers  # the version last pushed to each worker
         self.worker_steps: list[tuple[float | None, float | None]] = [(None, None)] * num_workers  # env-step mean, p95
         self.lag = (0.0, 0)  # policy lag of the last batch delivered: mean, max
         self.last_meta = batch_meta(0, 0, 0.0, (None, None))  # the last batch, for an outer collector
         self.wait = BatchClock()  # the main process blocked waiting for the workers' batches
-        self.dropped = 0
+        self.dropped = 0  # frames dropped by preemptive_threshold
+        self.lag_dropped = [0] * num_workers  # frames dropped for being more than max_policy_lag behind
+        self.lag_dropped_since = 0  # ... since the last batch delivered (its metadata)
+        self.lost = [0] * num_workers  # batches a failed worker was filling
         self.started_at = time.perf_counter()
         self.last_batch_s = 0.0
         self.last_batch_frames = 0
@@ -59,10 +63,20 @@ class WorkerStats:
         """Frames worker ``index`` wrote before it failed (no reply of it tells them)."""
         self.worker_frames[index] += frames
 
+    def note_lag_dropped(self, index: int, info: dict) -> None:
+        """Worker ``index``'s batch ``info`` was dropped: too far behind the trainer."""
+        self.lag_dropped[index] += info["frames"]
+        self.lag_dropped_since += info["frames"]
+
+    def note_lost(self, index: int, batches: int) -> None:
+        """Worker ``index`` failed while filling ``batches`` batches."""
+        self.lost[index] += batches
+
     def note_pushed(self, workers: Any, version: int) -> None:
         """Weights ``version`` went to ``workers``."""
         for i in workers:
             self.worker_versions[i] = version
+            self.pushed[i] = version
 
     def batch_info(self) -> dict:
         """The last batch filled for an outer collector (this one nested in a worker or node):
@@ -76,11 +90,12 @@ class WorkerStats:
         """``stats()``'s dict (docs/observability.md defines every key)."""
         elapsed = time.perf_counter() - self.started_at
         workers = [worker_keys(i, frames=self.worker_frames[i], alive=alive[i], restarts=restarts[i],
-                               version=self.worker_versions[i], step=self.worker_steps[i])
+                               version=self.worker_versions[i], step=self.worker_steps[i],
+                               lag_dropped_frames=self.lag_dropped[i], lost_batches=self.lost[i])
                    for i in range(self.num_workers)]
         return stats_keys(
             frames=frames, batches=batches, elapsed=elapsed,
             recent_fps=self.last_batch_frames / self.last_batch_s if self.last_batch_s else 0.0,
             version=version, workers=workers, restarts=sum(restarts), dropped_frames=self.dropped,
             replay_buffer_write_count=getattr(replay_buffer, "write_count", None), lag=self.lag, wait=self.wait,
-            first_batch=self.first_batch)
+            first_batch=self.first_batch, lag_dropped_frames=sum(self.lag_dropped), lost_batches=sum(self.lost))

@@ -58,5 +58,39 @@ def test_keys_are_every_collectors_plus_the_nodes(collector):
     s = collector.stats()
     torchrl = ["total_frames", "completed", "requested_frames_per_batch", "workers_alive"]  # torchrl 0.14's, last
     ours = [k for k in expected if k not in torchrl]
-    assert list(s) == [*ours, "dropped_nodes", "lost_batches", "launcher", "master", *torchrl]
-    assert list(s["workers"][0]) == [*expected["workers"][0], "state", "lost_batches", "host", "pid"]
+    assert list(s) == [*ours, "dropped_nodes", "launcher", "master", *torchrl]
+    assert list(s["workers"][0]) == [*expected["workers"][0], "state", "host", "pid"]
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_max_policy_lag_drops_stale_batches_and_counts_them(k):
+    """Async, three nodes of different speeds, weights updated after every batch: no delivered
+    frame is more than k versions behind; what was taken and not delivered is counted dropped,
+    per node and in the batches' metadata."""
+    envs = [functools.partial(CountingEnv, max_steps=None), functools.partial(SleepEnv, step_time=0.001, obs_dim=1),
+            functools.partial(SleepEnv, step_time=0.004, obs_dim=1)]
+    c = DistributedCollector(envs, ValuePolicy(), frames_per_batch=8, total_frames=8 * 16, sync=False, timeout=120.0,
+                             collector_kwargs={"track_policy_version": True}, max_policy_lag=k)
+    pids = node_pids(c)
+    try:
+        delivered = announced = 0
+        for batch in c:
+            assert int((c.policy_version - batch[POLICY_VERSION]).max()) <= k
+            delivered += batch.numel()
+            announced += int(batch[("collector", "lag_dropped_frames")][0])
+            c.update_policy_weights_({"w": torch.tensor([float(c.policy_version + 1)])})
+        s = c.stats()
+    finally:
+        c.shutdown()
+    assert not wait_gone(pids)
+    assert s["delivered_frames"] == delivered == 8 * 16
+    assert s["collected_frames"] - s["delivered_frames"] == s["lag_dropped_frames"] == announced
+    assert sum(w["lag_dropped_frames"] for w in s["workers"]) == s["lag_dropped_frames"]
+    assert sum(w["frames"] for w in s["workers"]) == delivered
+
+
+def test_wait_and_sync_are_refused_with_a_lag_bound():
+    with pytest.raises(ValueError, match="lag_policy='wait' is not supported"):
+        DistributedCollector([sleepy], ValuePolicy(), frames_per_batch=8, max_policy_lag=1, lag_policy="wait")
+    with pytest.raises(ValueError, match="max_policy_lag=1: sync=True"):
+        DistributedCollector([sleepy], ValuePolicy(), frames_per_batch=8, sync=True, max_policy_lag=1)
