@@ -71,6 +71,7 @@ class Node:
         self.credits: collections.deque[bool] = collections.deque()  # one "random" flag per batch owed
         self.seq = 0
         self.pg = None
+        self.receives: list[Any] = []  # weight receives posted and not finished (transport.post_recv)
         self.closing = False
         # Commands answered on the reply queue; "collect" and "weights" are not (batches answer
         # "collect"; the node's next batch shows the weights version it acts with).
@@ -99,8 +100,9 @@ class Node:
         flat = torch.empty(args["nbytes"], dtype=torch.uint8)
         # Rank 0 posted the send with the command: receive it first, whatever follows, so the
         # stream of messages stays aligned even if these weights turn out not to fit.
-        transport.wait(self.pg.recv([flat], P.MASTER_RANK, transport.WEIGHTS_TAG),
-                       transport.transfer_timeout(flat.numel()))
+        work = transport.post_recv(self.pg, flat, P.MASTER_RANK, transport.WEIGHTS_TAG, self.receives)
+        transport.wait(work, transport.transfer_timeout(flat.numel()))
+        self.receives.remove(work)
         if self.weight_spec is None:
             raise RuntimeError("received weights, but this node's policy has no parameters or buffers")
         if flat.numel() != transport.weights_nbytes(self.weight_spec):
@@ -180,6 +182,14 @@ class Node:
             "ready", seq=self.seq, slot=slot, frames=frames, version=version, seconds=time.perf_counter() - started,
             **{key: meta[key] for key in ("version_min", "version_mean", "step_mean_s", "step_p95_s")})
         self.seq += 1
+
+    def release_pair(self) -> None:
+        """Free the pair group with what is still posted on it (see ``transport.release_group``)."""
+        if self.pg is not None:
+            self.sends = [None] * len(self.slots)  # rank 0 is gone or took them
+            refs = [self.pg, *self.receives]
+            self.pg, self.receives = None, []
+            transport.release_group(refs, 1.0)
 
     def shutdown(self) -> None:
         try:
@@ -344,7 +354,7 @@ def run_node(master_addr: str, master_port: int, rank: int, world_size: int, tim
             commands.close()
         if node is not None:
             node.shutdown()
-            node.pg = None
+            node.release_pair()
 
 
 def _wait_setup(commands: NodeInbox, deadline: float) -> P.Message | None:

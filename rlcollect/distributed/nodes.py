@@ -72,6 +72,7 @@ class NodeHandle:
     watch: tuple[str, float] | None = None  # its watcher's last report: (state, when)
     pg: Any = None  # its pair process group with rank 0
     recv: Any = None  # the flat buffer its batches are received into
+    receives: list = field(default_factory=list)  # batch receives posted and not finished (transport.post_recv)
     # -- credits and batches in flight -------------------------------------------------------------
     outstanding: int = 0  # batches granted and not received yet
     expected_seq: int = 0  # the sequence number of its next batch notice

@@ -314,10 +314,11 @@ class NodePool:
         h = self._by_rank[msg.rank]
         buf = h.recv
         try:
-            transport.wait(h.pg.recv([buf.flat], transport.NODE_IN_PAIR, transport.BATCH_TAG),
-                           transport.transfer_timeout(buf.nbytes))
+            work = transport.post_recv(h.pg, buf.flat, transport.NODE_IN_PAIR, transport.BATCH_TAG, h.receives)
+            transport.wait(work, transport.transfer_timeout(buf.nbytes))
         except RuntimeError as err:
             raise self.lost(h.index, "while sending a batch", err) from None
+        h.receives.remove(work)
         h.outstanding -= 1
         # The node's next batch (if owed) started when this one was announced, at the latest.
         h.batch_started = time.monotonic() if h.outstanding else None
@@ -393,10 +394,7 @@ class NodePool:
         with contextlib.suppress(Exception):
             self.store.delete_key(P.config_key(h.rank, h.token))
         h.token = ""  # whatever it still sends is stale now
-        pg, h.pg = h.pg, None
-        if pg is not None:
-            transport.close_group(pg)
-        h.weight_sends.clear()
+        self._release_pair(h, 1.0)
         h.configured, h.rejoin = False, None
         if self._silence is not None:
             self._silence.forget(h.rank)
@@ -493,6 +491,17 @@ class NodePool:
             self._close(0.0)
             raise
 
+    @staticmethod
+    def _release_pair(h: NodeHandle, timeout: float) -> None:
+        """Free node ``h``'s pair group with the receives and weight sends still posted on it
+        (its node is stopped or told to close); see ``transport.release_group``."""
+        refs = [h.pg, *h.receives, *(work for _, work in h.weight_sends)] if h.pg is not None else []
+        h.pg = None
+        h.receives.clear()
+        h.weight_sends.clear()
+        if refs:
+            transport.release_group(refs, timeout)
+
     def _close(self, timeout: float) -> None:
         store, channel, handles = self.store, self.channel, self.handles
         if store is not None and channel is not None:
@@ -517,10 +526,7 @@ class NodePool:
         if self.heartbeat is not None:
             self.heartbeat.stop()
         for h in handles:
-            h.weight_sends.clear()
-            pg, h.pg = h.pg, None
-            if pg is not None:
-                transport.close_group(pg)
+            self._release_pair(h, timeout)
             h.state = NodeState.CLOSED
         if channel is not None:
             with contextlib.suppress(Exception):

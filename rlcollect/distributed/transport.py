@@ -17,11 +17,14 @@ nodes keep sending on theirs.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import errno
+import functools
 import ipaddress
 import logging
 import socket
+import threading
 import time
 from typing import Any
 
@@ -183,12 +186,53 @@ def join(groups: list[ProcessGroupGloo], master: bool, timeout: float) -> None:
         wait(work, timeout)
 
 
-def close_group(pg: Any) -> None:
-    """Release a pair group's sockets (best effort: its peer may be gone)."""
-    try:
-        pg.shutdown()
-    except Exception:  # noqa: BLE001  (a group whose peer died may refuse; it is dropped anyway)
-        pass
+def post_recv(pg: Any, flat: torch.Tensor, peer: int, tag: int, pending: list) -> Any:
+    """Post a receive of ``flat`` from ``peer`` on ``pg`` and return its work, which is also
+    appended to ``pending`` (the caller removes it once it finished; ``release_group`` frees
+    whatever is left).  The append happens inside one C call (``list.extend`` over ``map``), so no
+    ``KeyboardInterrupt`` can land between posting the receive and keeping it: a receive dropped
+    while its bytes arrive leaves them unread in the socket, and gloo then never ends the group's
+    event loop (see ``release_group``)."""
+    pending.extend(map(functools.partial(pg.recv, [flat], peer), (tag,)))
+    return pending[-1]
+
+
+#: How long ``release_group`` waits for a group to be freed before leaving it to a thread.
+RELEASE_S = 2.0
+
+
+def release_group(refs: list, timeout: float) -> bool:
+    """Free a pair group and the operations posted on it.  ``refs`` is ``[pg, *works]`` and
+    holds the only references left (it is emptied here).  Call it once the peer is stopped or
+    told to close.
+
+    gloo frees a lazily connected group by running its event loop until no socket has anything
+    left to read; bytes that arrived for a receive whose work was already freed are never read, so
+    that loop, and the thread freeing the group, never ended (rank 0 hung for good after a Ctrl-C
+    that landed during a batch's receive).  So the receives still posted are first given up to
+    ``timeout`` seconds to finish (a stopped peer fails them at once; a live one completes what it
+    was sending), and the freeing happens in a daemon thread waited for up to ``RELEASE_S``: should
+    gloo still hang, the process does not.  Returns whether the group was freed in time."""
+    _finish(refs[1:], time.monotonic() + max(0.0, timeout))
+    with contextlib.suppress(Exception):  # a group whose peer died may refuse; it is freed anyway
+        refs[0].shutdown()
+    box = list(refs)
+    refs.clear()
+    freer = threading.Thread(target=box.clear, name="rlcollect-free-group", daemon=True)
+    del box
+    freer.start()
+    freer.join(RELEASE_S)
+    if freer.is_alive():
+        logger.warning("rlcollect: a pair group still has unread bytes after %.0f s; it is left to a "
+                       "background thread (its gloo loop runs until they are read)", RELEASE_S)
+        return False
+    return True
+
+
+def _finish(works: list, deadline: float) -> None:
+    for work in works:
+        with contextlib.suppress(Exception):
+            wait(work, max(0.001, deadline - time.monotonic()))
 
 
 def wait(work: Any, timeout: float) -> None:

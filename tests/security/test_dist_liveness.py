@@ -286,3 +286,49 @@ def test_ctrl_c_during_shutdown_does_not_abort_the_interpreter(tmp_path, delay):
     assert text.rstrip().splitlines()[-1].startswith("KeyboardInterrupt"), text[-3000:]
     pids = [int(p) for p in out.decode().split("PIDS", 1)[1].split("\n", 1)[0].split()]
     assert len(pids) == 2 and not wait_gone(pids, 5.0)
+
+
+_INTERRUPTED_RECEIVE = """
+import sys
+sys.path[:0] = {helpers!r}.split(":")
+from dist_helpers import counting5
+import rlcollect.distributed.transport as transport
+from rlcollect import DistributedCollector
+c = DistributedCollector([counting5] * 2, frames_per_batch=20, total_frames=-1, sync=True, timeout=60.0)
+it = iter(c)
+next(it)
+real_wait = transport.wait
+
+def interrupted(work, timeout):  # a Ctrl-C right after a batch's receive was posted, before its bytes came
+    transport.wait = real_wait
+    del work  # as when it lands between the post and the wait: this frame keeps nothing alive
+    raise KeyboardInterrupt
+
+transport.wait = interrupted
+with c:
+    for batch in it:
+        pass
+"""
+
+
+def test_ctrl_c_between_a_receive_and_its_bytes_does_not_hang_the_shutdown(tmp_path):
+    """The rare hang behind the Ctrl-C test above, made certain: a ``KeyboardInterrupt`` after
+    rank 0 posted a batch's receive and before the node's bytes arrived freed that receive; the
+    bytes then stayed unread in the socket and gloo, freeing the pair group at shutdown, ran its
+    event loop until nothing was left to read: forever (rank 0 hung after the Ctrl-C, no
+    traceback).  The receive is kept until it ends, and the shutdown is bounded."""
+    script = tmp_path / "rank0.py"
+    script.write_text(textwrap.dedent(_INTERRUPTED_RECEIVE.format(helpers=HELPERS)))
+    path = os.pathsep.join(filter(None, [HELPERS, os.environ.get("PYTHONPATH")]))
+    rank0 = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             start_new_session=True, env={**os.environ, "PYTHONPATH": path})
+    try:
+        out, err = rank0.communicate(timeout=scaled(60))
+    finally:
+        if rank0.poll() is None:
+            os.killpg(rank0.pid, signal.SIGKILL)
+            rank0.wait()
+    text = err.decode()
+    assert rank0.returncode in (1, 130, -signal.SIGINT), (rank0.returncode, text[-3000:])
+    assert text.rstrip().splitlines()[-1].startswith("KeyboardInterrupt"), text[-3000:]
+    assert "unread bytes" not in text, text[-3000:]  # freed in time, not left to a thread
