@@ -211,14 +211,17 @@ def release_group(refs: list, timeout: float) -> bool:
     that loop, and the thread freeing the group, never ended (rank 0 hung for good after a Ctrl-C
     that landed during a batch's receive).  So the receives still posted are first given up to
     ``timeout`` seconds to finish (a stopped peer fails them at once; a live one completes what it
-    was sending), and the freeing happens in a daemon thread waited for up to ``RELEASE_S``: should
-    gloo still hang, the process does not.  Returns whether the group was freed in time."""
+    was sending), and the freeing happens in a daemon thread waited for up to ``RELEASE_S``, the
+    group last (its destructor releases the GIL): should gloo still hang, the process does not.
+    Returns whether the group was freed in time."""
     _finish(refs[1:], time.monotonic() + max(0.0, timeout))
     with contextlib.suppress(Exception):  # a group whose peer died may refuse; it is freed anyway
         refs[0].shutdown()
-    box = list(refs)
+    # The works first, the group last: the group's destructor (which ends gloo's loop) runs
+    # without the GIL; the last work's, if it ended the loop, would hold the GIL while it waits.
+    box = [*refs[1:], refs[0]]
     refs.clear()
-    freer = threading.Thread(target=box.clear, name="rlcollect-free-group", daemon=True)
+    freer = threading.Thread(target=_free_in_order, args=(box,), name="rlcollect-free-group", daemon=True)
     del box
     freer.start()
     freer.join(RELEASE_S)
@@ -227,6 +230,11 @@ def release_group(refs: list, timeout: float) -> bool:
                        "background thread (its gloo loop runs until they are read)", RELEASE_S)
         return False
     return True
+
+
+def _free_in_order(box: list) -> None:
+    while box:
+        del box[0]
 
 
 def _finish(works: list, deadline: float) -> None:
