@@ -40,6 +40,7 @@ from typing import Any
 
 from rlcollect.data import deliver
 from rlcollect.errors import WorkerError
+from rlcollect.trajectories import new_assembler
 from rlcollect.torchrl_args import check_close_env, check_hook, check_timeout, register_with_torchrl, trimmed
 from rlcollect.weights.models import update_targets
 
@@ -55,6 +56,7 @@ class CollectorBase:
 
     _version_tracker: Any = None
     _iterator: Iterator | None = None
+    _assembler: Any = None  # the TrajectoryAssembler of the iteration in progress (trajs_per_batch)
     #: Whether an exception raised while iterating shuts the collector down (its workers).
     _shutdown_on_error = False
     #: torchrl's legacy weight updater (``weight_updater=``), or None.
@@ -74,19 +76,29 @@ class CollectorBase:
     def __iter__(self) -> Iterator[Any]:
         self._check_open()
         self._check_iterable()
+        assembler = self._assembler = new_assembler(getattr(self, "config", None), self.replay_buffer)
         try:
             while self.total_frames < 0 or self._frames < self.total_frames:
                 self._check_open()  # (shut down between two batches: say so)
                 hook = self.pre_collect_hook
                 if hook is not None:
                     hook()
-                yield self._next_batch()
+                if assembler is None:
+                    yield self._next_batch()
+                    continue
+                yield from assembler.feed(self._next_batch())  # trajs_per_batch: whole trajectories
         except GeneratorExit:
             raise
         except BaseException:
             if self._shutdown_on_error:
                 self.shutdown()
             raise
+
+    def _forget_trajectories(self) -> None:
+        """The envs were reset: the trajectories being assembled (``trajs_per_batch``) are
+        dropped, running and finished alike (torchrl's)."""
+        if self._assembler is not None:
+            self._assembler.clear()
 
     def iterator(self) -> Iterator[Any]:
         """``iter(collector)`` (torchrl's name)."""
@@ -342,8 +354,10 @@ class CollectorBase:
         this collector's options."""
         cfg = self.config
         batch = trimmed(batch, getattr(cfg, "track_traj_ids", True), getattr(cfg, "compact_obs", False))
+        # (with trajs_per_batch the assembler writes whole trajectories into the buffer instead)
+        buffer = self.replay_buffer if getattr(cfg, "trajs_per_batch", None) is None else None
         return deliver(batch, storing_device=storing_device, split_trajs=cfg.split_trajs, postproc=cfg.postproc,
-                       replay_buffer=self.replay_buffer, extend_buffer=getattr(cfg, "extend_buffer", True),
+                       replay_buffer=buffer, extend_buffer=getattr(cfg, "extend_buffer", True),
                        stacked_workers=stacked_workers, post_hook=getattr(cfg, "post_collect_hook", None))
 
     # -- torchrl 0.14's collect hooks (kept in the config, where the constructor put them) -------

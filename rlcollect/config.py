@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from rlcollect.base import CollectorBase
 from rlcollect.policy import as_exploration_type
+from rlcollect.trajectories import check_traj_args
 from rlcollect.torchrl_args import (check_face, check_hook, check_recv_schemes, check_reset_when_done,
                                     check_trust_policy, endless_total_frames, random_frames, traj_limit, use_buffers,
                                     version_tracker)
@@ -232,6 +233,9 @@ class CollectorConfig:
     pre_collect_hook: Callable[[], Any] | None = dataclasses.field(default=None, repr=False, compare=False)
     post_collect_hook: Callable[[Any], Any] | None = dataclasses.field(default=None, repr=False, compare=False)
     check_finite: str | None = None
+    trajs_per_batch: int | None = None
+    trajs_per_write: int | None = None
+    traj_format: str | None = None
 
     def __post_init__(self) -> None:
         check_reset_when_done(self.reset_when_done)
@@ -240,6 +244,7 @@ class CollectorConfig:
         check_recv_schemes(self.weight_recv_schemes)
         self.use_buffers = use_buffers(self.use_buffers)
         check_face(self.track_traj_ids, self.compact_obs, self.split_trajs)
+        check_traj_args(self.trajs_per_batch, self.trajs_per_write, self.traj_format, self.split_trajs)
         self.track_policy_version, self.version_tracker = version_tracker(self.track_policy_version)
         positive_int("frames_per_batch", self.frames_per_batch)
         self.total_frames = total_frames_arg(self.total_frames)

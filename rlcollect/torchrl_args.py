@@ -226,9 +226,6 @@ DEFAULT_ONLY = {
     "auto_register_policy_transforms": ((None, False), "add the transforms the policy needs (InitTracker, the "
                                         "recurrent primers) to the env yourself"),
     "init_fn": ((None,), "run per-worker set-up in create_env_fn"),
-    "trajs_per_batch": ((None,), "collect frames_per_batch frames and split them with split_trajs=True"),
-    "trajs_per_write": ((None,), "write batches (extend_buffer=True)"),
-    "traj_format": ((None,), "use split_trajs=True (padded, with ('collector', 'mask'))"),
 }
 
 

@@ -25,6 +25,7 @@ import torch
 
 from rlcollect import torchrl_args
 from rlcollect.collector import Collector
+from rlcollect.trajectories import check_traj_args
 from rlcollect.config import (CollectorConfig, check_policy_sources, check_replay_buffer, check_weight_updater,
                               device_arg, kwargs_arg, optional_positive_int, per_member, positive_int,
                               resolve_collector_class, seconds, total_frames_arg)
@@ -161,8 +162,10 @@ ARGS_DOC = """
             ``check_finite`` (each as in ``Collector``); and torchrl 0.14's ``track_traj_ids`` (False drops
             ``("collector", "traj_ids")``), ``compact_obs`` (True drops the ``("next", ...)``
             copies of root entries), ``weight_recv_schemes`` (only None), applied in this
-            process; ``auto_register_policy_transforms``, ``init_fn``, ``trajs_per_batch``,
-            ``trajs_per_write``, ``traj_format`` at torchrl's default only (None; a
+            process; ``trajs_per_batch``, ``trajs_per_write``, ``traj_format`` (batches of
+            whole trajectories, assembled in this process from the workers' batches, as in
+            ``Collector``; not with an rlcollect ``ReplayBuffer``, which the workers write);
+            ``auto_register_policy_transforms``, ``init_fn`` at torchrl's default only (None; a
             ``ValueError`` otherwise). Any other name is a ``TypeError``.
 """
 
@@ -223,7 +226,8 @@ INNER_OPTIONS = (
     "compile_policy", "cudagraph_policy", "no_cuda_sync", "track_policy_version", "check_finite",
 )
 #: torchrl 0.14's options taken through ``**inner_options`` and applied in the main process.
-FACE_OPTIONS = ("weight_recv_schemes", "track_traj_ids", "compact_obs")
+FACE_OPTIONS = ("weight_recv_schemes", "track_traj_ids", "compact_obs", "trajs_per_batch", "trajs_per_write",
+                "traj_format")
 #: Where warnings point: the user's call (user -> collector __init__ -> MultiConfig __init__ ->
 #: __post_init__ -> a check here).
 _USER = 5
@@ -309,6 +313,9 @@ class MultiConfig:
     weight_recv_schemes: None = None
     track_traj_ids: bool = True
     compact_obs: bool = False
+    trajs_per_batch: int | None = None
+    trajs_per_write: int | None = None
+    traj_format: str | None = None
     max_policy_lag: int | None = None
     lag_policy: str = "drop"
     record: Any = None
@@ -340,6 +347,7 @@ class MultiConfig:
         if "exploration_type" in inner:  # travels as a plain string
             inner["exploration_type"] = as_exploration_type(inner["exploration_type"])
         self._workers()
+        self._trajectories()
         self._schedule()
         self._options()
         self._inference()
@@ -485,6 +493,15 @@ class MultiConfig:
             raise ValueError(f"max_policy_lag={k} with lag_policy={self.lag_policy!r}: the workers write this "
                              "rlcollect ReplayBuffer themselves, so no batch passes through this process to be "
                              "checked; use lag_policy='tag', or a replay buffer this process extends")
+
+    def _trajectories(self) -> None:
+        """``trajs_per_batch`` (assembled in this process from the workers' batches),
+        ``trajs_per_write``, ``traj_format``."""
+        check_traj_args(self.trajs_per_batch, self.trajs_per_write, self.traj_format, self.split_trajs)
+        if self.trajs_per_batch is not None and _shared_buffer(self.replay_buffer):
+            raise ValueError(f"{self.owner}: trajs_per_batch cannot be combined with an rlcollect ReplayBuffer, which "
+                             "the workers write batches into themselves; pass a torchrl ReplayBuffer (written from "
+                             "this process, whole trajectories), or no buffer and extend yours with the batches")
 
     def _inference(self) -> None:
         """``inference``, ``env_splits``, ``max_wait_us``, and what central inference rules out."""

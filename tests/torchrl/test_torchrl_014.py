@@ -306,8 +306,8 @@ def test_multiprocess_collectors_take_torchrls_other_defaults_and_refuse_the_res
                 "trajs_per_write": None, "traj_format": None}
     c = rlcollect.MultiAsyncCollector([cartpole], zero_policy(), frames_per_batch=10, total_frames=10, **defaults)
     assert [b.shape for b in run(c)] == [(10,)]
-    with pytest.raises(ValueError, match=r"trajs_per_batch=4 is not supported yet \(accepted: None"):
-        rlcollect.MultiSyncCollector([cartpole], frames_per_batch=10, trajs_per_batch=4)
+    with pytest.raises(ValueError, match=r"init_fn=<built-in function print> is not supported yet \(accepted: None"):
+        rlcollect.MultiSyncCollector([cartpole], frames_per_batch=10, init_fn=print)
 
 
 # -- torchrl's Trainer drives our collector ---------------------------------------------------------------
