@@ -79,23 +79,25 @@ class EnvGroup:
 
 
 class FlatTransitions:
-    """The ``postproc`` that gives a worker's batch ``(envs, T)`` torchrl's layout: a flat
-    ``(envs * T,)`` batch in step order (step 0 of every env, then step 1, ...) with
-    ``"env_index"`` (the env's position in ``create_env_fn``); cut to the frames left of
-    ``total_frames`` (when > 0); then the user's ``postproc``."""
+    """The ``postproc`` that gives a worker's batch ``(*rows, T)`` torchrl's layout: a flat
+    ``(rows * T,)`` batch in step order (step 0 of every env, then step 1, ...) with
+    ``"env_index"`` (the env's position in ``create_env_fn``: worker ``w``'s rows are
+    ``w * rows ...``); cut to the frames left of ``total_frames`` (when > 0); then the user's
+    ``postproc``."""
 
-    def __init__(self, envs_per_worker: int, total_frames: int, postproc: Callable | None):
-        self.envs_per_worker, self.total_frames, self.postproc = envs_per_worker, total_frames, postproc
+    def __init__(self, total_frames: int, postproc: Callable | None):
+        self.total_frames, self.postproc = total_frames, postproc
         self.delivered = 0
 
     def __call__(self, batch: Any) -> Any:
-        envs, steps = batch.shape[0], batch.shape[1]
+        steps = batch.shape[-1]
+        batch = batch.reshape(-1, steps).clone(False)  # (rows, T): an unbatched env's (T,) is one row; a new dict
+        rows = batch.shape[0]
         worker = batch.get(("collector", "worker_id"))[0, 0]
-        index = worker * self.envs_per_worker + torch.arange(envs, device=worker.device)
-        batch = batch.clone(False)
-        batch.set("env_index", index[:, None].expand(envs, steps))
-        flat = batch.apply(lambda t: t.transpose(0, 1).reshape(envs * steps, *t.shape[2:]),
-                           batch_size=[envs * steps])
+        index = worker * rows + torch.arange(rows, device=worker.device)
+        batch.set("env_index", index[:, None].expand(rows, steps))
+        flat = batch.apply(lambda t: t.transpose(0, 1).reshape(rows * steps, *t.shape[2:]),
+                           batch_size=[rows * steps])
         if self.total_frames > 0:
             left = max(self.total_frames - self.delivered, 0)
             if flat.shape[0] > left:
@@ -261,7 +263,7 @@ def async_batched_options(
         # min_batch_size > 1: wait up to server_timeout for more envs (ours: for all of them).
         "max_wait_us": 0.0 if least == 1 else float(timeout) * 1e6,
         "reset_at_each_iter": reset_at_each_iter,
-        "postproc": FlatTransitions(k, cut, postproc),
+        "postproc": FlatTransitions(cut, postproc),
         "exploration_type": exploration_type,
         "replay_buffer": replay_buffer,
         "post_collect_hook": post_collect_hook,

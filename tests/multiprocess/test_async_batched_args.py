@@ -109,12 +109,14 @@ def test_flat_transitions_are_in_step_order_with_env_index_and_cut_at_total_fram
     steps = torch.arange(5).expand(2, 5)
     batch = TensorDict({"step": steps, "row": torch.arange(2)[:, None].expand(2, 5),
                         ("collector", "worker_id"): torch.ones(2, 5, dtype=torch.int64)}, batch_size=[2, 5])
-    flat = FlatTransitions(2, 16, postproc=None)
+    flat = FlatTransitions(16, postproc=None)
     first = flat(batch)
     assert first.batch_size == torch.Size([10])
     assert first["step"].tolist() == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
     assert first["env_index"].tolist() == [2, 3] * 5  # worker 1's envs are 2 and 3 of create_env_fn
     second = flat(batch)
     assert second["step"].tolist() == [0, 0, 1, 1, 2, 2] and flat.delivered == 16
-    marked = FlatTransitions(2, -1, postproc=lambda b: b.set("seen", torch.ones(b.shape)))(batch)
+    one_env = FlatTransitions(-1, postproc=None)(batch[0])  # one unbatched env per worker: (T,)
+    assert one_env["env_index"].tolist() == [1] * 5 and one_env["step"].tolist() == [0, 1, 2, 3, 4]
+    marked = FlatTransitions(-1, postproc=lambda b: b.set("seen", torch.ones(b.shape)))(batch)
     assert marked["seen"].shape == torch.Size([10])
