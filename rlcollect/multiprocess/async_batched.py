@@ -82,7 +82,8 @@ class FlatTransitions:
     """The ``postproc`` that gives a worker's batch ``(*rows, T)`` torchrl's layout: a flat
     ``(rows * T,)`` batch in step order (step 0 of every env, then step 1, ...) with
     ``"env_index"`` (the env's position in ``create_env_fn``: worker ``w``'s rows are
-    ``w * rows ...``); cut to the frames left of ``total_frames`` (when > 0); then the user's
+    ``w * rows ...``) and ``"policy_version"`` the version that acted (torchrl's server writes
+    that; our collectors write the version when the observation came there); cut to the frames left of ``total_frames`` (when > 0); then the user's
     ``postproc``."""
 
     def __init__(self, total_frames: int, postproc: Callable | None):
@@ -96,6 +97,8 @@ class FlatTransitions:
         worker = batch.get(("collector", "worker_id"))[0, 0]
         index = worker * rows + torch.arange(rows, device=worker.device)
         batch.set("env_index", index[:, None].expand(rows, steps))
+        if ("next", "policy_version") in batch.keys(True):  # torchrl's: the version that acted
+            batch.set("policy_version", batch.get(("next", "policy_version")))
         flat = batch.apply(lambda t: t.transpose(0, 1).reshape(rows * steps, *t.shape[2:]),
                            batch_size=[rows * steps])
         if self.total_frames > 0:
@@ -339,8 +342,9 @@ class AsyncBatchedCollector(MultiAsyncCollector):
             ``policy_device``, ``env_device``, ``storing_device``; ``output_device`` None or
             the storing device; exclusive with ``device`` (default None).
         policy_version (int): the initial policy version (default 0).
-        policy_version_key (str | None): ``"policy_version"`` (default) writes the versions
-            (``"policy_version"``, ``("next", "policy_version")``); None writes none.
+        policy_version_key (str | None): ``"policy_version"`` (default) writes the version
+            that acted on each step as ``"policy_version"`` (and ``("next",
+            "policy_version")``); None writes none.
 
     Example:
         >>> import torch

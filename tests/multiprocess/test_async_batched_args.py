@@ -118,5 +118,8 @@ def test_flat_transitions_are_in_step_order_with_env_index_and_cut_at_total_fram
     assert second["step"].tolist() == [0, 0, 1, 1, 2, 2] and flat.delivered == 16
     one_env = FlatTransitions(-1, postproc=None)(batch[0])  # one unbatched env per worker: (T,)
     assert one_env["env_index"].tolist() == [1] * 5 and one_env["step"].tolist() == [0, 1, 2, 3, 4]
+    versions = batch.clone().set("policy_version", torch.zeros(2, 5, dtype=torch.int64))
+    versions.set(("next", "policy_version"), torch.full((2, 5), 3))
+    assert FlatTransitions(-1, postproc=None)(versions)["policy_version"].tolist() == [3] * 10  # the acting one
     marked = FlatTransitions(-1, postproc=lambda b: b.set("seen", torch.ones(b.shape)))(batch)
     assert marked["seen"].shape == torch.Size([10])

@@ -64,7 +64,8 @@ def layout(batch) -> dict:
 
 
 def test_same_layout_frames_and_total_frames_as_torchrl():
-    kwargs = {"policy": zero_policy(), "frames_per_batch": 40, "total_frames": 100, "envs_per_worker": 2}
+    kwargs = {"policy": zero_policy(), "frames_per_batch": 40, "total_frames": 100, "envs_per_worker": 2,
+              "policy_version": 2}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torchrl's defaults that change in 0.15
         theirs = run(trc.AsyncBatchedCollector([cartpole] * 4, env_backend="multiprocessing", **kwargs))
@@ -75,7 +76,8 @@ def test_same_layout_frames_and_total_frames_as_torchrl():
         mine_layout, their_layout = layout(mine), layout(their)
         assert set(mine_layout) - set(their_layout) == OURS_ONLY
         assert {key: mine_layout[key] for key in their_layout} == their_layout
-        assert (mine["action"] == 0).all() and (mine["policy_version"] == 0).all()
+        assert (mine["action"] == 0).all()
+        assert (mine["policy_version"] == 2).all() and (their["policy_version"] == 2).all()
         assert set(mine["env_index"].tolist()) <= {0, 1, 2, 3}
     # Both env pools step each env once per step of the others here: every env's frames come in order.
     for batch in ours:
