@@ -83,8 +83,8 @@ class FlatTransitions:
     ``(rows * T,)`` batch in step order (step 0 of every env, then step 1, ...) with
     ``"env_index"`` (the env's position in ``create_env_fn``: worker ``w``'s rows are
     ``w * rows ...``) and ``"policy_version"`` the version that acted (torchrl's server writes
-    that; our collectors write the version when the observation came there); cut to the frames left of ``total_frames`` (when > 0); then the user's
-    ``postproc``."""
+    that; our collectors write the version when the observation came there); cut to the
+    frames left of ``total_frames`` (when > 0); then the user's ``postproc``."""
 
     def __init__(self, total_frames: int, postproc: Callable | None):
         self.total_frames, self.postproc = total_frames, postproc
