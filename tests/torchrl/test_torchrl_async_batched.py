@@ -9,7 +9,6 @@ Runs in ``.venv-torchrl`` (``make test-torchrl``); skipped where torchrl is not 
 from __future__ import annotations
 
 import gc
-import warnings
 
 import pytest
 
@@ -54,7 +53,7 @@ def zero_policy() -> TensorDictModule:
 
 def run(collector) -> list:
     try:
-        return [batch.clone() for batch in collector]
+        return [None if batch is None else batch.clone() for batch in collector]
     finally:
         collector.shutdown()
 
@@ -64,12 +63,11 @@ def layout(batch) -> dict:
 
 
 def test_same_layout_frames_and_total_frames_as_torchrl():
-    kwargs = {"policy": zero_policy(), "frames_per_batch": 40, "total_frames": 100, "envs_per_worker": 2,
-              "policy_version": 2}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # torchrl's defaults that change in 0.15
-        theirs = run(trc.AsyncBatchedCollector([cartpole] * 4, env_backend="multiprocessing", **kwargs))
-    ours = run(rlcollect.AsyncBatchedCollector([cartpole] * 4, **kwargs))
+    kwargs = {"policy": zero_policy(), "frames_per_batch": 40, "total_frames": 100, "policy_version": 2}
+    # torchrl's envs in threads (its default; seconds faster to start than its processes): the
+    # layout does not depend on where the envs step.
+    theirs = run(trc.AsyncBatchedCollector([cartpole] * 4, env_backend="threading", transport="driver", **kwargs))
+    ours = run(rlcollect.AsyncBatchedCollector([cartpole] * 4, envs_per_worker=2, **kwargs))
     assert [b.batch_size for b in ours] == [b.batch_size for b in theirs] == [torch.Size([40])] * 2 + [
         torch.Size([20])]
     for mine, their in zip(ours, theirs):
@@ -125,3 +123,18 @@ def test_torchrl_literal_defaults_are_accepted():
     batches = run(collector)
     assert [b.batch_size for b in batches] == [torch.Size([10])]
     assert isinstance(collector, trc.BaseCollector)
+
+
+def test_postproc_hook_and_a_torchrl_replay_buffer_see_the_flat_batches():
+    from torchrl.data import LazyTensorStorage, ReplayBuffer
+
+    buffer = ReplayBuffer(storage=LazyTensorStorage(100))
+    seen = []
+    collector = rlcollect.AsyncBatchedCollector(
+        [cartpole] * 2, policy=zero_policy(), frames_per_batch=20, total_frames=50, envs_per_worker=2,
+        postproc=lambda batch: batch.set("marked", torch.ones(batch.shape)),
+        post_collect_hook=lambda batch: seen.append((batch.batch_size, "marked" in batch.keys())),
+        replay_buffer=buffer)
+    assert run(collector) == [None, None, None]
+    assert seen == [(torch.Size([20]), True), (torch.Size([20]), True), (torch.Size([10]), True)]
+    assert len(buffer) == 50 and buffer.sample(4)["env_index"].shape == torch.Size([4])
