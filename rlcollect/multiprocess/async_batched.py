@@ -286,8 +286,8 @@ class AsyncBatchedCollector(MultiAsyncCollector):
     ``MultiAsyncCollector``'s.
 
     Args:
-        create_env_fn (list[callable]): one env factory per env (torchrl's; an rlcollect env,
-            a torchrl env or a gymnasium id also do). Required.
+        create_env_fn (list[callable | str]): one env factory per env, returning a torchrl or
+            rlcollect env (or a gymnasium id, built as ``GymEnv(id)``). Required.
         policy (nn.Module | TensorDictModule | callable | None): the policy, run in this
             process for every env. One of ``policy`` and ``policy_factory`` is required.
         policy_factory (callable | None): called once, here, to build the policy.
