@@ -24,7 +24,7 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -107,6 +107,49 @@ class FlatTransitions:
                 flat = flat[:left]
         self.delivered += flat.shape[0]
         return flat if self.postproc is None else self.postproc(flat)
+
+
+class Trajectories:
+    """``yield_completed_trajectories=True``: the flat batches cut into the trajectories they
+    complete, each ``(L,)`` in step order, in the order they ended; each then goes through
+    ``postproc``, ``post_collect_hook`` and into ``replay_buffer`` (None is yielded) as a
+    batch would. Unfinished trajectories wait for their next frames; the collector stops once
+    ``total_frames`` (when > 0) frames were delivered in whole trajectories."""
+
+    def __init__(self, total_frames: int, postproc: Callable | None, hook: Callable | None, replay_buffer: Any):
+        self.total_frames, self.postproc, self.hook, self.replay_buffer = total_frames, postproc, hook, replay_buffer
+        self.pending: dict[int, list] = {}
+        self.delivered = 0
+
+    def done(self) -> bool:
+        return 0 < self.total_frames <= self.delivered
+
+    def cut(self, batch: Any) -> list:
+        """The trajectories ``batch`` completes, with what it leaves unfinished kept."""
+        ended = []
+        env_index = batch.get("env_index")
+        done = batch.get(("next", "done")).reshape(batch.shape[0], -1).any(-1)
+        for env in env_index.unique().tolist():
+            rows = (env_index == env).nonzero().squeeze(-1)
+            start = 0
+            for end in (done[rows].nonzero().squeeze(-1) + 1).tolist():
+                pieces = self.pending.pop(env, []) + [batch[rows[start:end]]]
+                ended.append((rows[end - 1].item(), torch.cat(pieces)))
+                start = end
+            if start < rows.numel():
+                self.pending.setdefault(env, []).append(batch[rows[start:]])
+        return [trajectory for _, trajectory in sorted(ended, key=lambda pair: pair[0])]
+
+    def deliver(self, trajectory: Any) -> Any:
+        self.delivered += trajectory.shape[0]
+        if self.postproc is not None:
+            trajectory = self.postproc(trajectory)
+        if self.hook is not None:
+            self.hook(trajectory)
+        if self.replay_buffer is None:
+            return trajectory
+        self.replay_buffer.extend(trajectory)
+        return None
 
 
 def _server_settings(server_config: Any, max_batch_size: Any, min_batch_size: Any,
@@ -224,9 +267,9 @@ def async_batched_options(
                       "the transport is built in: shared memory and one-byte pipe messages")
     if transition_chunk_size != "auto":
         _positive_int("transition_chunk_size", transition_chunk_size)  # ours: whole batches
-    if yield_completed_trajectories is not False:
-        raise _refuse("yield_completed_trajectories", yield_completed_trajectories, "False",
-                      "batches are frames_per_batch transitions; split them with rlcollect.split_trajectories")
+    if not isinstance(yield_completed_trajectories, bool):
+        raise TypeError(f"AsyncBatchedCollector: yield_completed_trajectories must be True or False, got "
+                        f"{yield_completed_trajectories!r}")
     if weight_sync is not None:
         raise _refuse("weight_sync", weight_sync, "None", "the policy object acts in this process: an update "
                       "is seen by the next forward (update_policy_weights_ moves the version)")
@@ -253,6 +296,11 @@ def async_batched_options(
     # The workers write an rlcollect ReplayBuffer themselves, each its own batches: no cut there.
     cut = -1 if isinstance(replay_buffer, ReplayBuffer) or total_frames is None or total_frames < 0 \
         else total_frames
+    trajectories = None
+    if yield_completed_trajectories:  # whole trajectories are cut and delivered by the collector itself
+        trajectories = Trajectories(-1 if total_frames is None else total_frames, postproc, post_collect_hook,
+                                    replay_buffer)
+        cut, total_frames, postproc, post_collect_hook, replay_buffer = -1, -1, None, None, None
     return {
         "create_env_fn": groups,
         # torchrl's policy_factory builds the policy of its thread server once: so do we, here.
@@ -272,6 +320,7 @@ def async_batched_options(
         "post_collect_hook": post_collect_hook,
         "track_policy_version": policy_version_key is not None,
         "policy_version": policy_version,
+        "trajectories": trajectories,
     }
 
 
@@ -325,7 +374,9 @@ class AsyncBatchedCollector(MultiAsyncCollector):
             None).
         post_collect_hook (callable | None): called with each batch after ``postproc``
             (default None).
-        yield_completed_trajectories (bool): only False (default) is supported.
+        yield_completed_trajectories (bool): yield each trajectory once it ends, ``(L,)``
+            in step order, instead of batches; ``total_frames`` then stops the collector once
+            that many frames were yielded in whole trajectories (default False).
         weight_sync (None): only None (default): the policy acts here, no weights to sync.
         weight_sync_model_id (str): accepted, without effect (default ``"policy"``).
         verbose (bool): accepted, without effect; the ``"rlcollect"`` logger logs (default
@@ -376,6 +427,22 @@ class AsyncBatchedCollector(MultiAsyncCollector):
         args = {name: value for name, value in locals().items() if name not in ("self", "__class__")}
         options = async_batched_options(**args)
         version = options.pop("policy_version")
+        self._trajectories = options.pop("trajectories")
         super().__init__(**options)
         for _ in range(version):
             self.increment_version()
+
+    def __iter__(self) -> Iterator[Any]:
+        trajectories = self._trajectories
+        if trajectories is None:
+            yield from super().__iter__()
+            return
+        batches = super().__iter__()
+        try:
+            for batch in batches:
+                for trajectory in trajectories.cut(batch):
+                    yield trajectories.deliver(trajectory)
+                    if trajectories.done():
+                        return
+        finally:
+            batches.close()

@@ -11,7 +11,7 @@ import torch
 from tensordict import TensorDict
 
 import rlcollect
-from rlcollect.multiprocess.async_batched import EnvGroup, FlatTransitions, async_batched_options
+from rlcollect.multiprocess.async_batched import EnvGroup, FlatTransitions, Trajectories, async_batched_options
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -67,7 +67,7 @@ def test_server_and_device_configs_are_read_by_field_name():
     ({"env_exchange": "pipe"}, "env_exchange='pipe' is not supported"),
     ({"transport": object()}, "transport=<object object"),
     ({"transition_chunk_size": 0}, "transition_chunk_size must be a positive int, got 0"),
-    ({"yield_completed_trajectories": True}, "yield_completed_trajectories=True is not supported; accepted: False"),
+    ({"yield_completed_trajectories": 1}, "yield_completed_trajectories must be True or False, got 1"),
     ({"weight_sync": "scheme"}, "weight_sync='scheme' is not supported; accepted: None"),
     ({"worker_affinity": [[0]]}, "worker_affinity=[[0]] is not supported; accepted: None"),
     ({"driver_affinity": [0]}, "driver_affinity=[0] is not supported; accepted: None"),
@@ -92,9 +92,8 @@ def test_refused_arguments_name_the_argument_value_and_what_is_accepted(kwargs, 
 
 
 def test_the_collector_refuses_before_starting_anything():
-    with pytest.raises(ValueError, match="yield_completed_trajectories=True is not supported"):
-        rlcollect.AsyncBatchedCollector(["CartPole-v1"], policy=act, frames_per_batch=10,
-                                        yield_completed_trajectories=True)
+    with pytest.raises(ValueError, match="weight_sync='scheme' is not supported"):
+        rlcollect.AsyncBatchedCollector(["CartPole-v1"], policy=act, frames_per_batch=10, weight_sync="scheme")
 
 
 def test_env_group_builds_its_envs_in_turn_and_each_worker_starts_at_the_first():
@@ -123,3 +122,26 @@ def test_flat_transitions_are_in_step_order_with_env_index_and_cut_at_total_fram
     assert FlatTransitions(-1, postproc=None)(versions)["policy_version"].tolist() == [3] * 10  # the acting one
     marked = FlatTransitions(-1, postproc=lambda b: b.set("seen", torch.ones(b.shape)))(batch)
     assert marked["seen"].shape == torch.Size([10])
+
+
+def test_trajectories_are_cut_where_they_end_in_the_order_they_end_and_carried_over():
+    def flat(env_index, done, step):
+        n = len(env_index)
+        return TensorDict({"env_index": torch.tensor(env_index), "step": torch.tensor(step),
+                           ("next", "done"): torch.tensor(done)[:, None]}, batch_size=[n])
+
+    cut = Trajectories(total_frames=6, postproc=None, hook=None, replay_buffer=None)
+    first = cut.cut(flat([0, 1, 0, 1], [False, True, False, False], [0, 0, 1, 1]))
+    assert [t["step"].tolist() for t in first] == [[0]]  # env 1's first trajectory; env 0's waits
+    second = cut.cut(flat([0, 1, 0, 1], [False, True, True, False], [2, 2, 3, 3]))
+    assert [(t["env_index"][0].item(), t["step"].tolist()) for t in second] == [(1, [1, 2]), (0, [0, 1, 2, 3])]
+    for trajectory in first + second:
+        cut.deliver(trajectory)
+    assert cut.delivered == 7 and cut.done()
+
+
+def test_yield_completed_trajectories_takes_over_postproc_hook_buffer_and_total_frames():
+    opts = options(yield_completed_trajectories=True, total_frames=100, postproc=print, replay_buffer=[])
+    assert (opts["total_frames"], opts["postproc"].postproc, opts["replay_buffer"]) == (-1, None, None)
+    trajectories = opts["trajectories"]
+    assert (trajectories.total_frames, trajectories.postproc, trajectories.replay_buffer) == (100, print, [])

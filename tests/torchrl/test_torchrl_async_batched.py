@@ -100,7 +100,7 @@ def test_torchrl_config_objects_are_read():
     ({"server_config": InferenceServerConfig(service_backend="process")},
      "server_config.service_backend='process' is not supported; accepted: 'thread'"),
     ({"server_config": InferenceServerConfig(static_batch_size=64)}, "server_config.static_batch_size=64"),
-    ({"yield_completed_trajectories": True}, "yield_completed_trajectories=True is not supported; accepted: False"),
+    ({"worker_affinity": [[0]]}, "worker_affinity=[[0]] is not supported; accepted: None"),
     ({"backend": "ray"}, "backend='ray' is not supported"),
     ({"envs_per_worker": 3}, "envs_per_worker=3 is not supported; accepted: a divisor of len(create_env_fn)=2"),
 ])
@@ -138,3 +138,20 @@ def test_postproc_hook_and_a_torchrl_replay_buffer_see_the_flat_batches():
     assert run(collector) == [None, None, None]
     assert seen == [(torch.Size([20]), True), (torch.Size([20]), True), (torch.Size([10]), True)]
     assert len(buffer) == 50 and buffer.sample(4)["env_index"].shape == torch.Size([4])
+
+
+def test_completed_trajectories_as_torchrl_yields_them():
+    kwargs = {"policy": zero_policy(), "frames_per_batch": 20, "total_frames": 30,
+              "yield_completed_trajectories": True}
+    theirs = run(trc.AsyncBatchedCollector([cartpole] * 2, env_backend="threading", transport="driver", **kwargs))
+    ours = run(rlcollect.AsyncBatchedCollector([cartpole] * 2, **kwargs))
+    for trajectories in (ours, theirs):
+        assert sum(t.numel() for t in trajectories) >= 30
+        assert sum(t.numel() for t in trajectories[:-1]) < 30  # stopped at the first past total_frames
+        for t in trajectories:
+            assert t.ndim == 1 and t["next", "done"][-1].all() and not t["next", "done"][:-1].any()
+            assert t["env_index"].unique().numel() == 1
+            assert torch.equal(t["observation"][1:], t["next", "observation"][:-1])
+    their_layout = {key: (shape[1:], dtype) for key, (shape, dtype) in layout(theirs[0]).items()}
+    mine_layout = {key: (shape[1:], dtype) for key, (shape, dtype) in layout(ours[0]).items()}
+    assert {key: mine_layout[key] for key in their_layout} == their_layout
