@@ -12,7 +12,9 @@ is accepted.
 A batch is what torchrl yields: ``frames_per_batch`` transitions as a flat ``(frames,)`` batch
 with ``"env_index"``. Ours are one worker's ``envs_per_worker`` envs over ``frames_per_batch /
 envs_per_worker`` steps, flattened step by step (``FlatTransitions``), so the transitions come
-in the order they were made, as torchrl's arrival order has them.
+in the order they were made, as torchrl's arrival order has them. With
+``yield_completed_trajectories=True`` the collector yields each trajectory once it ends
+(``Trajectories``), as torchrl's does.
 
 Example:
     >>> opts = async_batched_options(["CartPole-v1"] * 4, policy=lambda observation: observation.sum(-1) > 0,
