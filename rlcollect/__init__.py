@@ -17,6 +17,7 @@ __version__ = "0.1.0"
 logging.getLogger("rlcollect").addHandler(logging.NullHandler())
 
 _EXPORTS = {
+    "AsyncBatchedCollector": "rlcollect.multiprocess.async_batched",
     "BusyEnv": "rlcollect.envs.testing",
     "Collector": "rlcollect.collector",
     "CountingEnv": "rlcollect.envs.testing",
@@ -66,6 +67,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # pragma: no cover
     from rlcollect._context import current_worker_index
     from rlcollect.buffers.replay import ReplayBuffer
+    from rlcollect.multiprocess.async_batched import AsyncBatchedCollector
     from rlcollect.collector import Collector
     from rlcollect.data import split_trajectories
     from rlcollect.distributed.collector import DistributedCollector, DistributedDataCollector

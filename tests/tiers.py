@@ -21,7 +21,8 @@ import pytest
 
 #: What a test module names when it starts processes.
 STARTS_PROCESSES = (
-    "MultiSyncCollector", "MultiAsyncCollector", "MultiCollector", "DistributedCollector", "subprocess",
+    "MultiSyncCollector", "MultiAsyncCollector", "MultiCollector", "AsyncBatchedCollector", "DistributedCollector",
+    "subprocess",
     "multiprocessing", "os.fork", "run_node", "runpytest_subprocess", "ReplayBuffer(", "collector_class",
     "mp_helpers", "dist_helpers", "launcher=",
 )
