@@ -7,6 +7,16 @@ stays a map:
 - ``tiers.py``: the ``processes`` marker, set on every test that may start a process, and
   ``make test-fast`` (``-m "not processes"``), in which starting a process fails the test;
 - ``procs.py`` (not a plugin): pid / descendants / /dev/shm helpers for any test.
+
+It also gives SIGINT back its default handler when the suite was started with it ignored: a
+shell starts a background job (``make test &``, ``nohup``) with SIGINT ignored, every process the
+tests start inherits that, and the Ctrl-C tests' scripts then never see their Ctrl-C (they ran
+until the tests' timeouts). A user's interactive Python always has the default handler.
 """
 
+import signal
+
 pytest_plugins = ["pytester", "leaks", "tiers"]
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
