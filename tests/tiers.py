@@ -24,7 +24,7 @@ STARTS_PROCESSES = (
     "MultiSyncCollector", "MultiAsyncCollector", "MultiCollector", "AsyncBatchedCollector", "DistributedCollector",
     "subprocess",
     "multiprocessing", "os.fork", "run_node", "runpytest_subprocess", "ReplayBuffer(", "collector_class",
-    "mp_helpers", "dist_helpers", "launcher=",
+    "mp_helpers", "dist_helpers", "ray_helpers", "launcher=",
 )
 
 #: Modules whose tests start processes through what they run (the docs' examples).
