@@ -27,6 +27,7 @@ from rlcollect.metrics import BatchClock, StepTimes, batch_meta, policy_lag, sta
 from rlcollect.profiling import RolloutProfiler
 from rlcollect.policy import exploration_scope, has_weights, load_weights, make_runner
 from rlcollect.rollout import build_env, make_rollout
+from rlcollect.trajectories import new_assembler
 from rlcollect import torchrl_args
 from rlcollect.base import CollectorBase, FromConfig
 from rlcollect.weights.local import LocalWeights, acting_policy, place_env
@@ -337,7 +338,10 @@ class Collector(CollectorBase):
             raise RuntimeError("start() needs a replay_buffer: batches collected in the background go there")
         if self._loop is not None:
             raise RuntimeError("start() was already called; use pause() to stop writing for a while")
-        self._loop = BackgroundLoop(self._next_batch, name="rlcollect-collector")
+        # (trajs_per_batch: whole trajectories go to the buffer, as when iterating)
+        assembler = self._assembler = new_assembler(self.config, self.replay_buffer)
+        step = self._next_batch if assembler is None else (lambda: assembler.feed(self._next_batch()))
+        self._loop = BackgroundLoop(step, name="rlcollect-collector")
         self._loop.start()
 
     @contextlib.contextmanager

@@ -6,6 +6,8 @@ The comparison with torchrl's own collector is in tests/torchrl/test_torchrl_tra
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -175,3 +177,31 @@ def test_reset_at_each_iter_drops_the_trajectories_each_batch_cuts():
     lengths = [len(ids) for batch in c for ids, done in rows_of(batch) if check_whole(ids, done) is None]
     c.shutdown()
     assert lengths and max(lengths) <= 12  # none spans two batches: each batch starts fresh
+
+
+def test_running_free_writes_whole_trajectories_into_the_buffer():
+    rb = ReplayBuffer(50_000)
+    c = Collector("CartPole-v1", frames_per_batch=20, trajs_per_batch=1, replay_buffer=rb)
+    c.set_seed(7)
+    c.start()
+    deadline = time.monotonic() + 60
+    while rb.write_count < 200 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    c.async_shutdown()
+    stored = rb[: len(rb)]
+    rb.close()
+    done = stored["next", "done"][:, 0]
+    assert len(done) >= 200 and bool(done[-1])  # nothing lost, nothing unfinished written
+    ends = done.nonzero().flatten().tolist()
+    for s, e in zip([0] + [e + 1 for e in ends[:-1]], ends):
+        check_whole(stored["collector", "traj_ids"][s:e + 1], done[s:e + 1])
+
+
+def test_the_multi_process_collectors_refuse_to_run_free_with_trajs_per_batch():
+    c = MultiSyncCollector("CartPole-v1", num_workers=2, frames_per_batch=20, trajs_per_batch=2,
+                           replay_buffer=CountingBuffer())
+    try:
+        with pytest.raises(RuntimeError, match=r"start\(\) cannot assemble whole trajectories"):
+            c.start()
+    finally:
+        c.shutdown()

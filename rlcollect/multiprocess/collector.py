@@ -464,6 +464,10 @@ class MultiCollectorBase(CollectorBase):
             raise RuntimeError("start() was already called; use pause() to stop writing for a while")
         if self.config.record is not None or self.config.replay is not None:
             raise RuntimeError("start() cannot record or replay a run: use iteration with record= / replay=")
+        if self.config.trajs_per_batch is not None:
+            raise RuntimeError("start() cannot assemble whole trajectories (trajs_per_batch) in the multi-process "
+                               "collectors: iterate instead (a torchrl buffer gets whole trajectories), or use "
+                               "Collector.start()")
         with self._guard():
             self._gather.discard()
             self._free.start(self._next_batch_guarded)
