@@ -8,7 +8,6 @@ Runs in ``.venv-torchrl`` (``make test-torchrl``); skipped where torchrl is not 
 
 from __future__ import annotations
 
-import gc
 
 import pytest
 
@@ -23,13 +22,6 @@ from torchrl.envs import GymEnv  # noqa: E402
 import rlcollect  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
-
-
-@pytest.fixture(autouse=True)
-def _collect_torchrl_objects():
-    """torchrl's objects may hold multiprocessing locks until collected."""
-    yield
-    gc.collect()
 
 
 class Zero(nn.Module):

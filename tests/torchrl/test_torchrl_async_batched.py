@@ -8,7 +8,6 @@ Runs in ``.venv-torchrl`` (``make test-torchrl``); skipped where torchrl is not 
 
 from __future__ import annotations
 
-import gc
 
 import pytest
 
@@ -29,13 +28,6 @@ pytestmark = pytest.mark.timeout(180)
 #: the version again where our metrics read it) and the version that acted on each step.
 OURS_ONLY = {("collector", "traj_ids"), ("collector", "worker_id"), ("collector", "policy_version"),
              ("next", "policy_version")}
-
-
-@pytest.fixture(autouse=True)
-def _collect_torchrl_objects():
-    """torchrl's objects may hold multiprocessing locks until collected."""
-    yield
-    gc.collect()
 
 
 class Zero(nn.Module):

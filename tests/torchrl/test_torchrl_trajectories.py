@@ -7,7 +7,6 @@ Runs in ``.venv-torchrl`` (``make test-torchrl``); skipped where torchrl is not 
 
 from __future__ import annotations
 
-import gc
 import warnings
 
 import pytest
@@ -27,12 +26,6 @@ import rlcollect  # noqa: E402
 pytestmark = pytest.mark.timeout(180)
 KEYS = ["observation", "action", ("next", "observation"), ("next", "reward"), ("next", "done"),
         ("next", "terminated"), ("collector", "traj_ids")]
-
-
-@pytest.fixture(autouse=True)
-def _collect_torchrl_objects():
-    yield
-    gc.collect()
 
 
 class Lean(nn.Module):
