@@ -7,24 +7,29 @@ torchrl's public methods with their argument checks: ``shutdown``, ``set_seed``,
 ``load_state_dict``, ``update_policy_weights_`` (with the hand-off to a ``weight_updater``),
 ``frames_per_batch_worker``, ``next()``, ``increment_version()``, ``get_policy_version()``.
 
-A subclass provides only what differs: ``_next_batch()``, ``total_frames``, ``_frames``,
+A subclass provides only what differs: ``_collect_next()`` (the next batch and where it is
+delivered: this base delivers it), ``total_frames``, ``_frames``,
 ``_closed``, ``_batch_frames()`` (the frames of one yielded batch, for ``len()``),
 ``_release(timeout)`` (shut down), ``_seed``, ``_load``, ``_push_weights``, ``_members`` and
 ``_member_frames`` (its workers or nodes); everything else (workers, weights, free running,
 statistics) is composed from collaborators in its own module.
 
 Example:
+    >>> import torch
+    >>> from types import SimpleNamespace
+    >>> from tensordict import TensorDict
     >>> class Counter(CollectorBase):
     ...     total_frames, _frames, _closed = 6, 0, False
-    ...     def _next_batch(self):
+    ...     config = SimpleNamespace(split_trajs=False, postproc=None)  # (delivery's options)
+    ...     def _collect_next(self):
     ...         self._frames += 2
-    ...         return self._frames
+    ...         return TensorDict({"frames": torch.tensor(self._frames)}, []), {}
     ...     def _batch_frames(self):
     ...         return 2
     ...     def _release(self, timeout):
     ...         self._closed = True
     >>> with Counter() as c:
-    ...     len(c), list(c)
+    ...     len(c), [batch["frames"].item() for batch in c]
     (3, [2, 4, 6])
     >>> c.increment_version(); c.get_policy_version()
     1
@@ -35,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import operator
 from collections.abc import Iterator
 from typing import Any
 
@@ -93,6 +99,23 @@ class CollectorBase:
             if self._shutdown_on_error:
                 self.shutdown()
             raise
+
+    def _next_batch(self) -> Any:
+        """The next batch, collected (``_collect_next``) and delivered: the batch, or None when
+        it went to the replay buffer."""
+        batch, where = self._collect_next()
+        after = where.pop("after", None)
+        try:
+            return None if batch is None else self._deliver(batch, **where)
+        finally:
+            if after is not None:
+                after()
+
+    def _collect_next(self) -> tuple[Any, dict]:
+        """``(batch, where)``: the next batch (None when it was written into the replay buffer
+        already) and the keyword arguments of its delivery (``_deliver``'s), with ``"after"``:
+        a callable to run once it is delivered (or its delivery failed), if any."""
+        raise NotImplementedError
 
     def _forget_trajectories(self) -> None:
         """The envs were reset: the trajectories being assembled (``trajs_per_batch``) are
@@ -353,7 +376,9 @@ class CollectorBase:
         """A finished batch to the user (or the replay buffer): ``rlcollect.data.deliver`` with
         this collector's options."""
         cfg = self.config
-        batch = trimmed(batch, getattr(cfg, "track_traj_ids", True), getattr(cfg, "compact_obs", False))
+        track_traj_ids, compact_obs = getattr(cfg, "track_traj_ids", True), getattr(cfg, "compact_obs", False)
+        if compact_obs or not track_traj_ids:
+            batch = trimmed(batch, track_traj_ids, compact_obs)
         # (with trajs_per_batch the assembler writes whole trajectories into the buffer instead)
         buffer = self.replay_buffer if getattr(cfg, "trajs_per_batch", None) is None else None
         return deliver(batch, storing_device=storing_device, split_trajs=cfg.split_trajs, postproc=cfg.postproc,
@@ -457,19 +482,19 @@ class CollectorBase:
         yield
         self.update_policy_weights_()
 
-    @property
-    def _version(self) -> int:
-        return self.__dict__.get("_version_value", 0)
+    _version_value = 0
 
-    @_version.setter
-    def _version(self, value: int) -> None:
+    def _store_version(self, value: int) -> None:
         # Every bump (weight updates included) moves the user's torchrl PolicyVersion too.
-        old = self.__dict__.get("_version_value", 0)
-        self.__dict__["_version_value"] = value
+        old = self._version_value
+        self._version_value = value
         tracker = self._version_tracker
         if tracker is not None:
             for _ in range(max(0, value - old)):
                 tracker.increment_version()
+
+    #: The policy version acting now (read without a call into Python: it is read per batch).
+    _version = property(operator.attrgetter("_version_value"), _store_version)
 
     @property
     def policy_version(self) -> int:

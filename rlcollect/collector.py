@@ -201,7 +201,7 @@ class Collector(CollectorBase):
     def _random_now(self) -> bool:
         return torchrl_args.frames_written(self.replay_buffer, self._frames) < self.config.init_random_frames
 
-    def _next_batch(self) -> TensorDict | None:
+    def _collect_next(self) -> tuple[TensorDict, dict]:
         cfg = self.config
         if self._started_at is None:
             self._started_at = time.perf_counter()
@@ -218,7 +218,7 @@ class Collector(CollectorBase):
         self._last_batch_s = time.perf_counter() - start
         if self._first_batch is None:  # stats()["fps_steady"] counts from here
             self._first_batch = (self._frames, time.perf_counter() - self._started_at)
-        return self._deliver(batch, storing_device=cfg.storing_device_or_default)
+        return batch, {"storing_device": cfg.storing_device_or_default}
 
     def collect_into(self, buf: BatchBuffer, random: bool = False, stop: Any = None) -> int:
         """Fill ``buf`` (a ``BatchBuffer`` of ``layout``) with the next batch, in place; returns

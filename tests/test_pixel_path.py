@@ -24,7 +24,7 @@ from tensordict.nn import TensorDictModuleBase
 
 import rlcollect.data as data_module
 from rlcollect.multiprocess.slots import StackedSlots
-import rlcollect.multiprocess.shm as shm_module
+import rlcollect.multiprocess.slots as slots_module
 import rlcollect.rollout as rollout_module
 from rlcollect import CountingEnv, GymEnv, MultiSyncCollector
 from rlcollect.data import BatchBuffer
@@ -247,7 +247,7 @@ def test_collector_return_same_td_refills_one_buffer(make_collector):
 def _sync(stacked: bool, monkeypatch, cat_results="stack", workers: int = 2):
     with monkeypatch.context() as patch:
         if not stacked:
-            patch.setattr(shm_module, "_use_count", None)  # the copying gather
+            patch.setattr(slots_module, "_use_count", None)  # the copying gather
         collector = MultiSyncCollector(
             functools.partial(CountingEnv, max_steps=7, batch_size=[ROWS], obs_dim=1024), None,
             num_workers=workers, frames_per_batch=workers * ROWS * T, total_frames=-1, cat_results=cat_results,

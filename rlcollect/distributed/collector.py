@@ -331,7 +331,7 @@ class DistributedCollector(CollectorBase):
     def _batch_frames(self) -> int:  # len() (rlcollect/base.py)
         return self.frames_per_batch
 
-    def _next_batch(self) -> TensorDict:
+    def _collect_next(self) -> tuple[TensorDict, dict]:
         with self._guard():
             started = time.perf_counter()
             frames_before = self._frames
@@ -341,7 +341,7 @@ class DistributedCollector(CollectorBase):
             if self._first_batch is None:  # stats()["fps_steady"] counts from here
                 self._first_batch = (self._frames, time.perf_counter() - self._started_at)
         self._iter += 1
-        return self._deliver(batch, storing_device=self.config.storing_device)
+        return batch, {"storing_device": self.config.storing_device}
 
     def _next_one(self) -> TensorDict:
         self._pool.maybe_check()  # also when batches keep coming from the other nodes

@@ -189,14 +189,18 @@ class MultiCollectorBase(CollectorBase):
     _iter = property(lambda self: self._stats.batches, lambda self, v: setattr(self._stats, "batches", v))
 
     # -- iteration ---------------------------------------------------------------------------------
-    def _next_batch(self) -> TensorDict | None:
+    def _collect_next(self) -> tuple[TensorDict | None, dict]:
         # (no _guard: iteration shuts the collector down on any error, _shutdown_on_error)
+        gather = self._gather
         try:
-            batch, where = self._gather.next_batch(self._version, self._update_each_batch)
-            self._iter += 1
-            return None if batch is None else self._deliver(batch, **where)
-        finally:
-            self._gather.release()
+            batch, where = gather.next_batch(self._version, self._update_each_batch)
+        except BaseException:
+            gather.release()
+            raise
+        self._iter += 1
+        if gather.held:  # (max_policy_lag) no version moves until the batch is delivered
+            where["after"] = gather.release
+        return batch, where
 
     def _next_batch_guarded(self) -> TensorDict | None:  # (free running: a failure shuts down)
         with self._guard():

@@ -26,8 +26,7 @@ from rlcollect.envs.base import ArraySpec
 from rlcollect.errors import WorkerError
 from rlcollect.metrics import policy_lag
 from rlcollect.multiprocess import protocol as P
-from rlcollect.multiprocess import shm
-from rlcollect.multiprocess.slots import StackedSlots, WorkerSlots, check_layouts
+from rlcollect.multiprocess.slots import StackedSlots, WorkerSlots, can_count_references, check_layouts
 from rlcollect.torchrl_args import frames_written, random_batches
 
 #: ``update(index)``: the collector's weight update with each batch (``update_at_each_batch``;
@@ -109,11 +108,13 @@ class SyncGather(_Gather):
         first = layouts[0]
         # A view needs one layout for all and a gather that is a stack (or a cat along dim 0);
         # workers that write into a replay buffer deliver nothing.
-        stacked = (shm.can_count_references() and not config.workers_write
+        stacked = (can_count_references() and not config.workers_write
                    and all(lay == first for lay in layouts[1:])
                    and (config.cat_results == "stack" or (cat_dim == 0 and config.preemptive_threshold is None
                                                           and len(first.batch_size) > 0)))
-        return StackedSlots(first, len(layouts)) if stacked else WorkerSlots(layouts, 1)
+        if stacked:
+            return StackedSlots(first, len(layouts), stacked=config.cat_results == "stack")
+        return WorkerSlots(layouts, 1)
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -131,19 +132,19 @@ class SyncGather(_Gather):
             version = update(None)
         started = time.perf_counter()
         infos = self.collect_all(self.random_now())
-        self.stats.wait.add(time.perf_counter() - started)
+        waited = time.perf_counter() - started
         if self.config.workers_write:  # the workers put their parts into the replay buffer
-            self._account(infos, version)
+            self._account(infos, version, waited)
             self.stats.last_batch_s = time.perf_counter() - started
             return None, {}
-        batch = self._gather(infos, version)
+        batch = self._gather(infos, version, waited)
         self.stats.last_batch_s = time.perf_counter() - started
         return batch, {"storing_device": self.config.storing_devices[0],
                        "stacked_workers": self.config.cat_results == "stack"}
 
-    def _account(self, infos: list[dict], version: int) -> int:
+    def _account(self, infos: list[dict], version: int, waited: float) -> int:
         valid = sum(info["frames"] for info in infos)
-        self.stats.note_batch(list(enumerate(infos)), version)
+        self.stats.note_batch(list(enumerate(infos)), version, waited)
         self.stats.frames += valid
         self.stats.last_batch_frames = valid
         return valid
@@ -168,26 +169,36 @@ class SyncGather(_Gather):
         for stop in self.stops:
             stop[0] = 0
         deadlines: dict[int, float] = {}
-        current = self.current
-
-        def start(i: int) -> None:
-            pool.send(i, P.COLLECT, current, random)
-            if timeout_s is not None:
-                deadlines[i] = time.monotonic() + timeout_s
+        current = self.slots.current if self.stacked else 0
 
         def start_or_recover(i: int) -> None:
-            """``start(i)``; a worker found dead by it (killed since its last batch) is replaced
-            first, as often as the restart policy allows."""
+            """Ask worker ``i`` for its share; one found dead (killed since its last batch) is
+            replaced first, as often as the restart policy allows."""
             while True:
                 try:
-                    start(i)
-                    return
+                    pool.send(i, P.COLLECT, current, random)
+                    break
                 except WorkerError as err:
                     if err.worker_index != i:
                         raise
                     self.restarts.recover(i, err)
+            if timeout_s is not None:
+                deadlines[i] = time.monotonic() + timeout_s
 
+        # Every worker asked in one pass (no call of ours between two sends); those found dead
+        # are replaced and asked after the others have started.
+        dead: list[tuple[int, WorkerError]] = []
         for i in range(n):
+            try:
+                pool.send(i, P.COLLECT, current, random)
+            except WorkerError as err:
+                if err.worker_index != i:
+                    raise
+                dead.append((i, err))
+        if timeout_s is not None:
+            deadlines = dict.fromkeys(range(n), time.monotonic() + timeout_s)
+        for i, err in dead:
+            self.restarts.recover(i, err)
             start_or_recover(i)
         threshold = self.config.preemptive_threshold
         need = n if threshold is None else max(1, math.ceil(threshold * n))
@@ -217,11 +228,11 @@ class SyncGather(_Gather):
                     self.stops[i][0] = 1
         return infos
 
-    def _gather(self, infos: list[dict], version: int) -> TensorDict:
-        valid = self._account(infos, version)
+    def _gather(self, infos: list[dict], version: int, waited: float) -> TensorDict:
+        valid = self._account(infos, version, waited)
         cat_results = self.config.cat_results
-        if self.stacked:  # the batch is a view of the stacked slot the workers wrote
-            return _name_time(self.slots.batch(stacked=cat_results == "stack"))
+        if self.stacked:  # the batch is a view of the stacked slot the workers wrote (named)
+            return self.slots.batch()
         tds = [self.slots.buffer(i, 0).td for i in range(self.num_workers)]
         if cat_results == "stack":
             return _name_time(torch.stack(tds, 0))
@@ -287,12 +298,13 @@ class AsyncGather(_Gather):
         self.progress: list[float] = [time.monotonic()] * n
         self.armed = False
         self.rotation = 0
+        self.waited = 0.0  # the main process's wait for the batch being delivered (stats.wait)
         # init_random_frames as torchrl's MultiAsyncCollector counts it (random_batches): the
         # random batches asked for and those not delivered yet, which go out before any other.
         self.random_asked = 0
         self.random_pending: set[tuple[int, int]] = set()
         # Batches delivered as views of their slot (lent until nothing refers to them).
-        self.views = shm.can_count_references() and not self.config.workers_write
+        self.views = can_count_references() and not self.config.workers_write
         # max_policy_lag: batches more than `bound` versions behind at delivery are dropped;
         # lag_policy="wait" (`waiting`) also keeps at most bound + 1 batches started (in
         # `order`, delivered in that order), the others `parked` until the next batch is asked
@@ -392,7 +404,7 @@ class AsyncGather(_Gather):
         while (taken := self._pop_ready()) is None:
             self._poll(random)
         if lending:
-            self.stats.wait.add(time.perf_counter() - started)
+            self.waited += time.perf_counter() - started  # (counted with the batch it delivers)
         index, info = taken
         self.random_pending.discard((index, info["slot"]))
         return index, info, started
@@ -496,7 +508,8 @@ class AsyncGather(_Gather):
 
     def _account(self, index: int, info: dict, started: float, version: int) -> None:
         self.stats.frames += info["frames"]
-        self.stats.note_batch([(index, info)], version)
+        self.stats.note_batch([(index, info)], version, self.waited)
+        self.waited = 0.0
         self.stats.last_batch_frames = info["frames"]
         self.stats.last_batch_s = time.perf_counter() - started
 

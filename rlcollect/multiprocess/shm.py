@@ -2,9 +2,9 @@
 
 Each slot is one flat shared-memory byte tensor (one file descriptor, not one per field),
 carved (rlcollect/data.py) into the typed ``(n, T, *feature)`` arrays of a :class:`BatchLayout`.
-This module allocates them (once, before collecting) and tells when nothing refers to one any
-more.  The main process
-allocates the slots once from the layout a worker reports; the worker writes a batch into a
+This module allocates them (once, before collecting; when nothing refers to one any more is
+told by rlcollect/multiprocess/slots.py, which lends them).  The main process allocates the
+slots once from the layout a worker reports; the worker writes a batch into a
 slot and only sends a short "ready" reply.
 
 A *stacked* slot holds the batches of ``parts`` workers with the same layout field by field:
@@ -24,8 +24,7 @@ import torch
 
 from rlcollect.data import BatchLayout, field_bytes, stacked_layout
 
-__all__ = ["SHM_DIR", "POISON", "allocate_slot", "allocate_stacked", "can_count_references", "check_free_space",
-           "references", "slot_bytes"]
+__all__ = ["SHM_DIR", "POISON", "allocate_slot", "allocate_stacked", "check_free_space", "slot_bytes"]
 
 #: Where torch's shared memory lives (``shm_open``); its free space is checked before allocating.
 SHM_DIR = "/dev/shm"
@@ -53,28 +52,6 @@ def _full(needed: int, free: int | None, what: str) -> OSError:
         f"not enough shared memory for {what}: {_human(needed)} are needed in {SHM_DIR} but {have}. Free space "
         f"there (leftovers of killed programs?), make it bigger (docker run --shm-size=...), or lower "
         f"frames_per_batch or num_workers"))
-
-
-_use_count = getattr(torch._C, "_storage_Use_Count", None)
-
-
-def can_count_references() -> bool:
-    """Whether :func:`references` works with this torch (a batch is delivered as a view of a
-    slot only then: otherwise nothing tells when the user let go of it)."""
-    return _use_count is not None
-
-
-def references(flat: torch.Tensor) -> int:
-    """How many tensors (and arrays made from them) in this process refer to ``flat``'s memory.
-
-    Example:
-        >>> flat = torch.zeros(8, dtype=torch.uint8)
-        >>> before = references(flat)
-        >>> view = flat[2:4]
-        >>> references(flat) - before
-        1
-    """
-    return _use_count(flat.untyped_storage()._cdata)
 
 
 def check_free_space(needed: int, what: str) -> None:

@@ -10,7 +10,9 @@ slot is reclaimed (nothing outside the collector refers to its memory any more).
   user still holds both, the workers write into a third, reserve slot and the batch is copied
   out of it (a slot is one file descriptor: batches kept by the hundred must not each hold one).
 
-Neither calls the worker pool: whoever hands the slots to the workers asks ``handed(i)``.
+Neither calls the worker pool: whoever hands the slots to the workers asks ``handed(i)``. A
+lent batch is told apart by counting the tensors that refer to a slot's memory
+(:func:`references`).
 
 Example:
     >>> import numpy as np, torch
@@ -34,11 +36,31 @@ import gc
 import torch
 
 from rlcollect.data import BatchBuffer, BatchLayout, SlotPart, slot_buffer, stacked_tensors
-from rlcollect.multiprocess.shm import (allocate_slot, allocate_stacked, can_count_references, check_free_space,
-                                        references, slot_bytes)
+from rlcollect.multiprocess.shm import allocate_slot, allocate_stacked, check_free_space, slot_bytes
 
 #: Stacked slots kept: the batch the user holds while the next one is collected, and that one.
 STACKED_SLOTS = 2
+
+_use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+
+def can_count_references() -> bool:
+    """Whether :func:`references` works with this torch (a batch is delivered as a view of a
+    slot only then: otherwise nothing tells when the user let go of it)."""
+    return _use_count is not None
+
+
+def references(flat: torch.Tensor) -> int:
+    """How many tensors (and arrays made from them) in this process refer to ``flat``'s memory.
+
+    Example:
+        >>> flat = torch.zeros(8, dtype=torch.uint8)
+        >>> before = references(flat)
+        >>> view = flat[2:4]
+        >>> references(flat) - before
+        1
+    """
+    return _use_count(flat.untyped_storage()._cdata)
 
 
 class WorkerSlots:
@@ -58,6 +80,8 @@ class WorkerSlots:
         self.layouts = layouts
         self.flats = [[allocate_slot(layout) for _ in range(per_worker)] for layout in layouts]
         self.buffers = [[slot_buffer(flat, layout) for flat in flats] for flats, layout in zip(self.flats, layouts)]
+        # Each slot's TensorDict, built once: a lent batch is a fresh view of it (view()).
+        self.templates = [[buffer.td for buffer in buffers] for buffers in self.buffers]
         self._own: list[list[int]] = []
         self._lent: list[set[int]] = [set() for _ in layouts]
 
@@ -77,9 +101,10 @@ class WorkerSlots:
         return self.buffers[index][slot]
 
     def view(self, index: int, slot: int):
-        """A fresh TensorDict view of the slot (the collector's own views must not change in
-        number: a lent batch is told apart by the references beyond them)."""
-        return slot_buffer(self.flats[index][slot], self.layouts[index]).td
+        """A fresh TensorDict view of the slot (each leaf a new tensor on the slot's memory:
+        the collector's own views must not change in number, a lent batch is told apart by
+        the references beyond them)."""
+        return self.templates[index][slot].apply(torch.Tensor.detach)
 
     def lend(self, index: int, slot: int) -> None:
         self._lent[index].add(slot)
@@ -109,16 +134,21 @@ class StackedSlots:
     Args:
         layout: the layout every worker reported.
         num_workers: the number of workers.
+        stacked: the delivered batch's shape: ``(N, *env_batch, T)`` (True), or the workers'
+            batches concatenated along the first dim (False).
     """
 
-    def __init__(self, layout: BatchLayout, num_workers: int):
+    def __init__(self, layout: BatchLayout, num_workers: int, stacked: bool = True):
         n = self.num_workers = num_workers
-        self.layout = layout
+        self.layout, self.stacked = layout, stacked
         check_free_space(STACKED_SLOTS * n * slot_bytes(layout),
                          f"the batch slots of {n} workers ({STACKED_SLOTS} shared stacked slots)")
         self.parts: list[list[SlotPart]] = [[] for _ in range(n)]
         self.buffers: list[list[BatchBuffer]] = [[] for _ in range(n)]
         self.sets: list[tuple[torch.Tensor, int]] = []  # (flat slot, its references in the collector)
+        # Each slot's delivered batch, built once: a batch is a fresh view of it (torch.Tensor.detach
+        # of each leaf), so that the user's batch refers to the slot's memory on its own.
+        self.templates: list = []
         self.current = 0  # the slot (of each worker) the next batch is collected into
         for _ in range(STACKED_SLOTS):
             self._new_set()
@@ -141,6 +171,9 @@ class StackedSlots:
             part = SlotPart(flat, i, n)
             self.parts[i].append(part)
             self.buffers[i].append(slot_buffer(part, layout))
+        size = (n, *layout.batch_size) if self.stacked else (n * layout.batch_size[0], *layout.batch_size[1:])
+        self.templates.append(BatchBuffer(BatchLayout(layout.fields, torch.Size(size), layout.time),
+                                          tensors=stacked_tensors(flat, layout, n)).td)
         self.sets.append((flat, references(flat)))
 
     def pick(self) -> bool:
@@ -164,18 +197,13 @@ class StackedSlots:
         self.current = STACKED_SLOTS
         return made
 
-    def batch(self, stacked: bool):
+    def batch(self):
         """The batch the workers just wrote, as a view of the current stacked slot (copied out
-        of the reserve); ``stacked``: shape ``(N, *env_batch, T)``, else concatenated along the
-        first dim."""
-        layout, n = self.layout, self.num_workers
-        flat = self.sets[self.current][0]
-        size = (n, *layout.batch_size) if stacked else (n * layout.batch_size[0], *layout.batch_size[1:])
-        batch = BatchBuffer(BatchLayout(layout.fields, torch.Size(size), layout.time),
-                            tensors=stacked_tensors(flat, layout, n)).td
+        of the reserve), named ``(..., "time")``."""
+        template = self.templates[self.current]
         if self.current == STACKED_SLOTS:  # the reserve: the batch is copied out
-            batch = batch.clone()
-        return batch
+            return template.clone()
+        return template.apply(torch.Tensor.detach)
 
 
 def check_layouts(layouts: list[BatchLayout], cat_results: str | int) -> int | None:

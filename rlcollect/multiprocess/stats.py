@@ -40,13 +40,16 @@ class WorkerStats:
         self.last_batch_frames = 0
         self.first_batch: tuple[int, float] | None = None  # (frames, seconds since started_at): fps_steady
 
-    def note_batch(self, parts: list[tuple[int, dict]], version: int) -> None:
+    def note_batch(self, parts: list[tuple[int, dict]], version: int, waited: float | None = None) -> None:
         """Account for the worker replies ``(worker, info)`` one batch is made of: per-worker
-        frames, versions and env-step latency, and the batch's policy lag behind ``version``."""
+        frames, versions and env-step latency, the batch's policy lag behind ``version``, and
+        ``waited``: the seconds the main process waited for it (None: not counted)."""
         metas = []
         for i, info in parts:
             self.note_worker(i, info)
             metas.append(info["meta"])
+        if waited is not None:
+            self.wait.add(waited)
         self.last_meta = merge_meta(metas)
         self.lag = policy_lag(version, metas)
         if self.first_batch is None:
