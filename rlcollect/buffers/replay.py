@@ -309,7 +309,11 @@ class ReplayBuffer(Checkpointing):
         return int(self._open_region().header[WRITE_COUNT])
 
     def __len__(self) -> int:
-        """Frames stored now (at most ``capacity``; frames still being written count)."""
+        """Frames stored now (at most ``capacity``).
+
+        Slots still being written count, and so do those of a write that failed (a writer killed
+        mid-write): indexing raises RuntimeError for those, :meth:`sample` skips them.
+        """
         return int(self._open_region().header[SIZE])
 
     def __repr__(self) -> str:
