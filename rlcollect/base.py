@@ -76,15 +76,16 @@ class CollectorBase:
     _in_updater = False
     #: The private methods a collector may override (besides those that raise
     #: NotImplementedError here): hooks with a default (tests/test_architecture.py).
-    _HOOKS = ("_check_iterable", "_name_when_closed", "_members", "_fatal_error")
+    _HOOKS = ("_check_iterable", "_name_when_closed", "_members", "_fatal_error", "_frame_target", "_shut_down_after")
 
     # -- iteration -------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         self._check_open()
         self._check_iterable()
         assembler = self._assembler = new_assembler(getattr(self, "config", None), self.replay_buffer)
+        target = self._frame_target()
         try:
-            while self.total_frames < 0 or self._frames < self.total_frames:
+            while target < 0 or self._frames < target:
                 self._check_open()  # (shut down between two batches: say so)
                 hook = self.pre_collect_hook
                 if hook is not None:
@@ -95,10 +96,18 @@ class CollectorBase:
                 yield from assembler.feed(self._next_batch())  # trajs_per_batch: whole trajectories
         except GeneratorExit:
             raise
-        except BaseException:
+        except BaseException as err:
             if self._shutdown_on_error:
-                self.shutdown()
+                self._shut_down_after(err)
             raise
+
+    def _frame_target(self) -> int:
+        """The frame count this iteration stops at (negative: never): ``total_frames``."""
+        return self.total_frames
+
+    def _shut_down_after(self, err: BaseException) -> None:
+        """Shut down because ``err`` ended the iteration (with ``_shutdown_on_error``)."""
+        self.shutdown()
 
     def _next_batch(self) -> Any:
         """The next batch, collected (``_collect_next``) and delivered: the batch, or None when

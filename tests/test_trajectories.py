@@ -205,3 +205,19 @@ def test_the_multi_process_collectors_refuse_to_run_free_with_trajs_per_batch():
             c.start()
     finally:
         c.shutdown()
+
+
+@pytest.mark.parametrize("cls", [MultiSyncCollector, MultiAsyncCollector])
+def test_a_multi_process_reset_drops_the_trajectories_it_cuts(cls):
+    c = cls("CartPole-v1", num_workers=2, frames_per_batch=10, total_frames=-1, trajs_per_batch=1,
+            mp_start_method="fork")
+    c.set_seed(5)
+    try:
+        it = iter(c)
+        next(it)
+        c.reset()  # whatever was running is cut: never yielded
+        for _ in range(6):
+            for ids, done in rows_of(next(it)):
+                check_whole(ids, done)
+    finally:
+        c.shutdown()

@@ -175,6 +175,15 @@ class DistributedCollector(CollectorBase):
             discarded, counted per node in ``stats()["workers"][i]["lag_dropped_frames"]`` and
             in the next batch's ``("collector", "lag_dropped_frames")``) or ``"tag"``
             (delivered anyway, tagged with its version); ``"wait"`` is not supported here yet.
+        trajs_per_batch: torchrl 0.14's: yield batches of this many whole trajectories,
+            assembled on rank 0 from the nodes' batches (``None``, the default: batches of
+            ``frames_per_batch`` frames). A trajectory still running when the iteration ends
+            is not yielded; ``reset()`` drops the trajectories being assembled.
+        trajs_per_write: torchrl 0.14's; with ``trajs_per_batch``: accepted for symmetry
+            with the other collectors (this collector writes no replay buffer: ``None``).
+        traj_format: with ``trajs_per_batch``: ``"padded"`` (the default: shape
+            ``(trajectories, longest)``, ``("collector", "mask")`` True on real steps) or
+            ``"cat"`` (the trajectories one after the other, one dim).
 
     Example:
         >>> from rlcollect import DistributedCollector
@@ -236,6 +245,9 @@ class DistributedCollector(CollectorBase):
         weight_recv_schemes: None = None,
         max_policy_lag: int | None = None,
         lag_policy: str = "drop",
+        trajs_per_batch: int | None = None,
+        trajs_per_write: int | None = None,
+        traj_format: str | None = None,
     ):
         self._closed = True
         self.weight_updater, self._in_updater = None, False
@@ -259,7 +271,8 @@ class DistributedCollector(CollectorBase):
             start_timeout=start_timeout, rank0_timeout=rank0_timeout, secret_file=secret_file,
             ray_options=ray_options, pre_collect_hook=pre_collect_hook, post_collect_hook=post_collect_hook,
             weight_recv_schemes=weight_recv_schemes,
-            max_policy_lag=max_policy_lag, lag_policy=lag_policy,
+            max_policy_lag=max_policy_lag, lag_policy=lag_policy, trajs_per_batch=trajs_per_batch,
+            trajs_per_write=trajs_per_write, traj_format=traj_format,
         )
         automatic = update_after_each_batch or max_weight_update_interval != -1 or update_interval is not None
         if automatic and cfg.weight_source is None:
@@ -314,19 +327,19 @@ class DistributedCollector(CollectorBase):
     def _frames(self, value: int) -> None:
         self._gather.frames = value
 
-    # -- iteration ----------------------------------------------------------------------------------------
-    def __iter__(self) -> Iterator[TensorDict]:
-        self._check_open()
-        if 0 < self.total_frames and self._frames >= self._target:
-            self._target = self._frames + self.total_frames  # a new iteration collects total_frames more
-        try:
-            while self.total_frames < 0 or self._frames < self._target:
-                yield self._next_batch()
-        except GeneratorExit:
-            raise
-        except BaseException as err:
-            self.shutdown(_shutdown_timeout(err))
-            raise
+    # -- iteration (CollectorBase.__iter__) ---------------------------------------------------------------
+    _shutdown_on_error = True
+
+    def _frame_target(self) -> int:
+        """Iterating again after ``total_frames`` were collected collects ``total_frames`` more."""
+        if self.total_frames < 0:
+            return -1
+        if self._frames >= self._target:
+            self._target = self._frames + self.total_frames
+        return self._target
+
+    def _shut_down_after(self, err: BaseException) -> None:
+        self.shutdown(_shutdown_timeout(err))
 
     def _batch_frames(self) -> int:  # len() (rlcollect/base.py)
         return self.frames_per_batch
@@ -379,6 +392,7 @@ class DistributedCollector(CollectorBase):
         """Reset every node's envs; the next frames start new trajectories (in-flight batches
         are discarded)."""
         self._discard_in_flight()
+        self._forget_trajectories()
         with self._guard():
             for i in self._pool.serving_nodes():
                 self._pool.ask(i, "reset")

@@ -16,6 +16,7 @@ import cloudpickle
 
 from rlcollect.collector import Collector
 from rlcollect.torchrl_args import check_hook, check_recv_schemes, random_frames
+from rlcollect.trajectories import check_traj_args
 from rlcollect.config import (CollectorConfig, callable_or_none, check_policy_sources, flag, kwargs_arg,
                               non_negative_int, optional_positive_int, per_member, positive_int,
                               resolve_collector_class, seconds, total_frames_arg)
@@ -122,9 +123,13 @@ class DistributedConfig:
     weight_recv_schemes: None = None
     max_policy_lag: int | None = None
     lag_policy: str = "drop"
+    trajs_per_batch: int | None = None
+    trajs_per_write: int | None = None
+    traj_format: str | None = None
 
     def __post_init__(self) -> None:
         check_recv_schemes(self.weight_recv_schemes)
+        check_traj_args(self.trajs_per_batch, self.trajs_per_write, self.traj_format, self.split_trajs)
         check_hook("pre_collect_hook", self.pre_collect_hook)
         check_hook("post_collect_hook", self.post_collect_hook)
         env_fns = self._check_nodes()

@@ -296,6 +296,7 @@ class MultiCollectorBase(CollectorBase):
         chosen = torchrl_args.chosen_workers(reset_idx, self.num_workers)
         with self._control(), self._guard():
             self._gather.discard()
+            self._forget_trajectories()
             for i in chosen:
                 self._pool.request(i, P.RESET)
 
