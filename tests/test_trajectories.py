@@ -140,16 +140,25 @@ def test_the_multi_process_collectors_assemble_the_workers_trajectories(cls):
     assert len({i >> 40 for i in ids_seen}) == 2  # both workers' id blocks
 
 
-def test_a_reset_drops_the_trajectories_it_cuts():
-    c = Collector("CartPole-v1", frames_per_batch=5, total_frames=-1, trajs_per_batch=1)
+@pytest.mark.parametrize("make, batches", [
+    (lambda: Collector("CartPole-v1", frames_per_batch=5, total_frames=-1, trajs_per_batch=1), 5),
+    (lambda: MultiSyncCollector("CartPole-v1", num_workers=2, frames_per_batch=10, total_frames=-1,
+                                trajs_per_batch=1, mp_start_method="fork"), 6),
+    (lambda: MultiAsyncCollector("CartPole-v1", num_workers=2, frames_per_batch=10, total_frames=-1,
+                                 trajs_per_batch=1, mp_start_method="fork"), 6),
+], ids=["Collector", "MultiSyncCollector", "MultiAsyncCollector"])
+def test_a_reset_drops_the_trajectories_it_cuts(make, batches):
+    c = make()
     c.set_seed(5)
-    it = iter(c)
-    next(it)
-    c.reset()  # whatever was running is cut: never yielded
-    for _ in range(5):
-        for ids, done in rows_of(next(it)):
-            check_whole(ids, done)
-    c.shutdown()
+    try:
+        it = iter(c)
+        next(it)
+        c.reset()  # whatever was running is cut: never yielded
+        for _ in range(batches):
+            for ids, done in rows_of(next(it)):
+                check_whole(ids, done)
+    finally:
+        c.shutdown()
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -203,21 +212,5 @@ def test_the_multi_process_collectors_refuse_to_run_free_with_trajs_per_batch():
     try:
         with pytest.raises(RuntimeError, match=r"start\(\) cannot assemble whole trajectories"):
             c.start()
-    finally:
-        c.shutdown()
-
-
-@pytest.mark.parametrize("cls", [MultiSyncCollector, MultiAsyncCollector])
-def test_a_multi_process_reset_drops_the_trajectories_it_cuts(cls):
-    c = cls("CartPole-v1", num_workers=2, frames_per_batch=10, total_frames=-1, trajs_per_batch=1,
-            mp_start_method="fork")
-    c.set_seed(5)
-    try:
-        it = iter(c)
-        next(it)
-        c.reset()  # whatever was running is cut: never yielded
-        for _ in range(6):
-            for ids, done in rows_of(next(it)):
-                check_whole(ids, done)
     finally:
         c.shutdown()
