@@ -20,11 +20,12 @@ from rlcollect._context import worker_index
 from rlcollect.config import CollectorConfig, bound_arguments
 from rlcollect.collector_doc import COLLECTOR_DOC
 from rlcollect.collector_state import check_state, load_all_or_nothing
-from rlcollect.data import TRAJ_ID_BLOCK, BatchBuffer, fresh_batch
+from rlcollect.data import TRAJ_ID_BLOCK, BatchBuffer, fresh_batch, with_mask
 from rlcollect.envs.adapter import make_env
 from rlcollect.freerun import BackgroundLoop
 from rlcollect.metrics import BatchClock, StepTimes, batch_meta, policy_lag, stats_keys, worker_keys
 from rlcollect.profiling import RolloutProfiler
+from rlcollect.policy_transforms import PolicyTransforms
 from rlcollect.policy import exploration_scope, has_weights, load_weights, make_runner
 from rlcollect.rollout import build_env, make_rollout
 from rlcollect.trajectories import new_assembler
@@ -90,6 +91,8 @@ class Collector(CollectorBase):
         track_traj_ids: bool = True, compact_obs: bool = False,
         check_finite: str | None = None,
         trajs_per_batch: int | None = None, trajs_per_write: int | None = None, traj_format: str | None = None,
+        interruptor: Any = None,
+        auto_register_policy_transforms: bool | None = None,
     ):
         self._closed = True  # until construction succeeds, shutdown has nothing to do
         self.config = cfg = CollectorConfig(**bound_arguments(Collector.__init__, locals()))
@@ -98,12 +101,15 @@ class Collector(CollectorBase):
         self.replay_buffer = replay_buffer
         torchrl_args.warn_overshoot(cfg.total_frames, cfg.frames_per_batch, stacklevel=3)
 
+        self.policy, self._weight_source = acting_policy(policy, policy_factory, cfg.policy_device_or_default)
+        transforms = PolicyTransforms.needed_by(self.policy, cfg.auto_register_policy_transforms)
+        prepare = None if transforms is None else transforms.apply
         with worker_index(worker_idx):
             # (a policy that builds its own rollout may build the env in parts: rollout.build_env)
-            self.env = build_env(policy, lambda: make_env(create_env_fn, cfg.create_env_kwargs))
+            self.env = build_env(policy, lambda: make_env(create_env_fn, cfg.create_env_kwargs, prepare))
         try:
             place_env(self.env, cfg.env_device)
-            self._setup(policy, policy_factory, traj_id_start)
+            self._setup(traj_id_start)
             self._weights = LocalWeights(self._runner.module, self.policy, self._weight_source, self._schemes,
                                          weakref.ref(self))
             self._weights.check_models()
@@ -113,7 +119,7 @@ class Collector(CollectorBase):
             raise
         self._closed = False
 
-    def _setup(self, policy: Any, policy_factory: Callable | None, traj_id_start: int | None) -> None:
+    def _setup(self, traj_id_start: int | None) -> None:
         cfg, env = self.config, self.env
         if cfg.set_truncated and not env.has_truncated:
             raise RuntimeError(
@@ -127,7 +133,6 @@ class Collector(CollectorBase):
         options = dict(max_frames_per_traj=cfg.max_frames_per_traj, set_truncated=cfg.set_truncated,
                        track_version=cfg.track_policy_version, check_finite=cfg.check_finite)
         time_steps = math.ceil(cfg.frames_per_batch / rows)
-        self.policy, self._weight_source = acting_policy(policy, policy_factory, cfg.policy_device_or_default)
         device = cfg.policy_device_or_default
         self._rollout = make_rollout(
             self.policy, env,
@@ -143,6 +148,8 @@ class Collector(CollectorBase):
             )
         with exploration_scope(cfg.exploration_type):
             self.layout = self._rollout.discover_layout()
+        if cfg.interruptor is not None:  # the steps an interrupted batch did not reach are masked
+            self.layout = with_mask(self.layout)
         self._buffer: BatchBuffer | None = None  # the in-place batch, allocated on first use
         # torchrl's: the frames of one batch, frames_per_batch rounded up to whole env rows
         self.requested_frames_per_batch = self.layout.frames
@@ -212,7 +219,8 @@ class Collector(CollectorBase):
         if in_place and self._buffer is None:
             self._buffer = BatchBuffer(self.layout)
         buf = self._buffer if in_place else fresh_batch(self.layout)
-        self.collect_into(buf, random=self._random_now())
+        stop = None if cfg.interruptor is None else torchrl_args.InterruptorFlag(cfg.interruptor)
+        self.collect_into(buf, random=self._random_now(), stop=stop)
         self._lag = policy_lag(self._version, [self._batch_meta(timing=False)])
         batch = buf.td
         self._last_batch_s = time.perf_counter() - start

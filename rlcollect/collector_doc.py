@@ -108,6 +108,18 @@ Args:
         zero-padded along time, with a boolean ``("collector", "mask")`` of the real steps)
         or ``"cat"`` (concatenated along time, no padding). Default ``None``: ``"padded"``
         (torchrl 0.14's; it warns that its default becomes ``"cat"``, rlcollect does not).
+    interruptor: torchrl's: an object whose ``collection_stopped()`` is read after each step
+        of a batch (torchrl's ``_Interruptor``, or any with that method); once it returns True
+        the batch ends there: the steps not taken keep the batch's shape with
+        ``("collector", "traj_ids")`` -1 and ``("collector", "mask")`` False (a key the
+        batch then always has), and only the steps taken count as frames (torchrl counts the
+        whole batch). A batch always takes its first step. Default ``None``.
+    auto_register_policy_transforms: torchrl 0.14's: ``True`` appends to the torchrl env
+        the transforms the policy needs and the env lacks: an ``InitTracker`` (``"is_init"``)
+        for a module policy, and the ``TensorDictPrimer`` of each recurrent module
+        (``LSTMModule``, ``GRUModule``); the env must be a torchrl env (a ``ValueError``
+        otherwise). ``None`` (default) and ``False`` add nothing (torchrl's ``None`` also
+        warns that its default will change; rlcollect does not).
     backend: torchrl's front door: ``"direct"`` (this collector), ``"process"`` (a
         ``MultiSyncCollector`` or ``MultiAsyncCollector``), ``"distributed"``,
         ``"submitit"`` or ``"ray"`` (a ``DistributedCollector`` with that launcher).

@@ -24,9 +24,10 @@ import torch
 from rlcollect.base import CollectorBase
 from rlcollect.policy import as_exploration_type
 from rlcollect.trajectories import check_traj_args
-from rlcollect.torchrl_args import (check_face, check_hook, check_recv_schemes, check_reset_when_done,
-                                    check_trust_policy, endless_total_frames, random_frames, traj_limit, use_buffers,
-                                    version_tracker)
+from rlcollect.policy_transforms import check_flag
+from rlcollect.torchrl_args import (check_face, check_hook, check_interruptor, check_recv_schemes,
+                                    check_reset_when_done, check_trust_policy, endless_total_frames, random_frames,
+                                    traj_limit, use_buffers, version_tracker)
 from rlcollect.weights.schemes import validate_schemes
 
 #: The collector classes ``collector_class`` may name by string, imported when first named (so
@@ -236,9 +237,13 @@ class CollectorConfig:
     trajs_per_batch: int | None = None
     trajs_per_write: int | None = None
     traj_format: str | None = None
+    interruptor: Any = dataclasses.field(default=None, repr=False, compare=False)
+    auto_register_policy_transforms: bool | None = None
 
     def __post_init__(self) -> None:
         check_reset_when_done(self.reset_when_done)
+        check_interruptor(self.interruptor)
+        check_flag(self.auto_register_policy_transforms)
         check_hook("pre_collect_hook", self.pre_collect_hook)
         check_hook("post_collect_hook", self.post_collect_hook)
         check_recv_schemes(self.weight_recv_schemes)

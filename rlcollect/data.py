@@ -51,6 +51,12 @@ class BatchLayout:
         return self.rows * self.time
 
 
+def with_mask(layout: BatchLayout) -> BatchLayout:
+    """``layout`` with a ``("collector", "mask")`` field: which steps of a batch were collected
+    (one that stopped early, preempted or interrupted, leaves the rest False, traj id -1)."""
+    return BatchLayout({**layout.fields, MASK: ArraySpec((), np.dtype(np.bool_))}, layout.batch_size, layout.time)
+
+
 class BatchBuffer:
     """A batch allocated once and refilled in place.
 

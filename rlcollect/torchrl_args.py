@@ -220,22 +220,37 @@ def register_with_torchrl(base: type) -> None:
         torchrl_base.register(base)
 
 
-#: torchrl 0.14 arguments taken at their default only (what the default means is what
-#: rlcollect does), with what else to do.
-DEFAULT_ONLY = {
-    "auto_register_policy_transforms": ((None, False), "add the transforms the policy needs (InitTracker, the "
-                                        "recurrent primers) to the env yourself"),
-    "init_fn": ((None,), "run per-worker set-up in create_env_fn"),
-}
+def check_interruptor(value: Any) -> Any:
+    """``interruptor``: None, or torchrl's ``_Interruptor`` (anything with ``collection_stopped()``)."""
+    if value is not None and not callable(getattr(value, "collection_stopped", None)):
+        raise TypeError("interruptor must be None or an object with collection_stopped() (torchrl's "
+                        f"collectors' _Interruptor), got {type(value).__name__}")
+    return value
 
 
-def check_default_only(name: str, value: Any) -> None:
-    """One of ``DEFAULT_ONLY``'s arguments: its torchrl default, or a ``ValueError`` that says
-    what to do instead."""
-    accepted, instead = DEFAULT_ONLY[name]
-    if not any(value is a for a in accepted):
-        raise ValueError(f"{name}={value!r} is not supported yet (accepted: {' or '.join(map(repr, accepted))}, "
-                         f"torchrl's default); {instead}")
+def check_init_fn(value: Any) -> Any:
+    """``init_fn``: None, or a callable run with no argument in each worker process."""
+    if value is not None and not callable(value):
+        raise TypeError(f"init_fn must be a callable taking no argument, or None, got {type(value).__name__}")
+    return value
+
+
+class InterruptorFlag:
+    """The ``stop`` flag a rollout reads before each step, from torchrl's ``interruptor``: as
+    torchrl's collector reads it after each step, the first step of a batch always runs (a
+    stopped interruptor gives one-step batches, never empty ones). One per batch."""
+
+    __slots__ = ("stopped", "first")
+
+    def __init__(self, interruptor: Any) -> None:
+        self.stopped = interruptor.collection_stopped
+        self.first = True
+
+    def __getitem__(self, index: int) -> bool:
+        if self.first:
+            self.first = False
+            return False
+        return bool(self.stopped())
 
 
 def check_reset_when_done(value: Any) -> None:

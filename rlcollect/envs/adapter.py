@@ -11,6 +11,8 @@ import torch
 from rlcollect.envs.base import DONE_KEYS, ArraySpec, EnvBase, check_output, numpy_dtype
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from tensordict import TensorDict
 
 _NOT_OBS = {*DONE_KEYS, "reward", "action"}
@@ -265,18 +267,17 @@ def as_env(env: Any) -> EnvBase:
     return TensorDictEnvAdapter(env)
 
 
-def make_env(create_env_fn: Any, kwargs: dict | None = None) -> EnvBase:
-    """Build the env a collector was given: an instance, a gymnasium id or a factory."""
+def make_env(create_env_fn: Any, kwargs: dict | None = None, prepare: Callable[[Any], Any] | None = None) -> EnvBase:
+    """Build the env a collector was given: an instance, a gymnasium id or a factory.
+    ``prepare``: called with the env made (before it is adapted), returns the env to use."""
     kwargs = kwargs or {}
+    if prepare is not None:
+        return make_env(prepare(raw_env(create_env_fn, kwargs)))
     if isinstance(create_env_fn, str):
         from rlcollect.envs.gym import GymEnv
 
         return GymEnv(create_env_fn, **kwargs)
-    # An env class (``CountingEnv``) has a ``step`` attribute too, but it is a factory.
-    is_instance = not isinstance(create_env_fn, type) and (
-        isinstance(create_env_fn, EnvBase) or hasattr(create_env_fn, "step") or _is_gym(create_env_fn)
-    )
-    if is_instance:
+    if _is_instance(create_env_fn):
         if kwargs:
             raise ValueError("create_env_kwargs cannot be used with an env instance; pass a factory instead")
         return as_env(create_env_fn)
@@ -286,6 +287,25 @@ def make_env(create_env_fn: Any, kwargs: dict | None = None) -> EnvBase:
         "create_env_fn must be an env, a gymnasium id or a callable returning an env, "
         f"got {type(create_env_fn).__name__}"
     )
+
+
+def _is_instance(obj: Any) -> bool:
+    # An env class (``CountingEnv``) has a ``step`` attribute too, but it is a factory.
+    return not isinstance(obj, type) and (isinstance(obj, EnvBase) or hasattr(obj, "step") or _is_gym(obj))
+
+
+def raw_env(create_env_fn: Any, kwargs: dict) -> Any:
+    """What ``create_env_fn`` stands for, not adapted: the instance, or what the factory (or
+    gymnasium, for an id) makes."""
+    if isinstance(create_env_fn, str):
+        import gymnasium as gym
+
+        return gym.make(create_env_fn, **kwargs)
+    if _is_instance(create_env_fn):
+        if kwargs:
+            raise ValueError("create_env_kwargs cannot be used with an env instance; pass a factory instead")
+        return create_env_fn
+    return create_env_fn(**kwargs)
 
 
 def _is_gym(obj: Any) -> bool:

@@ -33,6 +33,7 @@ from rlcollect.multiprocess import start
 from rlcollect.multiprocess.pool import DEFAULT_START_TIMEOUT_S
 from rlcollect.multiprocess.recovery import RestartPolicy
 from rlcollect.policy import as_exploration_type, has_weights
+from rlcollect.policy_transforms import PolicyTransforms
 from rlcollect.torchrl_args import version_tracker
 from rlcollect.weights.schemes import validate_schemes
 
@@ -165,8 +166,12 @@ ARGS_DOC = """
             process; ``trajs_per_batch``, ``trajs_per_write``, ``traj_format`` (batches of
             whole trajectories, assembled in this process from the workers' batches, as in
             ``Collector``; not with an rlcollect ``ReplayBuffer``, which the workers write);
-            ``auto_register_policy_transforms``, ``init_fn`` at torchrl's default only (None; a
-            ``ValueError`` otherwise). Any other name is a ``TypeError``.
+            ``auto_register_policy_transforms`` (each worker appends the transforms the policy
+            needs to its torchrl envs, as ``Collector``; not with ``inference="central"``);
+            ``init_fn`` (torchrl 0.14's: a picklable callable run with no argument in each worker
+            process, and in a worker started to replace one, before its env and policy are
+            built; an exception in it is that worker's start-up failure). Any other name is a
+            ``TypeError``.
 """
 
 #: The docstrings of ``MultiSyncCollector`` and ``MultiAsyncCollector``.
@@ -224,10 +229,12 @@ LAG_POLICIES = ("drop", "wait", "tag")
 INNER_OPTIONS = (
     "max_frames_per_traj", "reset_at_each_iter", "exploration_type", "set_truncated", "trust_policy",
     "compile_policy", "cudagraph_policy", "no_cuda_sync", "track_policy_version", "check_finite",
+    "auto_register_policy_transforms",
 )
-#: torchrl 0.14's options taken through ``**inner_options`` and applied in the main process.
+#: torchrl 0.14's options taken through ``**inner_options`` and held here: applied in the main
+#: process, or (``init_fn``) sent to every worker.
 FACE_OPTIONS = ("weight_recv_schemes", "track_traj_ids", "compact_obs", "trajs_per_batch", "trajs_per_write",
-                "traj_format")
+                "traj_format", "init_fn")
 #: Where warnings point: the user's call (user -> collector __init__ -> MultiConfig __init__ ->
 #: __post_init__ -> a check here).
 _USER = 5
@@ -316,6 +323,7 @@ class MultiConfig:
     trajs_per_batch: int | None = None
     trajs_per_write: int | None = None
     traj_format: str | None = None
+    init_fn: Callable[[], Any] | None = None
     max_policy_lag: int | None = None
     lag_policy: str = "drop"
     record: Any = None
@@ -327,9 +335,7 @@ class MultiConfig:
         for name in FACE_OPTIONS:
             if name in self.inner_options:
                 setattr(self, name, self.inner_options.pop(name))
-        for name in torchrl_args.DEFAULT_ONLY:
-            if name in self.inner_options:
-                torchrl_args.check_default_only(name, self.inner_options.pop(name))
+        torchrl_args.check_init_fn(self.init_fn)
         torchrl_args.check_recv_schemes(self.weight_recv_schemes)
         torchrl_args.check_face(self.track_traj_ids, self.compact_obs, self.split_trajs)
         unknown = set(self.inner_options) - set(INNER_OPTIONS)
@@ -346,6 +352,8 @@ class MultiConfig:
             inner["track_policy_version"], self.version_tracker = version_tracker(inner["track_policy_version"])
         if "exploration_type" in inner:  # travels as a plain string
             inner["exploration_type"] = as_exploration_type(inner["exploration_type"])
+        if "auto_register_policy_transforms" in inner:  # each worker adds them to its envs; checked here
+            PolicyTransforms.needed_by(self.policy, inner["auto_register_policy_transforms"])
         self._workers()
         self._trajectories()
         self._schedule()
@@ -533,6 +541,10 @@ class MultiConfig:
             if given:
                 raise ValueError(f"{name} cannot be used with inference='central': the main process's policy acts "
                                  "for every worker (its updates need no weight sync)")
+        if self.inner_options.get("auto_register_policy_transforms"):
+            raise ValueError("auto_register_policy_transforms=True cannot be used with inference='central': the "
+                             "workers' envs never see the policy (it acts in this process); add the transforms to "
+                             "the env in create_env_fn (torchrl.modules.utils.get_env_transforms_from_module(policy))")
         if self.policy is None:
             raise ValueError("inference='central' needs a policy: the main process runs it for every worker (for "
                              "random actions use inference='worker')")
@@ -571,11 +583,12 @@ class MultiConfig:
         sent_policy = None if factory is not None or central else self.policy
         _pickled("create_env_fn", self.env_fns[i], "pass a module-level factory function (or a gymnasium id) instead "
                  "of an object that holds unpicklable state")
+        _pickled("init_fn", self.init_fn, "pass a module-level function")
         _pickled("policy", sent_policy, "build it inside the workers with policy_factory=<a function>, or run it in "
                  "the main process with inference='central'")
         return {
             "collector_class": self.collector_class, "create_env_fn": self.env_fns[i], "policy": sent_policy,
-            "kwargs": kwargs, "preemptive": self.preemptive_threshold is not None,
+            "kwargs": kwargs, "preemptive": self.preemptive_threshold is not None, "init_fn": self.init_fn,
             "replay_buffer": self.replay_buffer.share() if self.workers_write else None,
             "write_options": {"postproc": self.postproc, "split_trajs": self.split_trajs,
                               "extend_buffer": self.extend_buffer},

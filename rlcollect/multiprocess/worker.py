@@ -23,8 +23,7 @@ import torch.multiprocessing  # noqa: F401  (registers the shared-memory tensor 
 
 from rlcollect import _context
 from rlcollect._pids import pid_alive
-from rlcollect.data import MASK, BatchLayout, deliver, slot_buffer
-from rlcollect.envs.base import ArraySpec
+from rlcollect.data import deliver, slot_buffer, with_mask
 from rlcollect.inference.client import RemotePolicy, yield_on_wake
 from rlcollect.multiprocess import protocol as P
 
@@ -113,6 +112,8 @@ def worker_main(index: int, payload: bytes, conn: Any, parent_pid: int, num_thre
     _context._worker_index = index
     try:
         spec = cloudpickle.loads(payload)
+        if spec.get("init_fn") is not None:  # torchrl's init_fn: this process's set-up, before env and policy
+            spec["init_fn"]()
         worker = _Worker(index, spec, conn, inference)
     except BaseException as exc:  # noqa: BLE001  (every start-up failure must reach the main process)
         try:
@@ -149,11 +150,7 @@ class _Worker:
         # multi-process collector.
         self.version = 0
         self.model_version = 0  # the last version of a model other than "policy" (weight_sync_schemes)
-        fields = dict(self.collector.layout.fields)
-        if spec.get("preemptive"):
-            fields[MASK] = ArraySpec((), np.dtype(np.bool_))
-        base = self.collector.layout
-        self.layout = BatchLayout(fields, base.batch_size, base.time)
+        self.layout = with_mask(self.collector.layout) if spec.get("preemptive") else self.collector.layout
         self.slots: list = []
         self.stop = None
         # Writing straight into a shared replay buffer (docs/replay-buffer.md): what the main process would

@@ -293,13 +293,13 @@ def test_nested_and_multi_key_envs_are_refused_naming_their_keys():
         rlcollect.Collector(MultiKeyCountingEnv(), frames_per_batch=10)
 
 
-def test_multiprocess_collectors_take_torchrls_other_defaults_and_refuse_the_rest():
+def test_multiprocess_collectors_take_torchrls_other_defaults():
     defaults = {"auto_register_policy_transforms": None, "init_fn": None, "trajs_per_batch": None,
                 "trajs_per_write": None, "traj_format": None}
     c = rlcollect.MultiAsyncCollector([cartpole], zero_policy(), frames_per_batch=10, total_frames=10, **defaults)
     assert [b.shape for b in run(c)] == [(10,)]
-    with pytest.raises(ValueError, match=r"init_fn=<built-in function print> is not supported yet \(accepted: None"):
-        rlcollect.MultiSyncCollector([cartpole], frames_per_batch=10, init_fn=print)
+    with pytest.raises(TypeError, match="init_fn must be a callable taking no argument, or None, got int"):
+        rlcollect.MultiSyncCollector([cartpole], frames_per_batch=10, init_fn=3)
 
 
 # -- torchrl's Trainer drives our collector ---------------------------------------------------------------

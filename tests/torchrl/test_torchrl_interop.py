@@ -356,3 +356,141 @@ def test_lstm_policy_with_central_inference_equals_torchrls_collector():
             else:
                 assert torch.equal(a[key], b[key]), key
     assert ours[1]["recurrent_state_h"].abs().sum() > 0
+
+
+# -- torchrl 0.14's auto_register_policy_transforms, init_fn, interruptor ------------------------
+def lstm_policy():
+    return recurrent()[1]
+
+
+def seeded_torchrl(env, policy, n: int, frames: int = FRAMES, **kwargs) -> list:
+    env.set_seed(0)
+    c = TorchRLCollector(env, policy, frames_per_batch=frames, total_frames=n * frames, **kwargs)
+    try:
+        return [b.clone() for b in c]
+    finally:
+        c.shutdown()
+
+
+def seeded_ours(env, policy, n: int, frames: int = FRAMES, **kwargs) -> list:
+    c = Collector(env, policy, frames_per_batch=frames, total_frames=n * frames, **kwargs)
+    try:
+        c.set_seed(0)
+        return [b.clone() for b in c]
+    finally:
+        c.shutdown()
+
+
+def assert_same(theirs: list, ours: list) -> None:
+    assert len(theirs) == len(ours)
+    for a, b in zip(theirs, ours):
+        assert leaves(a) == leaves(b)
+        for key in a.keys(include_nested=True, leaves_only=True):
+            assert torch.equal(a[key], b[key]), key
+
+
+def test_auto_register_policy_transforms_adds_torchrls_transforms_with_torchrls_values():
+    # a bare CartPole and an LSTM policy: True appends InitTracker and the LSTM's primer, as torchrl
+    theirs = seeded_torchrl(cartpole(), lstm_policy(), n=3, auto_register_policy_transforms=True)
+    ours = seeded_ours(cartpole(), lstm_policy(), n=3, auto_register_policy_transforms=True)
+    assert_same(theirs, ours)
+    assert {"is_init", "recurrent_state_h", "recurrent_state_c"} <= set(ours[0].keys())
+    assert ours[2]["recurrent_state_h"].abs().sum() > 0
+    # an env that has them already gets nothing twice: the values of recurrent()'s hand-built env
+    env, policy = recurrent()
+    assert_same(seeded_torchrl(env, policy, n=2), seeded_ours(recurrent()[0], lstm_policy(), n=2,
+                                                             auto_register_policy_transforms=True))
+
+
+@pytest.mark.parametrize("flag", [None, False])
+def test_auto_register_policy_transforms_none_or_false_adds_nothing(flag):
+    # a non-recurrent module: torchrl adds only InitTracker, and only when True
+    policy = qvalue_actor(cartpole())
+    for value in (flag, True):
+        theirs = seeded_torchrl(cartpole(), policy, n=1, auto_register_policy_transforms=value)
+        ours = seeded_ours(cartpole(), policy, n=1, auto_register_policy_transforms=value)
+        assert_same(theirs, ours)
+        assert ("is_init" in ours[0].keys()) is (value is True)
+
+
+def test_auto_register_policy_transforms_refusals_name_the_env():
+    with pytest.raises(ValueError, match="create_env_fn made a TimeLimit"):
+        Collector("CartPole-v1", qvalue_actor(cartpole()), frames_per_batch=10, auto_register_policy_transforms=True)
+    with pytest.raises(TypeError, match="auto_register_policy_transforms must be None, True or False, got 'yes'"):
+        Collector(cartpole(), frames_per_batch=10, auto_register_policy_transforms="yes")
+    with pytest.raises(ValueError, match="cannot be used with inference='central'"):
+        MultiSyncCollector([cartpole], lstm_policy(), frames_per_batch=10, inference="central",
+                           auto_register_policy_transforms=True)
+
+
+def init_worker():
+    import os
+
+    os.environ["RLCOLLECT_TEST_INIT_FN"] = str(os.getpid())
+
+
+def cartpole_after_init():
+    import os
+
+    # init_fn ran first, in this very process
+    assert os.environ.get("RLCOLLECT_TEST_INIT_FN") == str(os.getpid()), "init_fn did not run before the env"
+    return cartpole()
+
+
+def test_multisync_auto_register_and_init_fn_in_workers_equal_torchrls():
+    from torchrl.collectors import MultiSyncCollector as TorchRLMultiSync
+
+    theirs = seeded_torchrl(cartpole(), lstm_policy(), n=2, auto_register_policy_transforms=True)
+    c = MultiSyncCollector([cartpole_after_init, cartpole_after_init], lstm_policy(), frames_per_batch=2 * FRAMES,
+                           total_frames=4 * FRAMES, auto_register_policy_transforms=True, init_fn=init_worker)
+    try:
+        c.set_seed(0)
+        ours = [b[0].clone() for b in c]  # worker 0's part: seeded 0, as torchrl's env
+    finally:
+        c.shutdown()
+    assert_same(theirs, ours)
+    # torchrl's own multi-process collector with the same init_fn and factory: the same order
+    t = TorchRLMultiSync([cartpole_after_init], lstm_policy(), frames_per_batch=10, total_frames=10,
+                         init_fn=init_worker, auto_register_policy_transforms=True)
+    try:
+        (batch,) = [b.clone() for b in t]
+    finally:
+        t.shutdown()
+        del t
+        gc.collect()  # its semaphores and shared tensors go with it
+    assert leaves(batch[0]) == leaves(ours[0][:10])
+
+
+class StopAfter:
+    """torchrl's interruptor face: ``collection_stopped()`` True from its ``n``-th call on."""
+
+    def __init__(self, n: int):
+        self.n, self.calls = n, 0
+
+    def collection_stopped(self) -> bool:
+        self.calls += 1
+        return self.calls >= self.n
+
+
+def test_interruptor_stops_the_batch_where_torchrls_does():
+    policy = qvalue_actor(cartpole())
+    theirs = seeded_torchrl(cartpole(), policy, n=1, frames=10, interruptor=StopAfter(4))
+    ours = seeded_ours(cartpole(), policy, n=1, frames=10, interruptor=StopAfter(4))
+    # (ours counts the 4 steps taken, then the 6 one-step batches of the stopped interruptor)
+    assert len(theirs) == 1 and len(ours) == 7
+    a, b = theirs[0], ours[0]
+    assert torch.equal(a["collector", "traj_ids"], torch.tensor([0, 0, 0, 0] + [-1] * 6))
+    assert torch.equal(b["collector", "traj_ids"], a["collector", "traj_ids"])
+    assert torch.equal(b["collector", "mask"], torch.tensor([True] * 4 + [False] * 6))
+    for key in a.keys(include_nested=True, leaves_only=True):  # the steps collected: torchrl's values
+        assert torch.equal(a[key][:4], b[key][:4]), key
+    # unlike torchrl (it counts the whole batch), only collected frames count: a stopped interruptor
+    # gives one-step batches (never empty ones), and total_frames counts steps really taken
+    c = Collector(cartpole(), policy, frames_per_batch=10, total_frames=30, interruptor=StopAfter(1))
+    try:
+        shapes = [(b.shape, int(b["collector", "mask"].sum())) for b in c]
+        assert shapes == [(torch.Size([10]), 1)] * 30 and c.frames == 30
+    finally:
+        c.shutdown()
+    with pytest.raises(TypeError, match="interruptor must be None or an object with collection_stopped"):
+        Collector(cartpole(), frames_per_batch=10, interruptor=object())
