@@ -99,7 +99,8 @@ class TensorDictEnvAdapter(EnvBase):
         }
         if not self.obs_layout:
             raise TypeError(f"env {type(env).__name__}: reset() returned no observation keys ({list(root.keys())})")
-        action = self._rand_action_tensor()
+        with torch.random.fork_rng(devices=[]):  # (the probe draws nothing from torch's global stream)
+            action = self._rand_action_tensor()
         self.action_layout = ArraySpec(tuple(action.shape[nb:]), numpy_dtype(action.dtype))
         self.has_truncated = "truncated" in root.keys()
         self._warned_state = False
