@@ -76,7 +76,8 @@ class CollectorBase:
     _in_updater = False
     #: The private methods a collector may override (besides those that raise
     #: NotImplementedError here): hooks with a default (tests/test_architecture.py).
-    _HOOKS = ("_check_iterable", "_name_when_closed", "_members", "_fatal_error", "_frame_target", "_shut_down_after")
+    _HOOKS = ("_check_iterable", "_name_when_closed", "_members", "_fatal_error", "_frame_target", "_shut_down_after",
+              "_torchrl_env")
 
     # -- iteration -------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -328,6 +329,23 @@ class CollectorBase:
         stats["requested_frames_per_batch"] = getattr(self, "requested_frames_per_batch", None)
         stats["workers_alive"] = sum(bool(w.get("alive")) for w in stats.get("workers", []))
         return stats
+
+    # -- torchrl's private face: called by torchrl's own code, so named as torchrl names it ----------
+    def _dump_env_transform(self, step: int | None = None) -> None:
+        """torchrl's ``BaseCollector._dump_env_transform``, which torchrl's ``Evaluator`` calls
+        after each evaluation: ``dump(step=step)`` on the transform of the torchrl env this
+        collector steps in this process (``_torchrl_env``), when that transform has a callable
+        ``dump`` (a ``VideoRecorder``, or a ``Compose`` holding one); nothing otherwise. A
+        multi-process or distributed collector steps no env in this process: nothing, as
+        torchrl's multi-process collectors do here (torchrl's process-backed ``Evaluator``
+        calls it in each worker through ``map_fn`` on its own ``MultiSyncCollector`` only)."""
+        dump = getattr(getattr(self._torchrl_env(), "transform", None), "dump", None)
+        if callable(dump):
+            dump(step=step)
+
+    def _torchrl_env(self) -> Any:
+        """The torchrl (TensorDict) env this collector steps in this process, or None."""
+        return None
 
     def _push_weights(self, models: dict[str, Any], worker_ids: Any) -> None:
         """Act with ``models`` (``{model_id: weights or None}``, checked) on ``worker_ids``."""

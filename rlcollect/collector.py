@@ -21,7 +21,7 @@ from rlcollect.config import CollectorConfig, bound_arguments
 from rlcollect.collector_doc import COLLECTOR_DOC
 from rlcollect.collector_state import check_state, load_all_or_nothing
 from rlcollect.data import TRAJ_ID_BLOCK, BatchBuffer, fresh_batch, with_mask
-from rlcollect.envs.adapter import make_env
+from rlcollect.envs.adapter import TensorDictEnvAdapter, make_env
 from rlcollect.freerun import BackgroundLoop
 from rlcollect.metrics import BatchClock, StepTimes, batch_meta, policy_lag, stats_keys, worker_keys
 from rlcollect.profiling import RolloutProfiler
@@ -366,8 +366,18 @@ class Collector(CollectorBase):
         self.shutdown(timeout)
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):
+        # A collector left open until the interpreter exits may be finalized after the module
+        # globals are gone (contextlib among them): only builtins here, and nothing printed.
+        try:
             self.shutdown()
+        except Exception:
+            pass
+
+    def _torchrl_env(self) -> Any:
+        """The torchrl env given (``create_env_fn``), whose transform torchrl's ``Evaluator``
+        dumps after each evaluation (``_dump_env_transform``); None for any other env."""
+        env = self.env
+        return env.env if isinstance(env, TensorDictEnvAdapter) else None
 
     # -- weights (rlcollect/weights/local.py) ------------------------------------------------
     def _push_weights(self, models: dict[str, Any], worker_ids: Any) -> None:

@@ -200,7 +200,9 @@ class Rollout:
         if self.runner.is_random:
             fields["action"] = env.action_layout
         else:
-            with torch.no_grad():
+            # (drawing nothing from torch's global random stream: building a collector leaves it
+            # as torchrl's does, so a seeded run samples the same actions)
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
                 out = self.runner(obs)
             nb = len(env.batch_size)
             for key, value in out.items():

@@ -5,6 +5,8 @@ accepts (a duck-typed torchrl-style env included) and argument validation (SPEC 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import warnings
 
 import gymnasium as gym
@@ -203,6 +205,26 @@ def test_shutdown_closes_gym_env():
     next(c)
     c.shutdown()
     assert c.env._closed
+
+
+#: A script that leaves two collectors open at exit: one in ``__main__``, one held by ``os`` (a
+#: module imported before rlcollect's, so wiped after them: the collector is finalized once
+#: rlcollect.collector's globals are gone, which printed "Exception ignored in ... __del__").
+LEFT_OPEN = """
+import os
+from rlcollect import Collector, CountingEnv
+c = Collector(CountingEnv(), frames_per_batch=4)
+next(iter(c))
+os._rlcollect_left_open = Collector("CartPole-v1", frames_per_batch=4)
+next(iter(os._rlcollect_left_open))
+print("collected")
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_collector_left_open_at_exit_prints_nothing():
+    proc = subprocess.run([sys.executable, "-c", LEFT_OPEN], capture_output=True, text=True, timeout=100)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "collected\n", "")
 
 
 # -- replay buffer -----------------------------------------------------------------------------------------

@@ -88,6 +88,11 @@ class TensorDictEnvAdapter(EnvBase):
         self.device = torch.device(getattr(env, "device", None) or "cpu")
         root = env.reset()
         self._root = root
+        # This reset is the env's first: the first reset of all rows takes its observation
+        # instead of resetting again, so the env is reset once at construction, as torchrl's
+        # collectors reset it (an env seeded before the collector is built gives the same
+        # episodes). Stepping, seeding or loading a state spends it.
+        self._probe_unused = True
         nb = len(self.batch_size)
         self.obs_layout = {
             k: ArraySpec(tuple(v.shape[nb:]), numpy_dtype(v.dtype))
@@ -96,7 +101,8 @@ class TensorDictEnvAdapter(EnvBase):
         }
         if not self.obs_layout:
             raise TypeError(f"env {type(env).__name__}: reset() returned no observation keys ({list(root.keys())})")
-        action = self._rand_action_tensor()
+        with torch.random.fork_rng(devices=[]):  # (the probe draws nothing from torch's global stream)
+            action = self._rand_action_tensor()
         self.action_layout = ArraySpec(tuple(action.shape[nb:]), numpy_dtype(action.dtype))
         self.has_truncated = "truncated" in root.keys()
         self._warned_state = False
@@ -134,13 +140,15 @@ class TensorDictEnvAdapter(EnvBase):
 
     def reset_rows(self, rows, obs_out) -> None:
         if rows is None or not self.batch_size:
-            td = self.env.reset()
+            td = self._root if self._probe_unused else self.env.reset()
+            self._probe_unused = False
             if self._check_reset:
                 self._check_td(td, "reset() observation", self.obs_layout.items())
                 self._check_reset = False
             self._read_rows(td, None, obs_out)
             self._root = td
             return
+        self._probe_unused = False
         mask = np.zeros(self.num_rows, np.bool_)
         mask[rows] = True
         request = self._root.clone()
@@ -156,6 +164,7 @@ class TensorDictEnvAdapter(EnvBase):
             ]
 
     def step_rows(self, action, obs_out, reward, terminated, truncated) -> None:
+        self._probe_unused = False
         td = self._root
         batched = torch.from_numpy(action).reshape((*self.batch_size, *self.action_layout.shape))
         td.set("action", batched.to(self.device))
@@ -180,9 +189,11 @@ class TensorDictEnvAdapter(EnvBase):
         out[:] = self._rand_action_tensor().detach().cpu().numpy().reshape(out.shape)
 
     def _seed(self, seed: int) -> None:
+        self._probe_unused = False
         self.env.set_seed(seed)
 
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        self._probe_unused = False
         return self.env.set_seed(seed, static_seed=static_seed)
 
     def state_dict(self) -> dict:
@@ -213,6 +224,7 @@ class TensorDictEnvAdapter(EnvBase):
         if root is not None and (not hasattr(root, "batch_size") or tuple(root.batch_size) != tuple(self.batch_size)):
             raise ValueError(f"env state: {ROOT_KEY} must be a TensorDict with batch size {list(self.batch_size)}, "
                              f"got {root!r}")
+        self._probe_unused = False
         fn = getattr(self.env, "load_state_dict", None)
         if fn is not None:
             fn(state)

@@ -115,6 +115,27 @@ def test_adapter_steps_through_numpy_buffers():
     assert inner.last_action.tolist() == [1, 0, 1]
 
 
+def test_adapter_resets_the_env_once_at_construction_as_torchrls_collectors_do():
+    """The probe's reset is the env's first: the first reset of all rows takes its observation
+    (an env seeded before the collector is built gives torchrl's episodes); after stepping,
+    seeding or loading a state every reset is a new one."""
+    inner = TorchRLLikeEnv(batch_size=[2], max_steps=10)
+    env = TensorDictEnvAdapter(inner)
+    probe = inner.offset.tolist()
+    obs, reward, term, trunc = buffers(env)
+    env.reset_rows(None, obs)
+    assert inner.reset_calls == 1 and obs["observation"][:, 2].tolist() == probe
+    env.reset_rows(None, obs)
+    assert inner.reset_calls == 2 and obs["observation"][:, 2].tolist() != probe
+    for spend in (lambda e: e.step_rows(np.array([1, 1], np.int64), obs, reward, term, trunc),
+                  lambda e: e.set_seed(3), lambda e: e.load_state_dict(e.state_dict())):
+        inner = TorchRLLikeEnv(batch_size=[2], max_steps=10)
+        env = TensorDictEnvAdapter(inner)
+        spend(env)
+        env.reset_rows(None, obs)
+        assert inner.reset_calls == 2
+
+
 def test_adapter_partial_reset_sends_a_reset_mask_and_touches_only_those_rows():
     inner = TorchRLLikeEnv(batch_size=[3], max_steps=10)
     env = TensorDictEnvAdapter(inner)
