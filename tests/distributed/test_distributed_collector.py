@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import sys
 import time
 
 import pytest
@@ -19,8 +21,15 @@ from dist_helpers import (BLOCK, NODE_ID, POLICY_VERSION, TRAJ_IDS, WORKER_ID, V
 from rlcollect import GymEnv, MultiAsyncCollector, MultiSyncCollector
 from rlcollect.distributed import protocol as P
 from rlcollect.distributed.collector import DistributedCollector
+from rlcollect.distributed.config import ASYNC_SLOTS
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from loadscale import scaled  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
+
+#: The nodes' start-up wait, grown with the machine's load (two nodes import torch at once).
+START = scaled(120, cap=480)
 
 
 def _collector(**kwargs) -> DistributedCollector:
@@ -199,6 +208,29 @@ def test_async_seed_state_and_reset_discard_in_flight(async_collector):
     c.load_state_dict(state)
     c.reset()
     assert next(iter(c)).shape == (10,)
+
+
+def test_async_state_dict_counts_the_frames_delivered_not_those_collected_ahead():
+    # Issue 28: each async node keeps ASYNC_SLOTS batches in flight; state_dict() receives them
+    # (queued for delivery) but counts only the frames delivered, as total_frames does.
+    with _collector(frames_per_batch=20, total_frames=100, sync=False, start_timeout=START) as c:
+        it = iter(c)
+        assert next(it).numel() == 20
+        state = c.state_dict()
+        assert (state["frames"], state["iter"]) == (20, 1)
+        # the nodes' own counts: the delivered batch and every batch in flight
+        assert state["node0"]["frames"] + state["node1"]["frames"] == (1 + 2 * ASYNC_SLOTS) * 20
+        stats = c.stats()
+        assert stats["frames"] == sum(w["frames"] for w in stats["workers"]) == 20
+        assert [b.numel() for b in it] == [20] * 4  # the queued batches, up to total_frames
+        assert c.stats()["frames"] == 100
+        c.load_state_dict(state)  # a resumed run collects the 80 frames still to go
+        assert [b.numel() for b in c] == [20] * 4
+        assert c.stats()["frames"] == 100
+        c.reset()  # the batches in flight are discarded, never counted
+        stats = c.stats()
+        # per node: every frame delivered since the start (load_state_dict leaves them)
+        assert (stats["frames"], sum(w["frames"] for w in stats["workers"])) == (100, 20 + 80 + 80)
 
 
 # -- node classes --------------------------------------------------------------------------------------
