@@ -5,6 +5,7 @@ create/shutdown cycles that leave no process, file descriptor or /dev/shm entry 
 from __future__ import annotations
 
 import gc
+import os
 import signal
 import subprocess
 import sys
@@ -125,7 +126,9 @@ PARENT = textwrap.dedent("""
 def _start_parent(tmp_path, method: str, then: str):
     script = tmp_path / "parent.py"
     script.write_text(PARENT)
-    parent = subprocess.Popen([sys.executable, str(script), method, then], stdout=subprocess.PIPE, text=True)
+    # TMPDIR: a SIGKILLed parent never removes its multiprocessing temp folder (pymp-*): not in /tmp
+    parent = subprocess.Popen([sys.executable, str(script), method, then], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "TMPDIR": str(tmp_path)})
     try:
         line = parent.stdout.readline()
         pids = [int(p) for p in line.split()]

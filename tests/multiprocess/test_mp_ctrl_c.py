@@ -135,11 +135,14 @@ def test_ctrl_c_one_traceback_workers_silent_all_gone(method, phase):
 
 
 @pytest.mark.timeout(180)
-def test_cli_collect_ctrl_c_prints_one_line_and_exits_130():
+def test_cli_collect_ctrl_c_prints_one_line_and_exits_130(tmp_path):
+    # Its own temp folder: what multiprocessing made there (pymp-*) must be gone after the exit.
+    temp = tmp_path / "tmp"
+    temp.mkdir()
     proc = subprocess.Popen(
         [sys.executable, "-m", "rlcollect.cli", "collect", "--workers", "2", "--frames", "100000000",
          "--frames-per-batch", "200", "--no-progress"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, env={**os.environ, "TMPDIR": str(temp)})
     try:
         deadline = time.monotonic() + 120
         while True:  # collecting once both workers have mapped their shared batch slots
@@ -160,5 +163,6 @@ def test_cli_collect_ctrl_c_prints_one_line_and_exits_130():
         assert proc.stderr.read().decode() == "rlcollect: interrupted\n"
         assert stdout == ""
         assert proc.returncode == 130
+        assert sorted(p.name for p in temp.glob("pymp-*")) == []  # (os._exit skips multiprocessing's own removal)
     finally:
         _cleanup(proc)

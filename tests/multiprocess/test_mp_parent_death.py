@@ -57,8 +57,10 @@ def _wait_for(predicate, timeout: float, what: str, proc) -> None:
 @pytest.mark.parametrize("phase", ["imports", "construct", "collect"])
 @pytest.mark.parametrize("method", ["default", "spawn", "forkserver", "fork"])  # default: "fork" in this script
 def test_workers_die_with_the_main_process(method, phase, tmp_path):
+    # TMPDIR: the SIGKILLed script never removes its multiprocessing temp folder (pymp-*): not in /tmp
     proc = subprocess.Popen([sys.executable, str(SCRIPT), method, phase, str(tmp_path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            env={**os.environ, "TMPDIR": str(tmp_path)})
     tree: set[int] = set()
     try:
         _wait_for(lambda: proc.stdout.readline().startswith(b"building"), 120, "the script's imports", proc)
