@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rlcollect import __version__
+from rlcollect._pids import remove_multiprocessing_temp_dir
 
 PROG = "rlcollect"
 BENCH_MOVED = (
@@ -325,22 +326,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             # Everything the run started has been shut down by now; the interpreter's teardown
             # (seconds with torch loaded, on a busy machine) is all that is left: skip it, all
             # but the removal of multiprocessing's temp dir, which that teardown would do.
-            _remove_multiprocessing_temp_dir()
+            remove_multiprocessing_temp_dir()
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(130)
         return 130
-
-
-def _remove_multiprocessing_temp_dir() -> None:
-    """Remove the ``pymp-*`` folder multiprocessing made for this process (the address of its
-    fork server, or of the listener that hands shared tensors' file descriptors to workers),
-    which ``os._exit`` would leave behind in the temp folder."""
-    import multiprocessing.util
-    import shutil
-
-    # (made now if this run made none: removed all the same)
-    shutil.rmtree(multiprocessing.util.get_temp_dir(), ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from rlcollect.distributed.config import ASYNC_SLOTS
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from loadscale import scaled  # noqa: E402
+from procs import own_tmpdir  # noqa: E402, F401  (fixture)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -261,6 +262,21 @@ def test_multi_process_nodes(collector_class, nodes, inner):
         pids = node_pids(c)
         c.shutdown()
     assert not wait_gone(pids)
+
+
+def test_a_node_removes_its_multiprocessing_temp_folder_at_exit(monkeypatch, own_tmpdir):
+    # A node with a multi-process collector has a pymp-* temp folder (the listener that hands
+    # the shared batch slots to its workers); it exits with os._exit, which skips its removal.
+    monkeypatch.setenv("TMPDIR", str(own_tmpdir))  # the node's temp folder (this process keeps its own)
+    c = _collector(nodes=1, collector_class="sync", num_workers_per_collector=2, start_timeout=START)
+    try:
+        assert next(iter(c)).shape == (1, 2, 10)
+        assert len(list(own_tmpdir.glob("pymp-*"))) == 1  # the node's, while it runs
+    finally:
+        pids = node_pids(c)
+        c.shutdown()
+    assert not wait_gone(pids)
+    assert sorted(p.name for p in own_tmpdir.glob("pymp-*")) == []
 
 
 def test_a_node_runs_its_workers_with_central_inference():

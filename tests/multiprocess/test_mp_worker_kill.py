@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from procs import own_tmpdir  # noqa: F401  (fixture)
 from rlcollect import MultiAsyncCollector, MultiSyncCollector, WorkerError
 from rlcollect.envs.testing import SleepEnv
 from rlcollect.multiprocess import pool as pool_module
@@ -154,13 +155,12 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
-def test_a_sigkilled_worker_leaves_no_multiprocessing_temp_folder(method, tmp_path):
+def test_a_sigkilled_worker_leaves_no_multiprocessing_temp_folder(method, own_tmpdir):
     # multiprocessing gives a process a pymp-* temp folder when it first needs one (a fork
     # server's address, the listener that hands tensors' file descriptors on) and removes it
     # only at a normal exit; a SIGKILLed process that had one leaves it. The script runs with
     # its own TMPDIR, SIGKILLs a worker, and reports the folders other than its own.
-    temp = tmp_path / "tmp"
-    temp.mkdir()
+    temp = own_tmpdir
     script = Path(__file__).with_name("mp_worker_kill_tmp_script.py")
     proc = subprocess.run([sys.executable, str(script), method], capture_output=True, text=True, timeout=200,
                           env={**os.environ, "TMPDIR": str(temp)})
