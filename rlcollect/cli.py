@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rlcollect import __version__
+from rlcollect._pids import remove_multiprocessing_temp_dir
 
 PROG = "rlcollect"
 BENCH_MOVED = (
@@ -323,7 +324,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: interrupted", file=sys.stderr)
         if run_as_program:
             # Everything the run started has been shut down by now; the interpreter's teardown
-            # (seconds with torch loaded, on a busy machine) is all that is left: skip it.
+            # (seconds with torch loaded, on a busy machine) is all that is left: skip it, all
+            # but the removal of multiprocessing's temp dir, which that teardown would do.
+            remove_multiprocessing_temp_dir()
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(130)

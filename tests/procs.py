@@ -1,11 +1,18 @@
 """Process and /dev/shm helpers shared by every test folder (and the leak checker, leaks.py):
-is a pid alive, what runs below a process, wait for pids to be gone, what /dev/shm holds.
-Read from /proc: Linux only, as the tests that use them."""
+is a pid alive, what runs below a process, wait for pids to be gone, what /dev/shm holds; and
+the ``own_tmpdir`` fixture (a TMPDIR for a process a test kills). Read from /proc: Linux only, as
+the tests that use them."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
 
 SHM_DIR = "/dev/shm"
 
@@ -86,3 +93,18 @@ def shm_entries() -> set[str]:
         return set(os.listdir(SHM_DIR))
     except FileNotFoundError:
         return set()
+
+
+@pytest.fixture
+def own_tmpdir() -> Iterator[Path]:
+    """A fresh folder to give a child process as its TMPDIR, removed after the test (import it
+    into the test module). A SIGKILLed Python process never removes the temp folder that
+    multiprocessing made for it (``pymp-*``: its fork server's address, the listener that hands
+    tensors' file descriptors on), so a test that kills one on purpose points it here. Short, in
+    the temp folder and not under ``tmp_path``: multiprocessing makes AF_UNIX sockets in it,
+    whose paths may not pass 107 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="rlc-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

@@ -65,8 +65,9 @@ class DistributedCollector(CollectorBase):
         frames_per_batch: frames per yielded batch (required). ``sync=True``: each node
             collects ``frames_per_batch / num_nodes`` (``RuntimeError`` if that does not
             divide); ``sync=False``: each node's batch has ``frames_per_batch`` frames.
-        total_frames: stop after this many frames; ``-1`` (the default) collects for ever
-            (``len()`` then raises ``TypeError``).
+        total_frames: stop after this many frames delivered (async batches the nodes collected
+            ahead and not delivered yet are not counted); ``-1`` (the default) collects for
+            ever (``len()`` then raises ``TypeError``).
         device: the inner collectors' ``device``: one value, or a list with one per node.
         storing_device: where the yielded batches live (applied on rank 0; batches arrive on
             the CPU); one value or a per-node list.
@@ -399,7 +400,14 @@ class DistributedCollector(CollectorBase):
 
     def state_dict(self) -> dict[str, Any]:
         """``{"node0": ..., ..., "frames", "iter", "policy_version"}`` (no entry for a dropped
-        node)."""
+        node). ``"frames"`` and ``"iter"`` count the frames and batches delivered to you (what
+        ``total_frames`` counts, so that a run resumed with ``load_state_dict`` stops at
+        ``total_frames``), as torchrl's ``MultiAsyncCollector`` counts them. ``"node<i>"`` is
+        node ``i``'s inner collector's state: its ``"frames"`` counts every frame that node
+        collected, including async batches collected ahead and not delivered yet. Async batches
+        in flight are received first and stay queued for delivery; they are not in the
+        checkpoint (a run resumed from it never sees them, and the nodes' envs continue after
+        them)."""
         self._quiesce()
         with self._guard():
             # Plain data only: a GymEnv's pickled envs are left out (a node could plant code there

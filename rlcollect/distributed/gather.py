@@ -1,6 +1,6 @@
 """Gathering the nodes' batches on rank 0: sync (one part from every node, stacked) and async
 (each node's batch as it comes, tagged with its node), with the frames counted as they are
-taken.  The multi-process wing has a ``gather.py`` for the same role.
+delivered.  The multi-process wing has a ``gather.py`` for the same role.
 
 ``Gather`` holds what is in flight between two deliveries: the parts of the sync batch being
 assembled (kept across a node's relaunch, so only the failed node's part is collected again),
@@ -48,7 +48,10 @@ class Gather:
 
     def __init__(self, config: Any, pool: Any, push_due: Callable[[Any, int], None], version: Callable[[], int]):
         self.config, self.pool, self._push_due, self._version = config, pool, push_due, version
-        self.frames = 0  # frames taken from the nodes (delivered, or waiting in ``backlog``/``round``)
+        # Frames delivered to the user (collector-wide and, in ``pool.handles[i].frames``, per
+        # node): what ``state_dict()["frames"]`` and ``total_frames`` count.  Batches received and
+        # not delivered yet (``backlog``, ``round``) are not counted until they are delivered.
+        self.frames = 0
         self.backlog: collections.deque[tuple[int, TensorDict, P.Message]] = collections.deque()
         self.round: dict[int, tuple[TensorDict, P.Message]] = {}
         self.round_open = False
@@ -57,10 +60,14 @@ class Gather:
         self.lag_dropped_since = 0  # frames dropped for lag since the last batch delivered
 
     def take(self, msg: P.Message) -> TensorDict:
-        """The batch ``msg`` announced, counted."""
-        batch = self.pool.take(msg)
+        """The batch ``msg`` announced (counted when delivered: ``deliver``)."""
+        return self.pool.take(msg)
+
+    def deliver(self, msg: P.Message) -> None:
+        """Count the frames of the batch ``msg`` announced, delivered now (collector-wide and for
+        its node)."""
         self.frames += msg["frames"]
-        return batch
+        self.pool.handles[msg.rank - 1].frames += msg["frames"]
 
     def grant(self, i: int, credits: int) -> None:
         self.pool.grant(i, credits, random=self.frames < self.config.init_random_frames)
@@ -89,6 +96,8 @@ class Gather:
         pool.wait_for(all_ready, "waiting for the nodes' batches")
         self.wait.add(time.perf_counter() - waited)
         self.lag = policy_lag(self._version(), [_meta(msg) for _, msg in parts.values()])
+        for _, msg in parts.values():
+            self.deliver(msg)
         batch = torch.stack([parts[i][0] for i in range(n)], 0)
         parts.clear()
         self.round_open = False
@@ -105,10 +114,9 @@ class Gather:
             i, batch, msg = self._next_announced(yielded)
             if bound is None or policy_lag(self._version(), [_meta(msg)])[1] <= bound:
                 break
-            self.frames -= msg["frames"]  # taken, not delivered
-            self.pool.handles[i].frames -= msg["frames"]
             self.pool.handles[i].lag_dropped += msg["frames"]
             self.lag_dropped_since += msg["frames"]
+        self.deliver(msg)
         batch.set(NODE_ID, torch.full(batch.shape, i, dtype=torch.int64))
         if bound is not None:
             batch.set(LAG_DROPPED, torch.full(batch.shape, self.lag_dropped_since, dtype=torch.int64))
@@ -155,11 +163,8 @@ class Gather:
 
     def discard(self) -> None:
         """Forget what was gathered and not delivered (after ``drained``): the async backlog,
-        and the parts of a sync batch, whose frames are uncounted."""
+        and the parts of a sync batch (never counted: only delivered frames are)."""
         self.backlog.clear()
-        for _, msg in self.round.values():
-            self.frames -= msg["frames"]
-            self.pool.handles[msg.rank - 1].frames -= msg["frames"]
         self.round.clear()
         self.round_open = False
 

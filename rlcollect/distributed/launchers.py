@@ -34,7 +34,8 @@ logger = logging.getLogger("rlcollect")
 LAUNCHERS = ("mp", "submitit", "submitit_delayed", "external", "ray")
 #: The "mp" launcher's node bootstrap (``python -c``; argv: the pipe's fd, then the node's
 #: options).  It ignores SIGINT, reads the secret line from the pipe and watches it for end of
-#: file before it imports anything heavy (torch takes seconds to import).
+#: file before it imports anything heavy (torch takes seconds to import).  It ends with
+#: ``os._exit`` (no interpreter teardown), removing multiprocessing's temp folder first.
 BOOTSTRAP = """\
 import os, signal, sys, threading
 signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -51,6 +52,8 @@ threading.Thread(target=watch, name="rlcollect-rank0-pipe", daemon=True).start()
 from rlcollect.distributed.node import main
 code = main(sys.argv[2:], secret=secret)
 sys.stdout.flush(); sys.stderr.flush()
+from rlcollect._pids import remove_multiprocessing_temp_dir
+remove_multiprocessing_temp_dir()
 os._exit(code)
 """
 #: Defaults of submitit's executor parameters; ``slurm_kwargs`` entries win.

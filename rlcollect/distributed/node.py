@@ -47,6 +47,7 @@ from rlcollect.distributed.wire import Wire, WireClosed
 from rlcollect.distributed.auth import SECRET_ENV, DropLog, Keys, SecretError, check_secret, read_secret_file
 from rlcollect.distributed.heartbeat import NodeWatch
 from rlcollect.distributed.node_args import LOG_LEVEL_ENV, RANK0_TIMEOUT_S, add_arguments, node_arguments
+from rlcollect._pids import remove_multiprocessing_temp_dir
 from rlcollect.envs.base import EnvPickleStash
 
 logger = logging.getLogger("rlcollect")
@@ -218,6 +219,7 @@ def _orphaned(rank: int):
     def on_lost(reason: str) -> None:
         logger.error("rlcollect node %d: %s; exiting", rank, reason)
         sys.stderr.flush()
+        remove_multiprocessing_temp_dir()
         os._exit(EXIT_ORPHANED)
 
     return on_lost
@@ -400,5 +402,7 @@ if __name__ == "__main__":
     sys.stdout.flush()
     sys.stderr.flush()
     # Skip the interpreter's teardown (a final walk over torch's objects that takes seconds on
-    # a loaded machine while rank 0 waits for this exit); everything was closed above.
+    # a loaded machine while rank 0 waits for this exit); everything was closed above. All but
+    # the removal of multiprocessing's temp folder (a multi-process inner collector made one).
+    remove_multiprocessing_temp_dir()
     os._exit(code)

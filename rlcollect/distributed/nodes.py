@@ -80,7 +80,7 @@ class NodeHandle:
     weight_sends: collections.deque = field(default_factory=collections.deque)  # (version, work) not yet taken
     last_weights: tuple[int, Any] | None = None  # (version, packed): what a relaunched node starts from
     # -- counters --------------------------------------------------------------------------------
-    frames: int = 0
+    frames: int = 0  # frames of its batches delivered to the user (not those received and waiting)
     version: int = 0  # the weights version it acts with (from its next batch on)
     since_update: int = 0  # batches received since its last weights
     step: tuple[float | None, float | None] = (None, None)  # env-step latency: mean, p95 (seconds)

@@ -310,7 +310,7 @@ class NodePool:
 
     def take(self, msg: P.Message) -> TensorDict:
         """Receive the batch ``msg`` announced into its node's buffer (overwritten by that
-        node's next batch); account for it."""
+        node's next batch); account for it (its frames are counted when delivered: gather.py)."""
         h = self._by_rank[msg.rank]
         buf = h.recv
         try:
@@ -322,7 +322,6 @@ class NodePool:
         h.outstanding -= 1
         # The node's next batch (if owed) started when this one was announced, at the latest.
         h.batch_started = time.monotonic() if h.outstanding else None
-        h.frames += msg["frames"]
         h.version = msg["version"]
         h.step = (msg["step_mean_s"], msg["step_p95_s"])
         h.since_update += 1

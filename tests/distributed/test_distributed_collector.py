@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import sys
 import time
 
 import pytest
@@ -19,8 +21,16 @@ from dist_helpers import (BLOCK, NODE_ID, POLICY_VERSION, TRAJ_IDS, WORKER_ID, V
 from rlcollect import GymEnv, MultiAsyncCollector, MultiSyncCollector
 from rlcollect.distributed import protocol as P
 from rlcollect.distributed.collector import DistributedCollector
+from rlcollect.distributed.config import ASYNC_SLOTS
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from loadscale import scaled  # noqa: E402
+from procs import own_tmpdir  # noqa: E402, F401  (fixture)
 
 pytestmark = pytest.mark.timeout(180)
+
+#: The nodes' start-up wait, grown with the machine's load (two nodes import torch at once).
+START = scaled(120, cap=480)
 
 
 def _collector(**kwargs) -> DistributedCollector:
@@ -201,6 +211,29 @@ def test_async_seed_state_and_reset_discard_in_flight(async_collector):
     assert next(iter(c)).shape == (10,)
 
 
+def test_async_state_dict_counts_the_frames_delivered_not_those_collected_ahead():
+    # Issue 28: each async node keeps ASYNC_SLOTS batches in flight; state_dict() receives them
+    # (queued for delivery) but counts only the frames delivered, as total_frames does.
+    with _collector(frames_per_batch=20, total_frames=100, sync=False, start_timeout=START) as c:
+        it = iter(c)
+        assert next(it).numel() == 20
+        state = c.state_dict()
+        assert (state["frames"], state["iter"]) == (20, 1)
+        # the nodes' own counts: the delivered batch and every batch in flight
+        assert state["node0"]["frames"] + state["node1"]["frames"] == (1 + 2 * ASYNC_SLOTS) * 20
+        stats = c.stats()
+        assert stats["frames"] == sum(w["frames"] for w in stats["workers"]) == 20
+        assert [b.numel() for b in it] == [20] * 4  # the queued batches, up to total_frames
+        assert c.stats()["frames"] == 100
+        c.load_state_dict(state)  # a resumed run collects the 80 frames still to go
+        assert [b.numel() for b in c] == [20] * 4
+        assert c.stats()["frames"] == 100
+        c.reset()  # the batches in flight are discarded, never counted
+        stats = c.stats()
+        # per node: every frame delivered since the start (load_state_dict leaves them)
+        assert (stats["frames"], sum(w["frames"] for w in stats["workers"])) == (100, 20 + 80 + 80)
+
+
 # -- node classes --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("collector_class, nodes, inner",
                          [("sync", 2, MultiSyncCollector), ("async", 1, MultiAsyncCollector)])
@@ -229,6 +262,21 @@ def test_multi_process_nodes(collector_class, nodes, inner):
         pids = node_pids(c)
         c.shutdown()
     assert not wait_gone(pids)
+
+
+def test_a_node_removes_its_multiprocessing_temp_folder_at_exit(monkeypatch, own_tmpdir):
+    # A node with a multi-process collector has a pymp-* temp folder (the listener that hands
+    # the shared batch slots to its workers); it exits with os._exit, which skips its removal.
+    monkeypatch.setenv("TMPDIR", str(own_tmpdir))  # the node's temp folder (this process keeps its own)
+    c = _collector(nodes=1, collector_class="sync", num_workers_per_collector=2, start_timeout=START)
+    try:
+        assert next(iter(c)).shape == (1, 2, 10)
+        assert len(list(own_tmpdir.glob("pymp-*"))) == 1  # the node's, while it runs
+    finally:
+        pids = node_pids(c)
+        c.shutdown()
+    assert not wait_gone(pids)
+    assert sorted(p.name for p in own_tmpdir.glob("pymp-*")) == []
 
 
 def test_a_node_runs_its_workers_with_central_inference():

@@ -5,6 +5,7 @@ create/shutdown cycles that leave no process, file descriptor or /dev/shm entry 
 from __future__ import annotations
 
 import gc
+import os
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from mp_helpers import (
     shm_entries,
     wait_gone,
 )
+from procs import own_tmpdir  # noqa: F401  (fixture)
 
 from rlcollect import MultiAsyncCollector, MultiSyncCollector
 
@@ -122,10 +124,12 @@ PARENT = textwrap.dedent("""
 """)
 
 
-def _start_parent(tmp_path, method: str, then: str):
+def _start_parent(tmp_path, temp, method: str, then: str):
     script = tmp_path / "parent.py"
     script.write_text(PARENT)
-    parent = subprocess.Popen([sys.executable, str(script), method, then], stdout=subprocess.PIPE, text=True)
+    # TMPDIR=temp: a SIGKILLed parent never removes its multiprocessing temp folder (pymp-*)
+    parent = subprocess.Popen([sys.executable, str(script), method, then], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "TMPDIR": str(temp)})
     try:
         line = parent.stdout.readline()
         pids = [int(p) for p in line.split()]
@@ -140,8 +144,8 @@ def _start_parent(tmp_path, method: str, then: str):
 
 @pytest.mark.timeout(120)  # a fresh interpreter and its workers import torch: slow on a loaded machine
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
-def test_workers_exit_when_the_main_process_is_sigkilled(tmp_path, method):
-    parent, pids = _start_parent(tmp_path, method, "sleep")
+def test_workers_exit_when_the_main_process_is_sigkilled(tmp_path, own_tmpdir, method):
+    parent, pids = _start_parent(tmp_path, own_tmpdir, method, "sleep")
     try:
         assert parent.poll() is None, f"the parent process died: {parent.returncode}"
         assert all(pid_alive(p) for p in pids)
@@ -159,8 +163,8 @@ def test_workers_exit_when_the_main_process_is_sigkilled(tmp_path, method):
 
 
 @pytest.mark.timeout(120)
-def test_interpreter_exit_without_shutdown_ends_the_workers(tmp_path):
-    parent, pids = _start_parent(tmp_path, START, "exit")
+def test_interpreter_exit_without_shutdown_ends_the_workers(tmp_path, own_tmpdir):
+    parent, pids = _start_parent(tmp_path, own_tmpdir, START, "exit")
     try:
         assert parent.wait(30) == 0, "the main process did not exit cleanly"
         assert not wait_gone(pids, 1.0), "workers outlived a main process that exited without shutdown()"

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from procs import cmdline as _cmdline
 from procs import live_descendants as _descendants
+from procs import own_tmpdir  # noqa: F401  (fixture)
 from procs import pid_alive as _alive
 
 SCRIPT = Path(__file__).with_name("mp_ctrl_c_script.py")
@@ -135,11 +136,13 @@ def test_ctrl_c_one_traceback_workers_silent_all_gone(method, phase):
 
 
 @pytest.mark.timeout(180)
-def test_cli_collect_ctrl_c_prints_one_line_and_exits_130():
+def test_cli_collect_ctrl_c_prints_one_line_and_exits_130(own_tmpdir):
+    # Its own temp folder: what multiprocessing made there (pymp-*) must be gone after the exit.
+    temp = own_tmpdir
     proc = subprocess.Popen(
         [sys.executable, "-m", "rlcollect.cli", "collect", "--workers", "2", "--frames", "100000000",
          "--frames-per-batch", "200", "--no-progress"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, env={**os.environ, "TMPDIR": str(temp)})
     try:
         deadline = time.monotonic() + 120
         while True:  # collecting once both workers have mapped their shared batch slots
@@ -160,5 +163,6 @@ def test_cli_collect_ctrl_c_prints_one_line_and_exits_130():
         assert proc.stderr.read().decode() == "rlcollect: interrupted\n"
         assert stdout == ""
         assert proc.returncode == 130
+        assert sorted(p.name for p in temp.glob("pymp-*")) == []  # (os._exit skips multiprocessing's own removal)
     finally:
         _cleanup(proc)

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from procs import cmdline as _cmdline
 from procs import live_descendants as _descendants
+from procs import own_tmpdir  # noqa: F401  (fixture)
 from procs import pid_alive as _alive
 from procs import read_stat
 
@@ -56,9 +57,11 @@ def _wait_for(predicate, timeout: float, what: str, proc) -> None:
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("phase", ["imports", "construct", "collect"])
 @pytest.mark.parametrize("method", ["default", "spawn", "forkserver", "fork"])  # default: "fork" in this script
-def test_workers_die_with_the_main_process(method, phase, tmp_path):
+def test_workers_die_with_the_main_process(method, phase, tmp_path, own_tmpdir):
+    # TMPDIR=own_tmpdir: the SIGKILLed script never removes its multiprocessing temp folder (pymp-*)
     proc = subprocess.Popen([sys.executable, str(SCRIPT), method, phase, str(tmp_path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            env={**os.environ, "TMPDIR": str(own_tmpdir)})
     tree: set[int] = set()
     try:
         _wait_for(lambda: proc.stdout.readline().startswith(b"building"), 120, "the script's imports", proc)

@@ -13,14 +13,19 @@ one call after its sentinel, exactly the order the kernel may produce.
 from __future__ import annotations
 
 import functools
+import json
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
+from procs import own_tmpdir  # noqa: F401  (fixture)
 from rlcollect import MultiAsyncCollector, MultiSyncCollector, WorkerError
 from rlcollect.envs.testing import SleepEnv
 from rlcollect.multiprocess import pool as pool_module
@@ -146,3 +151,19 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
     except OSError:
         return False
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
+def test_a_sigkilled_worker_leaves_no_multiprocessing_temp_folder(method, own_tmpdir):
+    # multiprocessing gives a process a pymp-* temp folder when it first needs one (a fork
+    # server's address, the listener that hands tensors' file descriptors on) and removes it
+    # only at a normal exit; a SIGKILLed process that had one leaves it. The script runs with
+    # its own TMPDIR, SIGKILLs a worker, and reports the folders other than its own.
+    temp = own_tmpdir
+    script = Path(__file__).with_name("mp_worker_kill_tmp_script.py")
+    proc = subprocess.run([sys.executable, str(script), method], capture_output=True, text=True, timeout=200,
+                          env={**os.environ, "TMPDIR": str(temp)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.splitlines()[-1]) == []  # none made by the workers
+    assert sorted(p.name for p in temp.glob("pymp-*")) == []  # and the main process's removed at its exit

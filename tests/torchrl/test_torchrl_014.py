@@ -14,29 +14,13 @@ import pytest
 pytest.importorskip("torchrl.collectors")
 
 import torch  # noqa: E402
-from tensordict.nn import TensorDictModule  # noqa: E402
-from torch import nn  # noqa: E402
 from torchrl import collectors as trc  # noqa: E402
-from torchrl.envs import GymEnv  # noqa: E402
 
 import rlcollect  # noqa: E402
 
+from helpers_torchrl import cartpole, serial_cartpole, zero_policy  # noqa: E402
+
 pytestmark = pytest.mark.timeout(180)
-
-
-class Zero(nn.Module):
-    """Always action 0: a batch with any other action was acted randomly."""
-
-    def forward(self, observation):
-        return torch.zeros(observation.shape[:-1], dtype=torch.int64)
-
-
-def cartpole() -> GymEnv:
-    return GymEnv("CartPole-v1", categorical_action_encoding=True)
-
-
-def zero_policy() -> TensorDictModule:
-    return TensorDictModule(Zero(), in_keys=["observation"], out_keys=["action"])
 
 
 def run(collector, between=None) -> list:
@@ -249,12 +233,6 @@ def test_distributed_node_postproc_and_state_dict_with_torchrl_envs():
 
 
 # -- MultiSyncCollector, a batched env, split_trajs=True ---------------------------------------------------
-def serial_cartpole():
-    from torchrl.envs import SerialEnv
-
-    return SerialEnv(2, cartpole)
-
-
 def test_multisync_batched_env_split_trajs_keeps_torchrls_shape():
     """torchrl 0.14.1 gives (2, 2, 5) here (each row one whole trajectory: its split_trajectories
     keeps the shape; checked by hand, its workers start slowly)."""

@@ -7,7 +7,6 @@ Runs in ``.venv-torchrl`` (``make test-torchrl``); skipped where torchrl is not 
 
 from __future__ import annotations
 
-import gc
 import warnings
 
 import pytest
@@ -17,21 +16,13 @@ pytest.importorskip("torchrl.collectors")
 import torch  # noqa: E402
 from tensordict import TensorDictBase  # noqa: E402
 from torchrl.collectors import Collector as TorchRLCollector  # noqa: E402
-from torchrl.envs import Compose, GymEnv, ObservationNorm, RewardSum, StepCounter, TransformedEnv  # noqa: E402
+from torchrl.envs import Compose, ObservationNorm, RewardSum, StepCounter, TransformedEnv  # noqa: E402
 
 from rlcollect import Collector  # noqa: E402
 
+from helpers_torchrl import cartpole  # noqa: E402
+
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(autouse=True)
-def _collect_torchrl_objects():
-    yield
-    gc.collect()
-
-
-def cartpole() -> GymEnv:
-    return GymEnv("CartPole-v1", categorical_action_encoding=True)
 
 
 def transformed_cartpole() -> TransformedEnv:

@@ -14,13 +14,12 @@ import pytest
 pytest.importorskip("torchrl.collectors")
 
 import torch  # noqa: E402
-from tensordict.nn import TensorDictModule  # noqa: E402
-from torch import nn  # noqa: E402
 from torchrl import collectors as trc  # noqa: E402
-from torchrl.envs import GymEnv  # noqa: E402
 from torchrl.modules.inference_server import InferenceDeviceConfig, InferenceServerConfig  # noqa: E402
 
 import rlcollect  # noqa: E402
+
+from helpers_torchrl import cartpole, zero_policy  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -28,19 +27,6 @@ pytestmark = pytest.mark.timeout(180)
 #: the version again where our metrics read it) and the version that acted on each step.
 OURS_ONLY = {("collector", "traj_ids"), ("collector", "worker_id"), ("collector", "policy_version"),
              ("next", "policy_version")}
-
-
-class Zero(nn.Module):
-    def forward(self, observation):
-        return torch.zeros(observation.shape[:-1], dtype=torch.int64)
-
-
-def cartpole() -> GymEnv:
-    return GymEnv("CartPole-v1", categorical_action_encoding=True)
-
-
-def zero_policy() -> TensorDictModule:
-    return TensorDictModule(Zero(), in_keys=["observation"], out_keys=["action"])
 
 
 def run(collector) -> list:

@@ -7,8 +7,6 @@ Runs in the venv where torchrl is installed first and rlcollect second (``make t
 
 from __future__ import annotations
 
-import gc
-
 import pytest
 
 # (torchrl.collectors, not torchrl: without torchrl installed, "torchrl" would import this very
@@ -23,11 +21,9 @@ from torchrl.data import LazyTensorStorage, ReplayBuffer  # noqa: E402
 from torchrl.envs import (  # noqa: E402
     Compose,
     DoubleToFloat,
-    GymEnv,
     InitTracker,
     ObservationNorm,
     RewardSum,
-    SerialEnv,
     StepCounter,
     TransformedEnv,
 )
@@ -44,34 +40,20 @@ from torchrl.objectives.value import GAE  # noqa: E402
 
 from rlcollect import Collector, MultiSyncCollector  # noqa: E402
 
+from helpers_torchrl import Argmax, cartpole, leaves, serial_cartpole  # noqa: E402
+
 pytestmark = pytest.mark.timeout(120)
 
 FRAMES = 100
 
 
-@pytest.fixture(autouse=True)
-def _collect_torchrl_buffers():
-    """torchrl's buffer storages hold multiprocessing ``Value`` locks (named semaphores in
-    /dev/shm) until they are garbage-collected: collect them before the leak check looks."""
-    yield
-    gc.collect()
-
-
 # -- envs and policies (module level: the multi-process tests send them to workers) --------------
-def cartpole(categorical: bool = True) -> GymEnv:
-    return GymEnv("CartPole-v1", categorical_action_encoding=categorical)
-
-
 def transformed_cartpole() -> TransformedEnv:
     return TransformedEnv(
         cartpole(),
         Compose(StepCounter(max_steps=50), RewardSum(), DoubleToFloat(),
                 ObservationNorm(loc=torch.zeros(4), scale=torch.full((4,), 2.0), in_keys=["observation"])),
     )
-
-
-def serial_cartpole() -> SerialEnv:
-    return SerialEnv(2, cartpole)
 
 
 def probabilistic_actor() -> ProbabilisticActor:
@@ -100,17 +82,8 @@ def recurrent(env_fn=cartpole):
     return env, TensorDictSequential(lstm, head, greedy)
 
 
-class Argmax(nn.Module):
-    def forward(self, logits):
-        return logits.argmax(-1)
-
-
 def recurrent_env():
     return recurrent()[0]
-
-
-def leaves(td) -> dict:
-    return {k: (tuple(v.shape), v.dtype) for k, v in td.items(include_nested=True, leaves_only=True)}
 
 
 def torchrl_batches(env, policy, n: int = 1, frames: int = FRAMES, seed: int | None = None) -> list:

@@ -7,8 +7,6 @@ Runs in ``.venv-torchrl`` (``make test-torchrl``); skipped where torchrl is not 
 
 from __future__ import annotations
 
-import gc
-
 import pytest
 
 pytest.importorskip("torchrl.collectors")
@@ -19,45 +17,22 @@ from torch import nn  # noqa: E402
 from torchrl.collectors import Collector as TorchRLCollector  # noqa: E402
 from torchrl.envs import (  # noqa: E402
     Compose,
-    GymEnv,
     InitTracker,
     RewardSum,
     StepCounter,
     TransformedEnv,
 )
-from torchrl.modules import LSTMModule, MLP, ProbabilisticActor  # noqa: E402
+from torchrl.modules import LSTMModule  # noqa: E402
 
 from rlcollect import DistributedCollector, MultiAsyncCollector, MultiSyncCollector  # noqa: E402
+
+from helpers_torchrl import Argmax, actor, cartpole, leaves, our_leaves  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
 
 
-@pytest.fixture(autouse=True)
-def _collect_torchrl_objects():
-    """torchrl's objects may hold multiprocessing locks until collected."""
-    yield
-    gc.collect()
-
-
-def cartpole() -> GymEnv:
-    return GymEnv("CartPole-v1", categorical_action_encoding=True)
-
-
 def transformed_cartpole() -> TransformedEnv:
     return TransformedEnv(cartpole(), Compose(StepCounter(max_steps=50), RewardSum()))
-
-
-def actor() -> ProbabilisticActor:
-    torch.manual_seed(0)
-    net = TensorDictModule(MLP(in_features=4, out_features=2, num_cells=[16]), in_keys=["observation"],
-                           out_keys=["logits"])
-    return ProbabilisticActor(net, in_keys=["logits"], distribution_class=torch.distributions.Categorical,
-                              return_log_prob=True)
-
-
-class Argmax(nn.Module):
-    def forward(self, logits):
-        return logits.argmax(-1)
 
 
 def lstm_policy() -> TensorDictSequential:
@@ -71,22 +46,6 @@ def lstm_env() -> TransformedEnv:
     env = TransformedEnv(cartpole(), Compose(InitTracker(), StepCounter()))
     env.append_transform(lstm_policy()[0].make_tensordict_primer())
     return env
-
-
-def leaves(td) -> dict:
-    return {k: (tuple(v.shape), v.dtype) for k, v in td.items(include_nested=True, leaves_only=True)}
-
-
-# Our async and distributed batches also say which worker / node collected them (documented).
-OURS_ONLY = (("collector", "worker_id"), ("collector", "node_id"))
-
-
-def our_leaves(td) -> dict:
-    found = leaves(td)
-    for key in OURS_ONLY:
-        if key in found:
-            assert found.pop(key) == (tuple(td.shape), torch.int64)
-    return found
 
 
 def torchrl_layout(env_fn, policy_fn, frames: int) -> dict:

@@ -10,7 +10,6 @@ the long timeout on a loaded machine.
 
 from __future__ import annotations
 
-import gc
 import multiprocessing
 import os
 import signal
@@ -28,12 +27,13 @@ pytest.importorskip("torchrl.collectors")
 # Importing it here pins only this import's frames.
 import torchrl.envs.libs.utils  # noqa: E402, F401
 import torch  # noqa: E402
-from tensordict.nn import TensorDictModule  # noqa: E402
 from torchrl.collectors import Collector as TorchRLCollector  # noqa: E402
-from torchrl.envs import GymEnv, ParallelEnv  # noqa: E402
-from torchrl.modules import MLP, ProbabilisticActor, QValueActor  # noqa: E402
+from torchrl.envs import ParallelEnv  # noqa: E402
+from torchrl.modules import MLP, QValueActor  # noqa: E402
 
 from rlcollect import Collector, DistributedCollector, MultiAsyncCollector, MultiSyncCollector  # noqa: E402
+
+from helpers_torchrl import actor, cartpole, leaves, our_leaves  # noqa: E402
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -46,54 +46,17 @@ FRAMES = 100  # frames per batch of one ParallelEnv: ROWS rows of 50 steps
 CLOSE_S = 120.0
 
 
-@pytest.fixture(autouse=True)
-def _collect_torchrl_objects():
-    """torchrl's objects may hold multiprocessing locks until collected."""
-    yield
-    gc.collect()
-
-
 # -- envs and policies (module level: the multi-process collectors send them to workers) --------
-def cartpole() -> GymEnv:
-    # categorical: the action is an index, as our layout comparison with torchrl expects (with
-    # one-hot actions torchrl's own collector writes the one-hot action).
-    return GymEnv("CartPole-v1", categorical_action_encoding=True)
-
-
 def parallel_cartpole() -> ParallelEnv:
     if multiprocessing.current_process().daemon:  # what a daemonic worker would meet
         raise AssertionError("the collector's worker is daemonic: it cannot start ParallelEnv's processes")
     return ParallelEnv(ROWS, cartpole)
 
 
-def actor() -> ProbabilisticActor:
-    torch.manual_seed(0)
-    net = TensorDictModule(MLP(in_features=4, out_features=2, num_cells=[16]), in_keys=["observation"],
-                           out_keys=["logits"])
-    return ProbabilisticActor(net, in_keys=["logits"], distribution_class=torch.distributions.Categorical,
-                              return_log_prob=True)
-
-
 def greedy_actor() -> QValueActor:
     torch.manual_seed(0)
     return QValueActor(MLP(in_features=4, out_features=2, num_cells=[16]), in_keys=["observation"],
                        spec=cartpole().action_spec)
-
-
-def leaves(td) -> dict:
-    return {k: (tuple(v.shape), v.dtype) for k, v in td.items(include_nested=True, leaves_only=True)}
-
-
-# Our async and distributed batches also say which worker / node collected them (documented).
-OURS_ONLY = (("collector", "worker_id"), ("collector", "node_id"))
-
-
-def our_leaves(td) -> dict:
-    found = leaves(td)
-    for key in OURS_ONLY:
-        if key in found:
-            assert found.pop(key) == (tuple(td.shape), torch.int64)
-    return found
 
 
 def torchrl_batches(policy_fn, n: int = 1, seed: int | None = None) -> list:
