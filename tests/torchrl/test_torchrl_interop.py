@@ -7,6 +7,8 @@ Runs in the venv where torchrl is installed first and rlcollect second (``make t
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 # (torchrl.collectors, not torchrl: without torchrl installed, "torchrl" would import this very
