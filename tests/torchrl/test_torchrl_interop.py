@@ -33,7 +33,6 @@ from torchrl.modules import (  # noqa: E402
     EGreedyModule,
     LSTMModule,
     MLP,
-    ProbabilisticActor,
     QValueActor,
     ValueOperator,
 )
@@ -43,6 +42,7 @@ from torchrl.objectives.value import GAE  # noqa: E402
 from rlcollect import Collector, MultiSyncCollector  # noqa: E402
 
 from helpers_torchrl import Argmax, cartpole, leaves, serial_cartpole  # noqa: E402
+from helpers_torchrl import actor as probabilistic_actor  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -56,14 +56,6 @@ def transformed_cartpole() -> TransformedEnv:
         Compose(StepCounter(max_steps=50), RewardSum(), DoubleToFloat(),
                 ObservationNorm(loc=torch.zeros(4), scale=torch.full((4,), 2.0), in_keys=["observation"])),
     )
-
-
-def probabilistic_actor() -> ProbabilisticActor:
-    torch.manual_seed(0)
-    net = TensorDictModule(MLP(in_features=4, out_features=2, num_cells=[16]), in_keys=["observation"],
-                           out_keys=["logits"])
-    return ProbabilisticActor(net, in_keys=["logits"], distribution_class=torch.distributions.Categorical,
-                              return_log_prob=True)
 
 
 def qvalue_actor(env) -> QValueActor:
@@ -88,24 +80,33 @@ def recurrent_env():
     return recurrent()[0]
 
 
-def torchrl_batches(env, policy, n: int = 1, frames: int = FRAMES, seed: int | None = None) -> list:
+def torchrl_batches(env, policy, n: int = 1, frames: int = FRAMES, seed: int | None = None, **kwargs) -> list:
     if seed is not None:
         env.set_seed(seed)
-    c = TorchRLCollector(env, policy, frames_per_batch=frames, total_frames=n * frames)
+    c = TorchRLCollector(env, policy, frames_per_batch=frames, total_frames=n * frames, **kwargs)
     try:
         return [b.clone() for b in c]
     finally:
         c.shutdown()
 
 
-def our_batches(env, policy, n: int = 1, frames: int = FRAMES, seed: int | None = None) -> list:
-    c = Collector(env, policy, frames_per_batch=frames, total_frames=n * frames)
+def our_batches(env, policy, n: int = 1, frames: int = FRAMES, seed: int | None = None, **kwargs) -> list:
+    c = Collector(env, policy, frames_per_batch=frames, total_frames=n * frames, **kwargs)
     try:
         if seed is not None:
             c.set_seed(seed)  # seeds the env and resets it before the first batch, as torchrl's does
         return [b.clone() for b in c]
     finally:
         c.shutdown()
+
+
+def assert_same(theirs: list, ours: list) -> None:
+    """As many batches, with the same leaves and bit-identical values."""
+    assert len(theirs) == len(ours)
+    for a, b in zip(theirs, ours):
+        assert leaves(a) == leaves(b)
+        for key in a.keys(include_nested=True, leaves_only=True):
+            assert torch.equal(a[key], b[key]), key
 
 
 # -- layout: key sets, shapes and dtypes equal to torchrl's collector -----------------------------
@@ -159,10 +160,7 @@ def test_lstm_policy_hidden_states_equal_torchrls_collector_exactly(env_fn):
     theirs = torchrl_batches(env, policy, n=3, seed=0)
     env, policy = recurrent(env_fn)
     ours = our_batches(env, policy, n=3, seed=0)
-    for a, b in zip(theirs, ours):
-        assert leaves(a) == leaves(b)
-        for key in a.keys(include_nested=True, leaves_only=True):
-            assert torch.equal(a[key], b[key]), key
+    assert_same(theirs, ours)
     h = torch.cat([b["recurrent_state_h"] for b in ours])
     assert h.abs().sum() > 0  # the memory is not lost
     starts = torch.cat([b["is_init"] for b in ours]).squeeze(-1)
@@ -338,42 +336,16 @@ def lstm_policy():
     return recurrent()[1]
 
 
-def seeded_torchrl(env, policy, n: int, frames: int = FRAMES, **kwargs) -> list:
-    env.set_seed(0)
-    c = TorchRLCollector(env, policy, frames_per_batch=frames, total_frames=n * frames, **kwargs)
-    try:
-        return [b.clone() for b in c]
-    finally:
-        c.shutdown()
-
-
-def seeded_ours(env, policy, n: int, frames: int = FRAMES, **kwargs) -> list:
-    c = Collector(env, policy, frames_per_batch=frames, total_frames=n * frames, **kwargs)
-    try:
-        c.set_seed(0)
-        return [b.clone() for b in c]
-    finally:
-        c.shutdown()
-
-
-def assert_same(theirs: list, ours: list) -> None:
-    assert len(theirs) == len(ours)
-    for a, b in zip(theirs, ours):
-        assert leaves(a) == leaves(b)
-        for key in a.keys(include_nested=True, leaves_only=True):
-            assert torch.equal(a[key], b[key]), key
-
-
 def test_auto_register_policy_transforms_adds_torchrls_transforms_with_torchrls_values():
     # a bare CartPole and an LSTM policy: True appends InitTracker and the LSTM's primer, as torchrl
-    theirs = seeded_torchrl(cartpole(), lstm_policy(), n=3, auto_register_policy_transforms=True)
-    ours = seeded_ours(cartpole(), lstm_policy(), n=3, auto_register_policy_transforms=True)
+    theirs = torchrl_batches(cartpole(), lstm_policy(), n=3, seed=0, auto_register_policy_transforms=True)
+    ours = our_batches(cartpole(), lstm_policy(), n=3, seed=0, auto_register_policy_transforms=True)
     assert_same(theirs, ours)
     assert {"is_init", "recurrent_state_h", "recurrent_state_c"} <= set(ours[0].keys())
     assert ours[2]["recurrent_state_h"].abs().sum() > 0
     # an env that has them already gets nothing twice: the values of recurrent()'s hand-built env
     env, policy = recurrent()
-    assert_same(seeded_torchrl(env, policy, n=2), seeded_ours(recurrent()[0], lstm_policy(), n=2,
+    assert_same(torchrl_batches(env, policy, n=2, seed=0), our_batches(recurrent()[0], lstm_policy(), n=2, seed=0,
                                                              auto_register_policy_transforms=True))
 
 
@@ -382,8 +354,8 @@ def test_auto_register_policy_transforms_none_or_false_adds_nothing(flag):
     # a non-recurrent module: torchrl adds only InitTracker, and only when True
     policy = qvalue_actor(cartpole())
     for value in (flag, True):
-        theirs = seeded_torchrl(cartpole(), policy, n=1, auto_register_policy_transforms=value)
-        ours = seeded_ours(cartpole(), policy, n=1, auto_register_policy_transforms=value)
+        theirs = torchrl_batches(cartpole(), policy, n=1, seed=0, auto_register_policy_transforms=value)
+        ours = our_batches(cartpole(), policy, n=1, seed=0, auto_register_policy_transforms=value)
         assert_same(theirs, ours)
         assert ("is_init" in ours[0].keys()) is (value is True)
 
@@ -415,7 +387,7 @@ def cartpole_after_init():
 def test_multisync_auto_register_and_init_fn_in_workers_equal_torchrls():
     from torchrl.collectors import MultiSyncCollector as TorchRLMultiSync
 
-    theirs = seeded_torchrl(cartpole(), lstm_policy(), n=2, auto_register_policy_transforms=True)
+    theirs = torchrl_batches(cartpole(), lstm_policy(), n=2, seed=0, auto_register_policy_transforms=True)
     c = MultiSyncCollector([cartpole_after_init, cartpole_after_init], lstm_policy(), frames_per_batch=2 * FRAMES,
                            total_frames=4 * FRAMES, auto_register_policy_transforms=True, init_fn=init_worker)
     try:
@@ -449,8 +421,8 @@ class StopAfter:
 
 def test_interruptor_stops_the_batch_where_torchrls_does():
     policy = qvalue_actor(cartpole())
-    theirs = seeded_torchrl(cartpole(), policy, n=1, frames=10, interruptor=StopAfter(4))
-    ours = seeded_ours(cartpole(), policy, n=1, frames=10, interruptor=StopAfter(4))
+    theirs = torchrl_batches(cartpole(), policy, n=1, seed=0, frames=10, interruptor=StopAfter(4))
+    ours = our_batches(cartpole(), policy, n=1, seed=0, frames=10, interruptor=StopAfter(4))
     # (ours counts the 4 steps taken, then the 6 one-step batches of the stopped interruptor)
     assert len(theirs) == 1 and len(ours) == 7
     a, b = theirs[0], ours[0]
