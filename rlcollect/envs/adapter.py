@@ -283,27 +283,12 @@ def make_env(create_env_fn: Any, kwargs: dict | None = None, prepare: Callable[[
     """Build the env a collector was given: an instance, a gymnasium id or a factory.
     ``prepare``: called with the env made (before it is adapted), returns the env to use."""
     kwargs = kwargs or {}
-    if prepare is not None:
-        return make_env(prepare(raw_env(create_env_fn, kwargs)))
-    if isinstance(create_env_fn, str):
+    if isinstance(create_env_fn, str) and prepare is None:
         from rlcollect.envs.gym import GymEnv
 
         return GymEnv(create_env_fn, **kwargs)
-    if _is_instance(create_env_fn):
-        if kwargs:
-            raise ValueError("create_env_kwargs cannot be used with an env instance; pass a factory instead")
-        return as_env(create_env_fn)
-    if callable(create_env_fn):
-        return as_env(create_env_fn(**kwargs))
-    raise TypeError(
-        "create_env_fn must be an env, a gymnasium id or a callable returning an env, "
-        f"got {type(create_env_fn).__name__}"
-    )
-
-
-def _is_instance(obj: Any) -> bool:
-    # An env class (``CountingEnv``) has a ``step`` attribute too, but it is a factory.
-    return not isinstance(obj, type) and (isinstance(obj, EnvBase) or hasattr(obj, "step") or _is_gym(obj))
+    env = raw_env(create_env_fn, kwargs)
+    return as_env(env if prepare is None else prepare(env))
 
 
 def raw_env(create_env_fn: Any, kwargs: dict) -> Any:
@@ -313,11 +298,20 @@ def raw_env(create_env_fn: Any, kwargs: dict) -> Any:
         import gymnasium as gym
 
         return gym.make(create_env_fn, **kwargs)
-    if _is_instance(create_env_fn):
+    # An env class (``CountingEnv``) has a ``step`` attribute too, but it is a factory.
+    is_instance = not isinstance(create_env_fn, type) and (
+        isinstance(create_env_fn, EnvBase) or hasattr(create_env_fn, "step") or _is_gym(create_env_fn)
+    )
+    if is_instance:
         if kwargs:
             raise ValueError("create_env_kwargs cannot be used with an env instance; pass a factory instead")
         return create_env_fn
-    return create_env_fn(**kwargs)
+    if callable(create_env_fn):
+        return create_env_fn(**kwargs)
+    raise TypeError(
+        "create_env_fn must be an env, a gymnasium id or a callable returning an env, "
+        f"got {type(create_env_fn).__name__}"
+    )
 
 
 def _is_gym(obj: Any) -> bool:
