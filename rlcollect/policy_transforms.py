@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from rlcollect.torchrl_args import optional_flag
+
 #: The key torchrl's recurrent modules read to know an episode began.
 INIT_KEY = "is_init"
 
@@ -18,9 +20,7 @@ INIT_KEY = "is_init"
 def check_flag(value: Any) -> bool | None:
     """``auto_register_policy_transforms``: None (torchrl 0.14's default: nothing is added),
     False or True."""
-    if value is None or isinstance(value, bool):
-        return value
-    raise TypeError(f"auto_register_policy_transforms must be None, True or False, got {value!r}")
+    return optional_flag("auto_register_policy_transforms", value)
 
 
 class PolicyTransforms:

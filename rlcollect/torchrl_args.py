@@ -265,10 +265,16 @@ def check_reset_when_done(value: Any) -> None:
     )
 
 
-def check_trust_policy(value: Any) -> bool | None:
+def optional_flag(name: str, value: Any) -> bool | None:
+    """torchrl's three-way flags (``trust_policy``, ``auto_register_policy_transforms``): None
+    (torchrl's default), True or False."""
     if value is None or isinstance(value, bool):
         return value
-    raise TypeError(f"trust_policy must be None, True or False, got {value!r}")
+    raise TypeError(f"{name} must be None, True or False, got {value!r}")
+
+
+def check_trust_policy(value: Any) -> bool | None:
+    return optional_flag("trust_policy", value)
 
 
 def check_local_init_rb(value: Any) -> bool | None:
