@@ -43,7 +43,7 @@ $(STAMP_DEMO): $(STAMP_BASE)
 	touch $(STAMP_DEMO)
 
 $(STAMP): $(STAMP_BASE)
-	$(PY) -m pip install --quiet -e '.[test,docs,slurm,examples,atari,mujoco,envpool,tensorboard,bench,ray]'
+	$(PY) -m pip install --quiet -e '.[test,docs,slurm,examples,atari,mujoco,envpool,tensorboard,bench,ray,wandb,mlflow,hydra]'
 	touch $(STAMP)
 
 test: lint docs test-main test-torchrl

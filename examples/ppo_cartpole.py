@@ -37,7 +37,7 @@ import torch
 from torch import nn
 from torch.distributions import Categorical
 
-from rlcollect import GymEnv, MultiAsyncCollector, MultiSyncCollector, TensorBoardLogger
+from rlcollect import GymEnv, MLflowLogger, MultiAsyncCollector, MultiSyncCollector, TensorBoardLogger, WandbLogger
 
 
 @dataclass
@@ -94,6 +94,12 @@ class Args:
     tensorboard: str = ""
     """a folder for TensorBoard event files: the collector's stats() and this script's return and losses
     after every batch (empty: none; needs pip install 'rlcollect[tensorboard]')"""
+    wandb: str = ""
+    """a Weights & Biases project to write the same to ($WANDB_MODE=offline keeps the run on disk; empty: none;
+    needs pip install 'rlcollect[wandb]')"""
+    mlflow: str = ""
+    """an MLflow experiment to write the same to, at $MLFLOW_TRACKING_URI (empty: none; needs
+    pip install 'rlcollect[mlflow]')"""
 
 
 def mlp(in_dim: int, out_dim: int, hidden: int, out_std: float) -> nn.Sequential:
@@ -233,7 +239,8 @@ def train(args: Args) -> list[dict]:
     last_traj = torch.full((args.workers, args.envs_per_worker), -1, dtype=torch.long)  # each stream's last traj id
     behaviour = {0: copy.deepcopy(actor.state_dict())}  # async: the actors of the last versions
     old_actor = copy.deepcopy(actor)
-    board = TensorBoardLogger(args.tensorboard) if args.tensorboard else None
+    loggers = [make(name) for name, make in ((args.tensorboard, TensorBoardLogger), (args.wandb, WandbLogger),
+                                             (args.mlflow, MLflowLogger)) if name]
     history = []
     frames = 0
     with collector:
@@ -294,17 +301,16 @@ def train(args: Args) -> list[dict]:
                 row.update(worker=worker, policy_lag=collector.policy_version - 1 - version,
                            lag_dropped_frames=stats["lag_dropped_frames"], episode_ends=int(done.sum()))
             history.append(row)
-            if board is not None:
-                board.log(collector, step=frames)  # env-step latency, policy lag, time waiting, ...
-                for key, value in row.items():
-                    if key != "frames" and not math.isnan(value):
-                        board.writer.add_scalar(f"train/{key}", value, frames)
+            for logger in loggers:
+                logger.log(collector, step=frames)  # env-step latency, policy lag, time waiting, ...
+                logger.write({f"train/{key}": value for key, value in row.items()
+                              if key != "frames" and not math.isnan(value)}, frames)
             print(f"frames {frames:>7,d}  return {row['mean_return']:6.1f} ({len(returns):3d} episodes)  "
                   f"policy {losses['policy_loss']:+.4f}  value {losses['value_loss']:8.3f}  "
                   f"entropy {losses['entropy']:.3f}  kl {losses['approx_kl']:.4f}  "
                   f"{row['fps']:,.0f} fps  {elapsed:5.1f} s", flush=True)
-    if board is not None:
-        board.close()
+    for logger in loggers:
+        logger.close()
     return history
 
 

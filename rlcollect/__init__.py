@@ -33,6 +33,7 @@ _EXPORTS = {
     "MultiAsyncCollector": "rlcollect.multiprocess.collector",
     "MultiCollector": "rlcollect.multiprocess.factory",
     "MultiProcessWeightSyncScheme": "rlcollect.weights.schemes",
+    "MLflowLogger": "rlcollect.loggers.mlflow",
     "MultiSyncCollector": "rlcollect.multiprocess.collector",
     "NoWeightSyncScheme": "rlcollect.weights.schemes",
     "RayCollector": "rlcollect.distributed.ray_collector",
@@ -40,8 +41,10 @@ _EXPORTS = {
     "SerialEnv": "rlcollect.envs.serial",
     "SharedMemWeightSyncScheme": "rlcollect.weights.schemes",
     "SleepEnv": "rlcollect.envs.testing",
-    "TensorBoardLogger": "rlcollect.tensorboard",
+    "StatsLogger": "rlcollect.loggers.base",
+    "TensorBoardLogger": "rlcollect.loggers.tensorboard",
     "VectorEnv": "rlcollect.envs.vector",
+    "WandbLogger": "rlcollect.loggers.wandb",
     "WeightSyncScheme": "rlcollect.weights.schemes",
     "WorkerError": "rlcollect.errors",
     "current_worker_index": "rlcollect._context",
@@ -82,7 +85,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from rlcollect.multiprocess.factory import MultiCollector
     from rlcollect.errors import WorkerError
     from rlcollect.multiprocess.collector import MultiSyncCollector
-    from rlcollect.tensorboard import TensorBoardLogger
+    from rlcollect.loggers.base import StatsLogger
+    from rlcollect.loggers.mlflow import MLflowLogger
+    from rlcollect.loggers.tensorboard import TensorBoardLogger
+    from rlcollect.loggers.wandb import WandbLogger
     from rlcollect.policy import ExplorationType
     from rlcollect.weights.schemes import (
         DistributedWeightSyncScheme,

@@ -94,6 +94,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="after every batch, write the collector's stats() to TensorBoard event files in DIR "
         "(needs pip install 'rlcollect[tensorboard]')",
     )
+    collect.add_argument(
+        "--wandb",
+        metavar="PROJECT",
+        default=None,
+        help="after every batch, write the collector's stats() to a Weights & Biases run of PROJECT "
+        "($WANDB_MODE=offline keeps it on disk; needs pip install 'rlcollect[wandb]')",
+    )
+    collect.add_argument(
+        "--mlflow",
+        metavar="EXPERIMENT",
+        default=None,
+        help="after every batch, write the collector's stats() to an MLflow run of EXPERIMENT, at $MLFLOW_TRACKING_URI "
+        "(needs pip install 'rlcollect[mlflow]')",
+    )
 
     node = commands.add_parser(
         "node",
@@ -208,23 +222,36 @@ def _describe(args) -> str:
     )
 
 
-def _tensorboard(log_dir: str | None):
-    """The ``--tensorboard DIR`` writer (None without the option)."""
-    if log_dir is None:
-        return None
-    from rlcollect.tensorboard import TensorBoardLogger
+def _loggers(args) -> list:
+    """The loggers asked for (``--tensorboard``, ``--wandb``, ``--mlflow``), in that order."""
+    from rlcollect import loggers
 
+    made = []
+    wanted = [("--tensorboard", args.tensorboard, loggers.TensorBoardLogger),
+              ("--wandb", args.wandb, loggers.WandbLogger), ("--mlflow", args.mlflow, loggers.MLflowLogger)]
     try:
-        return TensorBoardLogger(log_dir)
-    except (ImportError, OSError) as exc:
-        raise CliError(f"argument --tensorboard: {exc}") from None
+        for option, value, logger_class in wanted:
+            if value is not None:
+                try:
+                    made.append(logger_class(value))
+                except (ImportError, OSError, ValueError) as exc:
+                    raise CliError(f"argument {option}: {exc}") from None
+    except BaseException:
+        _close(made)
+        raise
+    return made
+
+
+def _close(loggers: list) -> None:
+    for logger in loggers:
+        logger.close()
 
 
 def run_collect(args) -> int:
     from tqdm import tqdm
 
     started = time.perf_counter()
-    board = _tensorboard(args.tensorboard)  # first: a missing package fails before any worker starts
+    loggers = _loggers(args)  # first: a missing package fails before any worker starts
     try:
         # The env id is checked before torch and tensordict are imported (seconds, more on a
         # loaded machine): a mistyped --env answers in a fraction of a second.
@@ -237,8 +264,7 @@ def run_collect(args) -> int:
 
         collector = _make_collector(args, policy)
     except BaseException:
-        if board is not None:
-            board.close()
+        _close(loggers)
         raise
     startup = time.perf_counter() - started
     tracker = EpisodeTracker()
@@ -263,14 +289,13 @@ def run_collect(args) -> int:
             batches += 1
             tracker.update(batch)
             progress.update(batch.numel())
-            if board is not None:
-                board.log(collector)
+            for logger in loggers:
+                logger.log(collector)
         seconds = time.perf_counter() - start
     finally:
         progress.close()
         collector.shutdown()
-        if board is not None:
-            board.close()
+        _close(loggers)
 
     mean = tracker.mean_return
     rows = [
@@ -283,8 +308,9 @@ def run_collect(args) -> int:
         ("episodes finished", f"{len(tracker.returns)}"),
         ("mean episode return", f"{mean:.2f}" if mean is not None else "- (no episode finished)"),
     ]
-    if args.tensorboard is not None:
-        rows.append(("tensorboard", args.tensorboard))
+    for option in ("tensorboard", "wandb", "mlflow"):
+        if getattr(args, option) is not None:
+            rows.append((option, getattr(args, option)))
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")

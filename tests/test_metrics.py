@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import doctest
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -76,7 +75,7 @@ def test_batch_clock():
     assert (clock.last_s, clock.total_s) == (0.25, 0.75)
 
 
-@pytest.mark.parametrize("module", ["rlcollect.metrics", "rlcollect.tensorboard"])
+@pytest.mark.parametrize("module", ["rlcollect.metrics", "rlcollect.loggers.base"])
 def test_docstring_examples(module):
     import importlib
 
@@ -193,18 +192,6 @@ def test_cli_collect_writes_tensorboard(tmp_path, capsys):
     assert [v for _, v in back["collector/batches"]] == [1.0, 2.0, 3.0]
     assert {f"collector/worker{i}/env_step_p95_s" for i in (0, 1)} <= set(back)
     assert all(v > 0 for _, v in back["collector/wait_s"])
-
-
-@pytest.mark.timeout(200)
-def test_ppo_example_writes_tensorboard(tmp_path):
-    proc = subprocess.run([sys.executable, str(EXAMPLES / "ppo_cartpole.py"), "--total-frames", "4000",
-                           "--out", str(tmp_path / "curve.png"), "--tensorboard", str(tmp_path / "tb")],
-                          capture_output=True, text=True, timeout=180, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    back = scalars_in(tmp_path / "tb")
-    assert [step for step, _ in back["collector/frames"]] == [2000, 4000]
-    assert {"train/policy_loss", "train/value_loss", "collector/policy_lag_max",
-            "collector/worker1/env_step_mean_s"} <= set(back)
 
 
 @pytest.mark.parametrize("multi", [False, True], ids=["Collector", "MultiSyncCollector"])

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import cloudpickle
@@ -365,7 +365,7 @@ class MultiConfig:
     def _workers(self) -> None:
         """The workers and the per-worker lists."""
         fns, num = self.create_env_fn, self.num_workers
-        if isinstance(fns, (list, tuple)):
+        if isinstance(fns, Sequence) and not isinstance(fns, (str, bytes)):  # OmegaConf's ListConfig too
             if not fns:
                 raise ValueError("create_env_fn is an empty list; give one env factory per worker")
             if num is not None and num != len(fns):
