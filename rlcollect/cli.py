@@ -18,7 +18,9 @@ seconds), so ``--help``, ``--version`` and bad options answer at once.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
+import logging
 import math
 import os
 import sys
@@ -30,6 +32,7 @@ from rlcollect import __version__
 from rlcollect._pids import remove_multiprocessing_temp_dir
 
 PROG = "rlcollect"
+log = logging.getLogger("rlcollect.cli")
 BENCH_MOVED = (
     "bench: the benchmark suite is not part of the installed package; it lives in the bench/ folder of "
     "rlcollect's source checkout: run `python -m bench` (or `make bench`) from the repository root there"
@@ -55,14 +58,19 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description="Collect reinforcement-learning experience.")
+    parser = _Parser(prog=PROG, description="Collect reinforcement-learning experience: `collect` runs a collection "
+                     "from the command line, `node` joins a DistributedCollector as one of its nodes.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     collect = commands.add_parser(
         "collect",
-        help="run a collection and print a summary",
-        description="Step an env with a policy, show progress on stderr and print a summary on stdout.",
+        help="collect from a gymnasium env: check it runs, measure frames/s, log stats, save the frames",
+        description="Collect experience from a gymnasium env with a random (or an untrained MLP) policy, in this "
+        "process or in --workers processes: to check that an env runs under rlcollect and how fast it is collected "
+        "(frames/s with N workers), to watch the collector's stats() in TensorBoard, Weights & Biases or MLflow, or to "
+        "save the frames (--out) as a replay buffer to read back later. Start-up phases are logged on stderr "
+        "(--log-level), then a progress bar; a summary is printed on stdout.",
     )
     collect.add_argument("--env", default="CartPole-v1", help="gymnasium env id (default: %(default)s)")
     collect.add_argument("--workers", type=positive_int, default=1, help="worker processes (default: %(default)s)")
@@ -87,6 +95,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     collect.add_argument("--seed", type=int, default=None, help="seed the envs and the policy")
     collect.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
+    collect.add_argument(
+        "--out",
+        metavar="DIR",
+        default=None,
+        help="save every frame collected in DIR (new or empty): a memory-mapped rlcollect ReplayBuffer, read back "
+        "with ReplayBuffer(CAPACITY, storage='memmap', path=DIR) (the summary prints CAPACITY)",
+    )
+    collect.add_argument(
+        "--log-level",
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        default="INFO",
+        help="what rlcollect logs on stderr: INFO shows each start-up phase (default: %(default)s)",
+    )
     collect.add_argument(
         "--tensorboard",
         metavar="DIR",
@@ -170,12 +191,12 @@ def _probe_env(env_id: str):
         env.close()
 
 
-def _make_policy(name: str, env_id: str, seed: int | None):
+def _check_policy(name: str, env_id: str, spaces) -> None:
     if name == "random":
-        return None
+        return
     import gymnasium as gym
 
-    obs_space, action_space = _probe_env(env_id)
+    obs_space, action_space = spaces
     if not (isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1) or not isinstance(
         action_space, gym.spaces.Discrete
     ):
@@ -183,10 +204,16 @@ def _make_policy(name: str, env_id: str, seed: int | None):
             f"argument --policy: mlp needs a flat Box observation and a Discrete action space; "
             f"{env_id} has {obs_space} and {action_space}"
         )
+
+
+def _make_policy(name: str, spaces, seed: int | None):
+    if name == "random":
+        return None
     import torch
 
     from rlcollect.nets import ArgmaxMLP
 
+    obs_space, action_space = spaces
     if seed is not None:
         torch.manual_seed(seed)
     return ArgmaxMLP(obs_space.shape[0], int(action_space.n))
@@ -247,28 +274,102 @@ def _close(loggers: list) -> None:
         logger.close()
 
 
+def _check_out(path: str | None) -> None:
+    """``--out DIR`` must be a new or empty folder: a buffer already there would be reopened
+    (and, of another size, refused only after the first batch)."""
+    if path is None:
+        return
+    if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
+        raise CliError(f"argument --out: {path!r} is not a new or empty folder (it would hold the collected frames)")
+
+
+def _replay_buffer(path: str, capacity: int):
+    from rlcollect import ReplayBuffer
+
+    return ReplayBuffer(capacity, storage="memmap", path=path)
+
+
+class StartupLog:
+    """The start-up phases of ``collect``, each logged at INFO as it begins, with the seconds so
+    far: the seconds before the first batch (imports, workers that import torch in turn, the
+    envs) are not silent.
+
+    Args:
+        phases: how many phases there are (shown as ``i/phases``).
+    """
+
+    def __init__(self, phases: int):
+        self.phases = phases
+        self.begun = 0
+        self.started = time.perf_counter()
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def begin(self, what: str) -> None:
+        self.begun += 1
+        log.info("start-up %d/%d: %s (%.1f s so far)", self.begun, self.phases, what, self.elapsed)
+
+
+def _logged_beside(progress, batches):
+    """``batches``, while log records are written above the progress bar, not into it."""
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    with logging_redirect_tqdm(loggers=[logging.getLogger("rlcollect")], tqdm_class=type(progress)):
+        yield from batches
+
+
+@contextlib.contextmanager
+def _log_to_stderr(level: str):
+    """rlcollect's log records (the library's and this command's) on stderr while the command
+    runs; the handler is removed afterwards, as ``main()`` may be called within a program."""
+    package = logging.getLogger("rlcollect")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+    previous = package.level
+    package.setLevel(level)
+    package.addHandler(handler)
+    try:
+        yield
+    finally:
+        package.removeHandler(handler)
+        package.setLevel(previous)
+
+
 def run_collect(args) -> int:
     from tqdm import tqdm
 
     started = time.perf_counter()
-    loggers = _loggers(args)  # first: a missing package fails before any worker starts
-    try:
-        # The env id is checked before torch and tensordict are imported (seconds, more on a
-        # loaded machine): a mistyped --env answers in a fraction of a second.
-        policy = _make_policy(args.policy, args.env, args.seed)
-        if policy is None:
-            _probe_env(args.env)
-        # Batches are TensorDicts, which rlcollect imports only when the first one is built:
-        # import it now so that its seconds count as start-up, not as collection time.
-        import tensordict  # noqa: F401
+    _check_out(args.out)
+    # The env id is checked before torch and tensordict are imported (seconds, more on a
+    # loaded machine): a mistyped --env answers in a fraction of a second, in one line.
+    spaces = _probe_env(args.env)
+    _check_policy(args.policy, args.env, spaces)
+    log.info("collecting %s", _describe(args))
+    with_loggers = any(option is not None for option in (args.tensorboard, args.wandb, args.mlflow))
+    startup = StartupLog(phases=4 if with_loggers else 3)
+    # Batches are TensorDicts, which rlcollect imports only when the first one is built:
+    # import it now so that its seconds count as start-up, not as collection time.
+    startup.begin("importing torch and tensordict")
+    import tensordict  # noqa: F401
 
+    policy = _make_policy(args.policy, spaces, args.seed)
+    if with_loggers:
+        startup.begin("opening the loggers")
+    loggers = _loggers(args)  # before the collector: a missing package fails before any worker starts
+    try:
+        many = args.workers > 1 or args.mode == "async"
+        startup.begin(f"starting {args.workers} worker process(es)" if many else "making the env")
         collector = _make_collector(args, policy)
     except BaseException:
         _close(loggers)
         raise
-    startup = time.perf_counter() - started
+    startup_s = time.perf_counter() - started
+    startup.begin("waiting for the first batch")
     tracker = EpisodeTracker()
-    frames = batches = 0
+    frames = batches = saved = 0
+    buffer = None
     progress = tqdm(
         total=args.frames,
         unit="frames",
@@ -281,13 +382,19 @@ def run_collect(args) -> int:
         if args.seed is not None:
             collector.set_seed(args.seed)
         start = time.perf_counter()
-        for batch in collector:
+        for batch in _logged_beside(progress, collector):
             if batches == 0:
+                log.info("first batch after %.1f s; collecting", startup.elapsed)
                 # The batch may hold a few frames more than asked (whole time steps of every env).
                 progress.total = math.ceil(args.frames / args.frames_per_batch) * batch.numel()
+                if args.out is not None:
+                    buffer = _replay_buffer(args.out, progress.total)
             frames += batch.numel()
             batches += 1
             tracker.update(batch)
+            if buffer is not None:
+                buffer.extend(batch.reshape(-1))
+                saved += batch.numel()
             progress.update(batch.numel())
             for logger in loggers:
                 logger.log(collector)
@@ -296,13 +403,15 @@ def run_collect(args) -> int:
         progress.close()
         collector.shutdown()
         _close(loggers)
+        if buffer is not None:
+            buffer.close()
 
     mean = tracker.mean_return
     rows = [
         ("run", _describe(args)),
         ("frames", f"{frames}"),
         ("batches", f"{batches}"),
-        ("start-up seconds", f"{startup:.2f}"),
+        ("start-up seconds", f"{startup_s:.2f}"),
         ("seconds", f"{seconds:.2f}"),
         ("frames/s", f"{frames / seconds:,.0f}" if seconds > 0 else "-"),
         ("episodes finished", f"{len(tracker.returns)}"),
@@ -311,6 +420,9 @@ def run_collect(args) -> int:
     for option in ("tensorboard", "wandb", "mlflow"):
         if getattr(args, option) is not None:
             rows.append((option, getattr(args, option)))
+    if buffer is not None:
+        rows.append(("out", f"{args.out}: {saved} frames, read back with "
+                            f"ReplayBuffer({buffer.capacity}, storage='memmap', path={args.out!r})"))
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
@@ -343,7 +455,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
         if args.command == "node":
             return run_node_command(args)
-        return run_collect(args)
+        with _log_to_stderr(args.log_level):
+            return run_collect(args)
     except CliError as exc:
         parser.exit(2, f"{PROG}: error: {exc}\n")
     except KeyboardInterrupt:

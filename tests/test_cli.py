@@ -3,7 +3,9 @@ source checkout, and a parser that runs before anything heavy is imported."""
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import subprocess
 import sys
 
@@ -12,6 +14,12 @@ import torch
 from tensordict import TensorDict
 
 from rlcollect import cli
+
+
+def phases(err: str) -> list[str]:
+    """The start-up phases ``collect`` logged, without their time stamps and seconds."""
+    return [re.sub(r" \(\d+\.\d s so far\)$", "", line.split(" ", 1)[1]) for line in err.splitlines()
+            if re.match(r"\d\d:\d\d:\d\d start-up ", line)]
 
 
 def summary(out: str) -> dict[str, str]:
@@ -63,9 +71,11 @@ def test_workers_need_the_multiprocess_collectors(capsys, monkeypatch):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["collect", "--workers", "2", "--frames", "100"])
     assert exit_info.value.code == 2
-    assert capsys.readouterr().err == (
-        "rlcollect: error: --workers > 1 needs the multi-process collectors (not available in this version)\n"
-    )
+    err = capsys.readouterr().err  # the start-up phases logged before it, then the error
+    assert err.splitlines()[-1] == (
+        "rlcollect: error: --workers > 1 needs the multi-process collectors (not available in this version)")
+    assert phases(err) == ["start-up 1/3: importing torch and tensordict",
+                           "start-up 2/3: starting 2 worker process(es)"]
 
 
 @pytest.mark.timeout(180)  # two spawned workers each import torch: slow on a loaded 2-core machine
@@ -155,3 +165,61 @@ def test_a_bad_env_id_answers_before_torch_is_imported():
                           text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.startswith("rlcollect: error: argument --env: cannot make 'Nope-v9': "), proc.stderr
+
+
+def test_collect_logs_each_start_up_phase(capsys):
+    handlers = list(logging.getLogger("rlcollect").handlers)
+    assert cli.main(["collect", "--frames", "200", "--frames-per-batch", "100", "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert phases(err) == ["start-up 1/3: importing torch and tensordict", "start-up 2/3: making the env",
+                           "start-up 3/3: waiting for the first batch"]
+    assert re.search(r"^\d\d:\d\d:\d\d collecting CartPole-v1, 1 worker\(s\) x 1 env\(s\), sync, random policy, 200 "
+                     r"frames in batches of 100$", err, re.M)
+    assert re.search(r"^\d\d:\d\d:\d\d first batch after \d+\.\d s; collecting$", err, re.M)
+    assert logging.getLogger("rlcollect").handlers == handlers  # the command's handler is gone
+    assert cli.main(["collect", "--frames", "200", "--frames-per-batch", "100", "--no-progress",
+                     "--log-level", "WARNING"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_collect_out_saves_a_replay_buffer_that_reads_back(tmp_path, capsys):
+    from rlcollect import ReplayBuffer
+
+    out = tmp_path / "frames"
+    assert cli.main(["collect", "--frames", "400", "--frames-per-batch", "200", "--envs-per-worker", "2",
+                     "--no-progress", "--seed", "3", "--out", str(out)]) == 0
+    rows = summary(capsys.readouterr().out)
+    assert rows["out"] == f"{out}: 400 frames, read back with ReplayBuffer(400, storage='memmap', path={str(out)!r})"
+    buffer = ReplayBuffer(400, storage="memmap", path=out)
+    try:
+        frames = buffer[:]
+        assert len(buffer) == buffer.write_count == 400
+        assert frames["observation"].shape == (400, 4) and frames["next", "reward"].sum().item() == 400.0
+        # every episode the summary counted ended in a saved frame
+        assert int(frames["next", "done"].sum()) == int(rows["episodes finished"]) > 0
+    finally:
+        buffer.close()
+
+
+def test_collect_out_must_be_a_new_or_empty_folder(tmp_path, capsys):
+    (tmp_path / "x").write_text("x")
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["collect", "--frames", "10", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (
+        f"rlcollect: error: argument --out: {str(tmp_path)!r} is not a new or empty folder (it would hold the "
+        "collected frames)\n")
+
+
+def test_help_says_what_each_command_is_for(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")  # one line per paragraph: the checks read whole sentences
+    for argv in (["collect", "--help"], ["node", "--help"]):
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main(argv)
+        assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "to check that an env runs under rlcollect and how fast it is collected" in out
+    assert "save the frames (--out) as a replay buffer to read back later" in out
+    # $RLCOLLECT_SECRET holds the secret itself: the help no longer calls it the file's default
+    assert "the secret itself is read from $RLCOLLECT_SECRET (the variable holds the secret, not a path)" in out
+    assert "(default: $RLCOLLECT_SECRET)" not in out

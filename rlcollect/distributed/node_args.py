@@ -46,7 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds to wait for rank 0 and its configuration (default: %(default)s)")
     parser.add_argument("--secret-file", default=None,
                         help=f"a file (mode 600) holding the run's secret, the one rank 0 was given with "
-                             f"secret_file=PATH (default: ${SECRET_ENV})")
+                             f"secret_file=PATH; without it, the secret itself is read from ${SECRET_ENV} (the "
+                             f"variable holds the secret, not a path)")
     parser.add_argument("--rank0-timeout", type=float, default=RANK0_TIMEOUT_S,
                         help="exit when rank 0 has not beaten for this many seconds (frozen or unreachable; "
                              "default: %(default)s)")
