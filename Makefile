@@ -8,21 +8,28 @@
 # clean there.
 
 PYTHON ?= python3.11
-VENV := .venv
+# Another interpreter gets a venv of its own (`make demo PYTHON=python3.12`: .venv-python3.12), so
+# that it never silently reuses the 3.11 one.
+VENV := $(if $(filter python3.11,$(PYTHON)),.venv,.venv-$(notdir $(PYTHON)))
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# The venv with torch and the package alone (no extra): what `make demo` builds on.
+# The venv with pip and torch (no rlcollect yet): what `make demo` and `make install` build on; each
+# then installs the package editable once, with the extras it needs.
 STAMP_BASE := $(VENV)/.base
 STAMP_DEMO := $(VENV)/.demo
 # Pinned, and installed first on its own: this version's CPU wheel is on local disk, while an
 # unpinned torch (asked for by our own dependencies) pulls a multi-GB CUDA build.
 TORCH := torch==2.13.0
+# Where pip looks for torch besides its configured index: e.g. TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# for the CPU build on a machine without the local wheel (a Python other than 3.11, for one).
+TORCH_INDEX ?=
+TORCH_FLAGS := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 
 VENV_TORCHRL := .venv-torchrl
 PY_TORCHRL := $(VENV_TORCHRL)/bin/python
 STAMP_TORCHRL := $(VENV_TORCHRL)/.installed
 
-.PHONY: install test test-loaded lint docs docs-serve test-main test-fast test-doctest test-torchrl demo bench
+.PHONY: install test test-loaded lint docs docs-serve test-main test-fast test-doctest test-torchrl demo bench dist release
 
 install: $(STAMP)
 
@@ -32,19 +39,23 @@ $(PY):
 # pip 25.1 or newer: `pip show` prints the license (License-Expression, tests/test_packaging.py).
 PIP_MIN := pip>=25.1
 
+# pip runs quietly; each step says what it installs first (the torch wheel alone is ~190 MB).
 $(STAMP_BASE): pyproject.toml | $(PY)
+	@echo "[$(VENV)] pip: upgrading pip ($(PIP_MIN))"
 	$(PY) -m pip install --quiet --upgrade '$(PIP_MIN)'
-	$(PY) -m pip install --quiet '$(TORCH)'
-	$(PY) -m pip install --quiet -e .
+	@echo "[$(VENV)] pip: installing $(TORCH) (the CPU wheel where one is on local disk: 190 MB, a minute or two)"
+	$(PY) -m pip install --quiet $(TORCH_FLAGS) '$(TORCH)'
 	touch $(STAMP_BASE)
 
 $(STAMP_DEMO): $(STAMP_BASE)
+	@echo "[$(VENV)] pip: installing rlcollect (editable) with its dependencies and matplotlib (the [examples] extra)"
 	$(PY) -m pip install --quiet -e '.[examples]'
 	touch $(STAMP_DEMO)
 
 $(STAMP): $(STAMP_BASE)
+	@echo "[$(VENV)] pip: installing rlcollect (editable) with every extra (tests, docs, envs, ray, loggers, ...)"
 	$(PY) -m pip install --quiet -e '.[test,docs,slurm,examples,atari,mujoco,envpool,tensorboard,bench,ray,wandb,mlflow,hydra]'
-	touch $(STAMP)
+	touch $(STAMP) $(STAMP_DEMO)
 
 test: lint docs test-main test-torchrl
 
@@ -105,3 +116,29 @@ demo: $(STAMP_DEMO)
 
 bench: $(STAMP)
 	$(PY) -m bench
+
+# `make dist`: the package's sdist and wheel into dist/ (python -m build: the wheel is built from
+# the sdist, so a file the sdist lacks fails here), checked by `twine check --strict` (the
+# metadata and the README as PyPI would render it). build and twine are in the [test] extra.
+VERSION = $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' rlcollect/__init__.py)
+
+dist: $(STAMP)
+	rm -rf dist
+	$(PY) -m build --outdir dist .
+	$(PY) -m twine check --strict dist/*
+
+# `make release`: `make dist`, then tag the commit checked out as v$(VERSION) (rlcollect.__version__).
+# Refused when the work tree has uncommitted changes, when CHANGELOG.md has no section for
+# the version, or when the tag exists (bump __version__ first). It publishes nothing: push the tag
+# (`git push origin v$(VERSION)`) and upload dist/ (`twine upload dist/*`) yourself. Run `make test`
+# (CI) on the commit first.
+release: $(STAMP)
+	@test -z "$$(git status --porcelain --untracked-files=no)" || \
+		{ echo "make release: the work tree has uncommitted changes (git status); commit them first"; exit 1; }
+	@grep -q '^## \[$(VERSION)\]' CHANGELOG.md || \
+		{ echo "make release: CHANGELOG.md has no '## [$(VERSION)]' section; write it first"; exit 1; }
+	@! git rev-parse -q --verify "refs/tags/v$(VERSION)" >/dev/null || \
+		{ echo "make release: tag v$(VERSION) exists; bump __version__ in rlcollect/__init__.py first"; exit 1; }
+	$(MAKE) dist
+	git tag -a "v$(VERSION)" -m "rlcollect $(VERSION)"
+	@echo "Tagged v$(VERSION) ($$(git rev-parse --short HEAD)). Publish: git push origin v$(VERSION); $(PY) -m twine upload dist/*"

@@ -12,7 +12,7 @@ Each round runs fresh interpreters (the OS file cache is warm after the first):
 The table gives the best (smallest) of the rounds in ms, the number of modules rlcollect's import
 adds (a figure the machine's load does not move), and the five modules of rlcollect's
 import that cost most (cumulative, in the best round). Nothing here is timed in a test: the
-figures go in README.md with the date, machine and load.
+figures go in docs/benchmarks.md with the date, machine and load.
 """
 
 from __future__ import annotations

@@ -102,3 +102,12 @@ def test_the_site_describes_every_parameter_of_each_public_class(site, name):
         pytest.skip(f"{name}'s constructor takes no argument")
     shown = class_parameters_on_page((site / "api" / name / "index.html").read_text(), name)
     assert [p for p in expected if not shown.get(p)] == []
+
+
+def test_every_guide_is_in_the_sites_nav_and_the_readmes_list():
+    # The Ray guide was once in neither (issue 38, item 6).
+    nav = (ROOT / "mkdocs.yml").read_text()
+    readme = (ROOT / "README.md").read_text()
+    guides = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.name != "index.md")
+    assert [g for g in guides if f": {g}\n" not in nav] == []
+    assert [g for g in guides if f"(docs/{g})" not in readme] == []

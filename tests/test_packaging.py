@@ -230,3 +230,138 @@ def test_mypy_checks_a_user_script_against_the_installed_types(installed, tmp_pa
         f'user.py:{first + 1}: error: Argument "frames_per_batch" to "Collector" has incompatible type "str"; '
         'expected "int"  [arg-type]',
     ], bad.stdout
+
+
+# -- make dist, make release ---------------------------------------------------------------------
+
+def _checkout_copy(dest: Path) -> Path:
+    """What `make dist` and `make release` read, copied into a git repository of its own with one
+    commit (the release target tags it; this checkout is left alone)."""
+    for name in ("pyproject.toml", "README.md", "LICENSE", "Makefile", "CHANGELOG.md"):
+        shutil.copy(ROOT / name, dest / name)
+    shutil.copytree(ROOT / "rlcollect", dest / "rlcollect", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    (dest / ".gitignore").write_text("dist/\nbuild/\n*.egg-info/\n")
+    git = ["git", "-c", "user.name=test", "-c", "user.email=test@example.com"]
+    for argv in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "release candidate"]):
+        subprocess.run([*git, *argv], cwd=dest, check=True, capture_output=True, timeout=60)
+    return dest
+
+
+def _make(checkout: Path, target: str) -> subprocess.CompletedProcess:
+    # PY: this venv (it has build and twine, the [test] extra); STAMP empty: no .venv to set up.
+    return subprocess.run(["make", "--no-print-directory", target, f"PY={sys.executable}", "STAMP="], cwd=checkout,
+                          capture_output=True, text=True, timeout=500, env=_env())
+
+
+@pytest.mark.timeout(600)
+def test_make_dist_builds_an_sdist_and_a_wheel_that_twine_accepts_and_make_release_tags_the_version(tmp_path):
+    pytest.importorskip("build", reason="build is in the [test] extra")
+    pytest.importorskip("twine", reason="twine is in the [test] extra")
+    checkout = _checkout_copy(tmp_path)
+    version = rlcollect.__version__
+
+    dist = _make(checkout, "dist")
+    assert dist.returncode == 0, dist.stdout[-3000:] + dist.stderr[-3000:]
+    assert sorted(p.name for p in (checkout / "dist").iterdir()) == [
+        f"rlcollect-{version}-py3-none-any.whl", f"rlcollect-{version}.tar.gz"]
+    assert re.findall(r"Checking dist/(\S+): (\w+)", re.sub(r"\x1b\[[0-9;]*m", "", dist.stdout)) == [
+        (f"rlcollect-{version}-py3-none-any.whl", "PASSED"), (f"rlcollect-{version}.tar.gz", "PASSED")]
+
+    def tags() -> str:
+        return subprocess.run(["git", "tag", "-l"], cwd=checkout, capture_output=True, text=True, timeout=60).stdout
+
+    (checkout / "README.md").write_text("changed\n")  # a tree with uncommitted changes is not released
+    dirty = _make(checkout, "release")
+    assert dirty.returncode != 0 and "uncommitted changes" in dirty.stdout and tags() == ""
+    subprocess.run(["git", "checkout", "README.md"], cwd=checkout, check=True, timeout=60)
+
+    release = _make(checkout, "release")
+    assert release.returncode == 0, release.stdout[-3000:] + release.stderr[-3000:]
+    assert tags() == f"v{version}\n"
+    assert f"Tagged v{version}" in release.stdout and f"git push origin v{version}" in release.stdout
+    again = _make(checkout, "release")
+    assert again.returncode != 0 and f"tag v{version} exists; bump __version__" in again.stdout
+
+
+def test_the_changelog_has_a_section_for_this_version():
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    assert re.search(rf"^## \[{re.escape(rlcollect.__version__)}\]", changelog, re.M)
+    assert "## What 0.x promises" in changelog
+
+
+# -- docs/ray.md's KubeRay manifest: its pip install, in a scratch venv ----------------------------
+
+RAY_DOC = ROOT / "docs" / "ray.md"
+TORCH_INDEX_LINE = "--extra-index-url https://download.pytorch.org/whl/cpu"
+MOUNTED_WHEEL = f"file:///home/ray/train/rlcollect-{rlcollect.__version__}-py3-none-any.whl"
+
+
+def _manifest_pip_packages() -> list[str]:
+    yaml = pytest.importorskip("yaml", reason="PyYAML comes with yamllint (the [test] extra)")
+    [text] = re.findall(r"^```yaml\n(.*?)^```", RAY_DOC.read_text(), re.S | re.M)
+    runtime_env = yaml.safe_load(yaml.safe_load(text)["spec"]["runtimeEnvYAML"])
+    return runtime_env["pip"]["packages"]
+
+
+def _local_torch_wheel() -> Path | None:
+    """torch 2.13.0's CPU wheel on local disk, in a folder pip is configured to find links in."""
+    listing = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
+                             timeout=60).stdout
+    folders = [f for line in listing.splitlines() if "find-links" in line
+               for f in line.split("=", 1)[1].strip("'\"").split()]
+    folders += os.environ.get("PIP_FIND_LINKS", "").split()
+    for folder in folders:
+        found = sorted(Path(folder.removeprefix("file://")).glob("torch-2.13.0+cpu-cp311-*.whl"))
+        if found:
+            return found[0]
+    return None
+
+
+def test_the_manifest_installs_torchs_cpu_build_and_rlcollect_from_the_mounted_wheel():
+    packages = _manifest_pip_packages()
+    assert packages == [TORCH_INDEX_LINE, "torch==2.13.0+cpu", f"rlcollect[ray] @ {MOUNTED_WHEEL}"]
+    # The wheel's name in the manifest is the one `make dist` writes, and the ConfigMap that
+    # holds it is the one mounted at /home/ray/train on every pod (the actors install it too).
+    assert f"--from-file=dist/rlcollect-{rlcollect.__version__}-py3-none-any.whl" in RAY_DOC.read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_manifests_pip_install_works_in_a_scratch_venv(wheel, tmp_path):
+    """What Ray does with the manifest's ``pip.packages`` on a pod: the list written one per line
+    to a requirements file, then ``pip install -r`` it (Ray adds --no-cache-dir, left out here so
+    that pip's cache serves the test). Two lines are substituted, because this machine cannot
+    reach them: torch's CPU index becomes the folder of torch 2.13.0's CPU wheel on local disk,
+    and the wheel mounted from the ConfigMap becomes the one this test builds."""
+    torch_wheel = _local_torch_wheel()
+    if torch_wheel is None:
+        pytest.skip("needs torch 2.13.0's CPU wheel on local disk (torch's own index is not reachable here)")
+    assert wheel.name == MOUNTED_WHEEL.rsplit("/", 1)[1]
+    lines = [f"--find-links {torch_wheel.parent}" if line == TORCH_INDEX_LINE else
+             line.replace(MOUNTED_WHEEL, wheel.as_uri()) for line in _manifest_pip_packages()]
+    (tmp_path / "requirements.txt").write_text("\n".join(lines) + "\n")
+    home = tmp_path / "venv"
+    try:
+        _install_and_probe(home, tmp_path)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)  # 1.5 GB: not kept with pytest's last temporary folders
+
+
+def _install_and_probe(home: Path, tmp_path: Path) -> None:
+    venv.EnvBuilder(system_site_packages=False, with_pip=False).create(home)
+    python = str(home / "bin" / "python")
+    install = subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "--quiet",
+                              "--disable-pip-version-check", "-r", "requirements.txt"],
+                             capture_output=True, text=True, timeout=800, cwd=tmp_path, env=_env())
+    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+    probe = subprocess.run([python, "-c", "import ray, rlcollect, torch\n"
+                            "from rlcollect import Collector\n"
+                            "c = Collector('CartPole-v1', frames_per_batch=10, total_frames=10)\n"
+                            "print(torch.__version__, rlcollect.__version__, ray.__version__, [b.shape for b in c])\n"
+                            "c.shutdown()"],
+                           capture_output=True, text=True, timeout=300, cwd=tmp_path, env=_env())
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    torch_version, version, ray_version, shapes = probe.stdout.split(" ", 3)
+    assert (torch_version, version, shapes.strip()) == ("2.13.0+cpu", rlcollect.__version__, "[torch.Size([10])]")
+    extra = re.search(r'ray = \["ray>=([\d.]+)"\]', (ROOT / "pyproject.toml").read_text()).group(1)
+    assert tuple(map(int, ray_version.split("."))) >= tuple(map(int, extra.split(".")))
