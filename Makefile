@@ -80,7 +80,7 @@ docs-serve: $(STAMP)
 
 # Every docstring example of the package runs (pytest --doctest-modules); job_bootstrap.py is a
 # script run by path, not a module.
-DOCTEST_PATHS := rlcollect --ignore=rlcollect/distributed/job_bootstrap.py
+DOCTEST_PATHS := rlcollect --ignore=rlcollect/distributed/launch/job_bootstrap.py
 
 # The tests, then the docstring examples (run even when a test failed; either fails the target).
 # pytest exits with 5 when it collects no test: that is not a failure of the suite.

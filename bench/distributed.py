@@ -90,8 +90,8 @@ def torchrl_rate(python: str, mode: str, policy: str, seconds: float) -> float |
 def auth_cost(repeats: int = 20000) -> dict[str, float]:
     """Microseconds to sign and to check-and-parse one control message: a batch notice (what
     every batch costs) and a command with a 1 MB payload (a ``load_state_dict``)."""
-    from rlcollect.distributed import protocol as P
-    from rlcollect.distributed.auth import Keys, new_secret
+    from rlcollect.distributed.control import protocol as P
+    from rlcollect.distributed.control.auth import Keys, new_secret
 
     keys = Keys(new_secret())
     out = {}

@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
         "trust. torchrun's MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE stand in for missing options. The node "
         "exits when rank 0 dies, or has not beaten for --rank0-timeout seconds.",
     )
-    from rlcollect.distributed.node_args import add_arguments
+    from rlcollect.distributed.launch.node_args import add_arguments
 
     add_arguments(node)
     return parser
@@ -431,7 +431,7 @@ def run_collect(args) -> int:
 
 # -- node --------------------------------------------------------------------------------------
 def run_node_command(args) -> int:
-    from rlcollect.distributed.node_args import node_arguments
+    from rlcollect.distributed.launch.node_args import node_arguments
 
     try:
         kwargs = node_arguments(args)  # before the node's imports: a bad option answers at once

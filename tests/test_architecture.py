@@ -181,9 +181,9 @@ def _declared_hooks(node: ast.ClassDef) -> set[str]:
 
 #: Overrides outside this branch's rooms, named with their reason (none in rlcollect's collectors).
 KNOWN_OVERRIDES = {
-    # distributed/heartbeat.py: a beater's error is stored by each kind (a kind-specific hook)
-    "rlcollect.distributed.heartbeat.NodeWatch._store_error",
-    "rlcollect.distributed.heartbeat.Rank0Beat._store_error",
+    # distributed/control/heartbeat.py: a beater's error is stored by each kind (a kind-specific hook)
+    "rlcollect.distributed.control.heartbeat.NodeWatch._store_error",
+    "rlcollect.distributed.control.heartbeat.Rank0Beat._store_error",
 }
 
 
@@ -236,13 +236,13 @@ def _private_names_by_module() -> dict[str, set[str]]:
 
 #: Reads of other libraries' private API (not rlcollect objects), each with its reason.
 THIRD_PARTY = {
-    ("rlcollect.distributed.transport", "options._timeout"),  # torch's ProcessGroupGloo options
-    ("rlcollect.distributed.transport", "options._devices"),
-    ("rlcollect.distributed.transport", "options._threads"),
+    ("rlcollect.distributed.control.transport", "options._timeout"),  # torch's ProcessGroupGloo options
+    ("rlcollect.distributed.control.transport", "options._devices"),
+    ("rlcollect.distributed.control.transport", "options._threads"),
     ("rlcollect.multiprocess.start", "server._preload_modules"),  # multiprocessing's fork server
     ("rlcollect.multiprocess.start", "server._forkserver_pid"),
     ("rlcollect.multiprocess.shm", "sharer._lock"),  # multiprocessing's resource sharer
-    ("rlcollect.distributed.launchers", "job._process"),  # submitit's local job
+    ("rlcollect.distributed.launch.launchers", "job._process"),  # submitit's local job
 }
 
 
@@ -267,6 +267,41 @@ def _foreign_private_reads() -> list[str]:
 def test_no_module_reads_another_modules_private_attributes():
     """What one room uses of another is public: the env <-> rollout array interface included."""
     assert _foreign_private_reads() == []
+
+
+#: What each floor of ``distributed/`` may import of ``rlcollect.distributed`` (its sub-packages'
+#: docstrings say so): the control plane nothing above it; the launchers the control plane and the
+#: node's entry point, which the process they start runs.
+DISTRIBUTED_FLOORS = {
+    "rlcollect.distributed.control": ("rlcollect.distributed.control",),
+    "rlcollect.distributed.launch": ("rlcollect.distributed.control", "rlcollect.distributed.launch",
+                                     "rlcollect.distributed.node"),
+}
+
+
+def _floor_breaches() -> list[str]:
+    found = []
+    for module in MODULES:
+        floor = next((f for f in DISTRIBUTED_FLOORS if module == f or module.startswith(f + ".")), None)
+        if floor is None:
+            continue
+        allowed = DISTRIBUTED_FLOORS[floor]
+        for target in _edges(module):
+            inside = target == "rlcollect.distributed" or target.startswith("rlcollect.distributed.")
+            if inside and not any(target == a or target.startswith(a + ".") for a in allowed):
+                found.append(f"{module} imports {target}")
+    return sorted(found)
+
+
+def test_distributed_floors_import_only_what_their_docstrings_allow():
+    """``distributed/control/`` imports nothing above it; ``distributed/launch/`` only the control
+    plane and the node's entry point."""
+    assert {"rlcollect.distributed.control.protocol", "rlcollect.distributed.launch.launchers"} <= set(MODULES)
+    assert _floor_breaches() == []
+    for floor in DISTRIBUTED_FLOORS:  # each floor says what it may import, and imports nothing itself
+        init = MODULES[floor].read_text()
+        assert "May import" in ast.get_docstring(ast.parse(init)), floor
+        assert _imports(floor) == [], floor
 
 
 WING_ROOMS = ("collector.py", "gather.py", "pool.py", "recovery.py")

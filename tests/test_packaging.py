@@ -94,7 +94,7 @@ def test_the_wheel_holds_the_package_and_its_command_only(wheel):
         (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
         scripts = zf.read(entry_points).decode()
     assert {n.split("/")[0] for n in names} == {"rlcollect", f"rlcollect-{rlcollect.__version__}.dist-info"}
-    assert "rlcollect/nets.py" in names and "rlcollect/distributed/job_bootstrap.py" in names
+    assert "rlcollect/nets.py" in names and "rlcollect/distributed/launch/job_bootstrap.py" in names
     assert "[console_scripts]\nrlcollect = rlcollect.cli:main" in scripts
 
 
@@ -134,7 +134,7 @@ def test_no_package_module_imports_bench():
 
 def test_a_missing_submitit_names_the_extra(monkeypatch):
     from rlcollect import CountingEnv, DistributedCollector
-    from rlcollect.distributed.launchers import make_executor
+    from rlcollect.distributed.launch.launchers import make_executor
 
     monkeypatch.setitem(sys.modules, "submitit", None)  # `import submitit` raises ImportError
     expected = "pip install 'rlcollect[slurm]'"

@@ -18,8 +18,8 @@ from tensordict import TensorDict
 
 from rlcollect.base import CollectorBase
 from rlcollect.collector import Collector
-from rlcollect.distributed import protocol as P
-from rlcollect.distributed.auth import new_secret, read_secret_file, secret_from_env, write_secret_file
+from rlcollect.distributed.control import protocol as P
+from rlcollect.distributed.control.auth import new_secret, read_secret_file, secret_from_env, write_secret_file
 from rlcollect.distributed.config import DistributedConfig
 from rlcollect.distributed.gather import NODE_ID, Gather  # noqa: F401  (NODE_ID: its old home)
 from rlcollect.distributed.node_weights import NodeWeights

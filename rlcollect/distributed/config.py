@@ -21,9 +21,9 @@ from rlcollect.config import (CollectorConfig, callable_or_none, check_policy_so
                               non_negative_int, optional_positive_int, per_member, positive_int,
                               resolve_collector_class, seconds, total_frames_arg)
 from rlcollect.data import TRAJ_ID_BLOCK
-from rlcollect.distributed.auth import SECRET_ENV, SecretError, read_secret_file, secret_from_env
-from rlcollect.distributed.launchers import LAUNCHERS, require_submitit
-from rlcollect.distributed.transport import default_host_address, resolve
+from rlcollect.distributed.control.auth import SECRET_ENV, SecretError, read_secret_file, secret_from_env
+from rlcollect.distributed.launch.launchers import LAUNCHERS, require_submitit
+from rlcollect.distributed.control.transport import default_host_address, resolve
 from rlcollect.policy import as_exploration_type, has_weights
 from rlcollect.weights.schemes import DistributedWeightSyncScheme, NoWeightSyncScheme, validate_schemes
 
@@ -166,7 +166,7 @@ class DistributedConfig:
             if self.ray_options is not None:
                 raise ValueError(f"ray_options is for launcher='ray', got launcher={self.launcher!r}")
             return
-        from rlcollect.distributed.ray_launcher import check_ray_options, default_master_addr, require_ray
+        from rlcollect.distributed.launch.ray_launcher import check_ray_options, default_master_addr, require_ray
 
         require_ray()  # here, before anything starts
         self.ray_options = self.launcher_options = check_ray_options(self.ray_options, self._footprints)

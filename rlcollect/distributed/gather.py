@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from rlcollect.distributed import protocol as P
+from rlcollect.distributed.control import protocol as P
 from rlcollect.metrics import BatchClock, batch_meta, policy_lag
 
 #: ``("collector", "node_id")``: the node an async batch came from.

@@ -40,13 +40,13 @@ from typing import Any
 import cloudpickle
 import torch
 
-from rlcollect.distributed import protocol as P
-from rlcollect.distributed import transport, watcher
-from rlcollect.distributed.channel import NodeInbox
-from rlcollect.distributed.wire import Wire, WireClosed
-from rlcollect.distributed.auth import SECRET_ENV, DropLog, Keys, SecretError, check_secret, read_secret_file
-from rlcollect.distributed.heartbeat import NodeWatch
-from rlcollect.distributed.node_args import LOG_LEVEL_ENV, RANK0_TIMEOUT_S, add_arguments, node_arguments
+from rlcollect.distributed.control import protocol as P
+from rlcollect.distributed.control import transport, watcher
+from rlcollect.distributed.control.channel import NodeInbox
+from rlcollect.distributed.control.wire import Wire, WireClosed
+from rlcollect.distributed.control.auth import SECRET_ENV, DropLog, Keys, SecretError, check_secret, read_secret_file
+from rlcollect.distributed.control.heartbeat import NodeWatch
+from rlcollect.distributed.launch.node_args import LOG_LEVEL_ENV, RANK0_TIMEOUT_S, add_arguments, node_arguments
 from rlcollect._pids import remove_multiprocessing_temp_dir
 from rlcollect.envs.base import EnvPickleStash
 

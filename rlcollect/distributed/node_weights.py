@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlcollect.distributed import transport
+from rlcollect.distributed.control import transport
 from rlcollect.distributed.nodes import NodeState
 from rlcollect.weights.store import as_state_dict
 

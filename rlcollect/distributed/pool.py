@@ -26,15 +26,15 @@ from typing import Any
 
 from tensordict import TensorDict
 
-from rlcollect.distributed import protocol as P
-from rlcollect.distributed import transport
-from rlcollect.distributed.auth import Keys, remove_secret_file
-from rlcollect.distributed.channel import Channel
-from rlcollect.distributed.handshake import Handshake
-from rlcollect.distributed.heartbeat import Rank0Beat, Silence
-from rlcollect.distributed.launchers import make_launcher
+from rlcollect.distributed.control import protocol as P
+from rlcollect.distributed.control import transport
+from rlcollect.distributed.control.auth import Keys, remove_secret_file
+from rlcollect.distributed.control.channel import Channel
+from rlcollect.distributed.control.handshake import Handshake
+from rlcollect.distributed.control.heartbeat import Rank0Beat, Silence
+from rlcollect.distributed.launch.launchers import make_launcher
 from rlcollect.distributed.nodes import NodeHandle, NodeState, Rejoin, node_error
-from rlcollect.distributed.wire import WireClosed
+from rlcollect.distributed.control.wire import WireClosed
 from rlcollect.errors import WorkerError
 
 logger = logging.getLogger("rlcollect")

@@ -115,7 +115,7 @@ def channel_send(collector, *messages: bytes) -> list:
     """Open a connection to ``collector``'s channel listener per message (what a foreign process
     that reaches the port can do) and send it there as the connection's first message; returns
     the connections (close them)."""
-    from rlcollect.distributed.wire import Wire
+    from rlcollect.distributed.control.wire import Wire
 
     host = collector.stats()["master"].rsplit(":", 1)[0]
     wires = []

@@ -19,7 +19,7 @@ from dist_helpers import (BLOCK, NODE_ID, POLICY_VERSION, TRAJ_IDS, WORKER_ID, V
                           node_pids,
                           wait_gone)
 from rlcollect import GymEnv, MultiAsyncCollector, MultiSyncCollector
-from rlcollect.distributed import protocol as P
+from rlcollect.distributed.control import protocol as P
 from rlcollect.distributed.collector import DistributedCollector
 from rlcollect.distributed.config import ASYNC_SLOTS
 

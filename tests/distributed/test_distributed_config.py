@@ -98,7 +98,7 @@ def test_liveness_timeouts_are_positive_seconds(name, value):
 def test_secret_file_is_checked_before_anything_starts(tmp_path, monkeypatch):
     import os
 
-    from rlcollect.distributed.auth import SECRET_ENV, new_secret, write_secret_file
+    from rlcollect.distributed.control.auth import SECRET_ENV, new_secret, write_secret_file
 
     monkeypatch.delenv(SECRET_ENV, raising=False)
     path = write_secret_file(new_secret(), tmp_path)

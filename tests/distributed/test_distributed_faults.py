@@ -18,7 +18,7 @@ import pytest
 from dist_helpers import (ValuePolicy, counting5, failing_env, free_port, node_pids, read_line,
                           rlcollect_command, wait_gone)
 from rlcollect import FaultyEnv, InjectedFault, WorkerError
-from rlcollect.distributed import transport
+from rlcollect.distributed.control import transport
 from rlcollect.distributed.collector import DistributedCollector
 from rlcollect.distributed.node import EXIT_ORPHANED
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from rlcollect.data import BatchLayout
-from rlcollect.distributed import protocol as P
-from rlcollect.distributed import transport
+from rlcollect.distributed.control import protocol as P
+from rlcollect.distributed.control import transport
 from rlcollect.envs.base import ArraySpec
 from rlcollect.envs.testing import InjectedFault
 from rlcollect.errors import WorkerError
@@ -76,7 +76,7 @@ def test_malformed_forged_or_foreign_messages_are_rejected(data, match):
 
 
 def test_a_message_signed_for_one_direction_fails_in_the_other():
-    from rlcollect.distributed.auth import Keys
+    from rlcollect.distributed.control.auth import Keys
 
     keys = Keys(b"s" * 32)
     data = P.encode("ready", 1, keys.to_rank0, "tok", 1, to=0, **READY)
@@ -174,7 +174,7 @@ def test_weights_pack_and_unpack():
 def test_drops_are_logged_once_per_sender_and_bounded(caplog):
     import logging
 
-    from rlcollect.distributed.auth import DropLog
+    from rlcollect.distributed.control.auth import DropLog
 
     drops = DropLog("test")
     with caplog.at_level(logging.ERROR, logger="rlcollect"):
@@ -195,7 +195,7 @@ def test_a_message_sent_right_after_the_attach_reaches_the_wire():
     import struct
     import threading
 
-    from rlcollect.distributed.wire import Listener
+    from rlcollect.distributed.control.wire import Listener
 
     got: list[bytes] = []
     done = threading.Event()

@@ -14,9 +14,9 @@ import torch
 
 from dist_helpers import (BLOCK, NODE_ID, TRAJ_IDS, ValuePolicy, counting5, free_port, node_pids, rlcollect_command,
                           wait_gone)
-from rlcollect.distributed.auth import new_secret, write_secret_file
+from rlcollect.distributed.control.auth import new_secret, write_secret_file
 from rlcollect.distributed.collector import DistributedCollector
-from rlcollect.distributed.launchers import submit_nodes
+from rlcollect.distributed.launch.launchers import submit_nodes
 from rlcollect.distributed.node import EXIT_OK, EXIT_REJECTED
 
 pytestmark = pytest.mark.timeout(180)
@@ -150,7 +150,7 @@ def test_the_submitit_job_folder_is_created_private_and_a_shared_one_is_refused(
     pytest.importorskip("submitit")
     import stat
 
-    from rlcollect.distributed.launchers import make_executor
+    from rlcollect.distributed.launch.launchers import make_executor
 
     fresh = tmp_path / "jobs"
     make_executor({"executor": "local", "folder": str(fresh)})

@@ -100,7 +100,7 @@ def test_nodes_in_other_namespaces_collect_over_veth(namespaces, tmp_path, sync)
     ns0, ns1, ns2 = namespaces
     script = tmp_path / "rank0.py"
     script.write_text(textwrap.dedent(_RANK0.format(helpers=HELPERS, master=MASTER, port=PORT, sync=sync)))
-    from rlcollect.distributed.auth import SECRET_ENV, new_secret
+    from rlcollect.distributed.control.auth import SECRET_ENV, new_secret
 
     # The secret, as a user would hand it to the nodes of another host: in the environment.
     env = {**os.environ, "PYTHONPATH": HELPERS, SECRET_ENV: new_secret().decode()}

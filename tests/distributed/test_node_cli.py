@@ -8,7 +8,7 @@ import os
 import pytest
 
 from rlcollect import cli
-from rlcollect.distributed.auth import SECRET_ENV, new_secret, write_secret_file
+from rlcollect.distributed.control.auth import SECRET_ENV, new_secret, write_secret_file
 
 pytestmark = pytest.mark.timeout(60)
 BASE = ["node", "--master-addr", "127.0.0.1", "--master-port", "1", "--rank", "1", "--world-size", "2"]

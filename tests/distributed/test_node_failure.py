@@ -254,7 +254,7 @@ def test_node_timeout_does_not_fire_while_the_trainer_is_busy():
 def test_a_push_retried_after_a_node_failure_moves_the_version_by_one():
     """Issue 23, item 10: a weight push that a node's failure interrupts is made again after the
     relaunch, with the same version (it moved by 2)."""
-    from rlcollect.distributed import protocol as P
+    from rlcollect.distributed.control import protocol as P
     from rlcollect.distributed.nodes import node_error
 
     policy = ValuePolicy()

@@ -8,9 +8,9 @@ import types
 
 import pytest
 
-from rlcollect.distributed import protocol as P
-from rlcollect.distributed.auth import new_secret
-from rlcollect.distributed.handshake import Handshake
+from rlcollect.distributed.control import protocol as P
+from rlcollect.distributed.control.auth import new_secret
+from rlcollect.distributed.control.handshake import Handshake
 from rlcollect.distributed.nodes import NodeHandle, NodeState, node_error
 from rlcollect.distributed.pool import NodePool
 from rlcollect.distributed.recovery import SEED_STRIDE, Recovery

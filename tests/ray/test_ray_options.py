@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from rlcollect import DistributedCollector
-from rlcollect.distributed.ray_launcher import check_ray_options, default_master_addr, describe_death
+from rlcollect.distributed.launch.ray_launcher import check_ray_options, default_master_addr, describe_death
 
 
 @pytest.mark.parametrize("options, message", [
@@ -68,7 +68,8 @@ def test_without_ray_the_launcher_names_the_extra(monkeypatch):
 def test_ray_is_imported_only_when_the_launcher_is_used():
     code = ("import sys, rlcollect\n"
             "from rlcollect import Collector, DistributedCollector, MultiSyncCollector\n"
-            "import rlcollect.backends, rlcollect.distributed.ray_launcher, rlcollect.distributed.ray_node\n"
+            "import rlcollect.backends\n"
+            "import rlcollect.distributed.launch.ray_launcher, rlcollect.distributed.launch.ray_node\n"
             "with DistributedCollector(['CartPole-v1'], frames_per_batch=10, total_frames=10) as c:\n"
             "    list(c)\n"
             "with Collector('CartPole-v1', frames_per_batch=10, total_frames=10) as c:\n"

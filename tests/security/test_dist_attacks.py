@@ -25,8 +25,8 @@ from dist_helpers import (ValuePolicy, channel_send, counting5, free_port, node_
                           rlcollect_command)
 
 from rlcollect import DistributedCollector  # noqa: E402
-from rlcollect.distributed import protocol as P  # noqa: E402
-from rlcollect.distributed.auth import new_secret, write_secret_file  # noqa: E402
+from rlcollect.distributed.control import protocol as P  # noqa: E402
+from rlcollect.distributed.control.auth import new_secret, write_secret_file  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
 HELPERS = str(Path(__file__).resolve().parents[1] / "distributed")

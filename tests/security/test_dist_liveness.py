@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from loadscale import scaled  # noqa: E402
 
 from rlcollect import DistributedCollector, WorkerError  # noqa: E402
-from rlcollect.distributed.auth import new_secret, write_secret_file  # noqa: E402
+from rlcollect.distributed.control.auth import new_secret, write_secret_file  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
 HELPERS = os.pathsep.join(str(Path(__file__).resolve().parents[1] / d) for d in ("distributed", "security"))
@@ -292,7 +292,7 @@ _INTERRUPTED_RECEIVE = """
 import sys
 sys.path[:0] = {helpers!r}.split(":")
 from dist_helpers import counting5
-import rlcollect.distributed.transport as transport
+import rlcollect.distributed.control.transport as transport
 from rlcollect import DistributedCollector
 c = DistributedCollector([counting5] * 2, frames_per_batch=20, total_frames=-1, sync=True, timeout=60.0)
 it = iter(c)

@@ -1,5 +1,5 @@
 """A node's watcher: a tiny process beside each node process (``python -m
-rlcollect.distributed.watcher``, started by the node once its channel is attached) that
+rlcollect.distributed.control.watcher``, started by the node once its channel is attached) that
 reports the node process's state to rank 0 on a channel of its own.
 
 Why: a node's heartbeat thread needs the GIL, so an env step that holds it for seconds (a C
@@ -51,8 +51,8 @@ def start(host: str, port: int, rank: int, token: str, key: bytes) -> subprocess
     orders = json.dumps({"host": host, "port": port, "rank": rank, "token": token, "pid": os.getpid(),
                          "key": key.hex()})
     try:
-        process = subprocess.Popen([sys.executable, "-m", "rlcollect.distributed.watcher"], stdin=subprocess.PIPE,
-                                   stdout=subprocess.PIPE, close_fds=True)
+        process = subprocess.Popen([sys.executable, "-m", "rlcollect.distributed.control.watcher"],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
         process.stdin.write(orders.encode() + b"\n")
         process.stdin.flush()
     except OSError as err:
@@ -80,8 +80,8 @@ def stop(process: subprocess.Popen | None) -> None:
 def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     orders: dict[str, Any] = json.loads(sys.stdin.readline())
-    from rlcollect.distributed.messages import MASTER_RANK, Endpoint
-    from rlcollect.distributed.wire import Wire, WireClosed
+    from rlcollect.distributed.control.messages import MASTER_RANK, Endpoint
+    from rlcollect.distributed.control.wire import Wire, WireClosed
 
     pid = int(orders["pid"])
     node_gone = threading.Event()

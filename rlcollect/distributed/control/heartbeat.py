@@ -28,8 +28,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rlcollect.distributed import protocol as P
-from rlcollect.distributed.auth import DropLog, Keys
+from rlcollect.distributed.control import protocol as P
+from rlcollect.distributed.control.auth import DropLog, Keys
 
 logger = logging.getLogger("rlcollect")
 

@@ -27,7 +27,7 @@ import sys
 import time
 from typing import Any
 
-from rlcollect.distributed.node_args import LOG_LEVEL_ENV
+from rlcollect.distributed.launch.node_args import LOG_LEVEL_ENV
 
 logger = logging.getLogger("rlcollect")
 
@@ -290,7 +290,7 @@ def submit_nodes(master_addr: str, master_port: int, world_size: int, *, secret_
                                          launcher="submitit_delayed", master_addr="10.0.0.1", tcp_port=29500,
                                          secret_file="~/.rlcollect-secret")
     """
-    from rlcollect.distributed.auth import read_secret_file
+    from rlcollect.distributed.control.auth import read_secret_file
     from rlcollect.distributed.node import run_node
 
     secret_file = os.path.abspath(os.path.expanduser(str(secret_file)))
@@ -322,7 +322,7 @@ class SubmititLauncher(Launcher):
               start_timeout: float | None = None) -> None:
         import socket
 
-        from rlcollect.distributed.auth import write_secret_file
+        from rlcollect.distributed.control.auth import write_secret_file
 
         if self.secret_file is None:  # a 0600 file in the job folder, removed at stop
             folder = (self.slurm_kwargs or {}).get("folder", "rlcollect-submitit")
@@ -391,7 +391,7 @@ class SubmititLauncher(Launcher):
         try:
             _stop_processes(local, max(0.4 * timeout, 2.0))
         finally:
-            from rlcollect.distributed.auth import remove_secret_file
+            from rlcollect.distributed.control.auth import remove_secret_file
 
             remove_secret_file(self._own_file)
             self._own_file = None
@@ -422,7 +422,7 @@ def make_launcher(name: str, slurm_kwargs: dict | None, secret: bytes = b"", sec
     if name == "external":
         return Launcher(secret, secret_file, rank0_timeout)
     if name == "ray":  # ray_launcher.py; imported (with Ray) only when used
-        from rlcollect.distributed.ray_launcher import RayLauncher
+        from rlcollect.distributed.launch.ray_launcher import RayLauncher
 
         return RayLauncher(slurm_kwargs, secret, secret_file, rank0_timeout)
     raise ValueError(f"launcher must be one of {LAUNCHERS}, got {name!r}")

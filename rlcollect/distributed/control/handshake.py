@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rlcollect.distributed import protocol as P
-from rlcollect.distributed.auth import DropLog, Keys
-from rlcollect.distributed.nodes import NodeHandle
+from rlcollect.distributed.control import protocol as P
+from rlcollect.distributed.control.auth import DropLog, Keys
+
+if TYPE_CHECKING:  # a type hint only: control/ imports none of the collector's parts
+    from rlcollect.distributed.nodes import NodeHandle
 
 logger = logging.getLogger("rlcollect")
 

@@ -18,9 +18,9 @@ import queue
 from collections.abc import Callable
 from typing import Any
 
-from rlcollect.distributed import protocol as P
-from rlcollect.distributed.auth import DropLog, Keys
-from rlcollect.distributed.wire import Listener, Reader, Wire, WireClosed
+from rlcollect.distributed.control import protocol as P
+from rlcollect.distributed.control.auth import DropLog, Keys
+from rlcollect.distributed.control.wire import Listener, Reader, Wire, WireClosed
 
 logger = logging.getLogger("rlcollect")
 

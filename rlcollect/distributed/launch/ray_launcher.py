@@ -33,7 +33,7 @@ import sys
 import time
 from typing import Any
 
-from rlcollect.distributed.node_args import LOG_LEVEL_ENV
+from rlcollect.distributed.launch.node_args import LOG_LEVEL_ENV
 
 logger = logging.getLogger("rlcollect")
 
@@ -130,7 +130,7 @@ def default_master_addr(options: dict) -> str:
     """Where rank 0 listens when ``master_addr`` is not given: Ray's address of this host when
     Ray is initialised here, the interface facing the cluster's address when one is given,
     loopback when a local instance will be started (every node on this host)."""
-    from rlcollect.distributed.transport import default_host_address, local_address_towards
+    from rlcollect.distributed.control.transport import default_host_address, local_address_towards
 
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
@@ -216,7 +216,7 @@ class RayLauncher:
     # -- start ---------------------------------------------------------------------------------------
     def start(self, master_addr: str, master_port: int, world_size: int, timeout: float,
               start_timeout: float | None = None) -> None:
-        from rlcollect.distributed.ray_node import RayNode
+        from rlcollect.distributed.launch.ray_node import RayNode
 
         cpus = self.options["num_cpus"]
         self.ray = ray = RaySession.acquire(self.options, sum(cpus))

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlcollect.distributed import auth
+from rlcollect.distributed.control import auth
 
 PROTOCOL_VERSION = 5  # 5: commands, replies, notices, beats and the node spec travel on per-node channels
 MAGIC = b"RLC:"

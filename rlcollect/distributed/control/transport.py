@@ -32,7 +32,7 @@ import torch
 from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
 
 from rlcollect.data import BatchBuffer, BatchLayout, carve, field_bytes
-from rlcollect.distributed.protocol import MASTER_RANK, pg_prefix
+from rlcollect.distributed.control.protocol import MASTER_RANK, pg_prefix
 
 logger = logging.getLogger("rlcollect")
 

@@ -12,7 +12,7 @@ import argparse
 import os
 from typing import Any
 
-from rlcollect.distributed.auth import SECRET_ENV, read_secret_file
+from rlcollect.distributed.control.auth import SECRET_ENV, read_secret_file
 
 #: torchrun's names, read when the options are not given.
 ENV_VARS = {"master_addr": "MASTER_ADDR", "master_port": "MASTER_PORT", "rank": "RANK", "world_size": "WORLD_SIZE"}

@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlcollect.distributed.messages import (  # noqa: F401  (re-exported: P.encode, P.decode, ...)
+from rlcollect.distributed.control.messages import (  # noqa: F401  (re-exported: P.encode, P.decode, ...)
     COMMANDS, MAGIC, MASTER_RANK, PROTOCOL_VERSION, SCHEMAS, AuthError, Endpoint, Message, ProtocolError,
     _is, check_command, claimed_sender, decode, encode)
 

@@ -1,0 +1,21 @@
+"""The wires between rank 0 and the nodes: one module per part of the control plane, and the
+transport of batches and weights.
+
+- ``auth.py``: the run's secret and the keys that authenticate the control plane;
+- ``messages.py``: the control messages (standard library and ``auth.py`` only: the watcher
+  uses it without torch); ``protocol.py``: their keys, formats and validation, and the
+  restricted decoding of what nodes send back (it re-exports ``messages.py``);
+- ``wire.py``: a length-prefixed message stream over a socket, and its listener;
+- ``channel.py``: the control plane's inbox thread, and rank 0's side of it: commands out,
+  replies and "batch ready" notices in;
+- ``handshake.py``: hello, configuration and "started", at start-up and when a node rejoins;
+- ``heartbeat.py``: liveness in both directions;
+- ``watcher.py``: the tiny process beside each node that reports its state;
+- ``transport.py``: where a batch crosses the process boundary: the store server, the gloo
+  pair process groups (one per node), flat batch buffers and weight packing.
+
+May import: the standard library, torch, tensordict, rlcollect's modules outside
+``rlcollect.distributed`` and ``control/`` itself; nothing of ``launch/`` or of the collector's
+parts above (tests/test_architecture.py holds it). Nothing is imported here: the watcher
+(``python -m rlcollect.distributed.control.watcher``) must start without torch.
+"""
