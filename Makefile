@@ -103,7 +103,7 @@ $(PY_TORCHRL):
 $(STAMP_TORCHRL): pyproject.toml | $(PY_TORCHRL)
 	$(PY_TORCHRL) -m pip install --quiet '$(TORCH)'
 	$(PY_TORCHRL) -m pip install --quiet torchrl
-	$(PY_TORCHRL) -m pip install --quiet -e '.[test,examples]'  # examples: tests/torchrl runs one
+	$(PY_TORCHRL) -m pip install --quiet -e '.[test,examples,hydra]'  # examples: tests/torchrl runs one; hydra: its configs
 	touch $(STAMP_TORCHRL)
 
 test-torchrl: $(STAMP_TORCHRL)
