@@ -82,17 +82,24 @@ docs-serve: $(STAMP)
 # script run by path, not a module.
 DOCTEST_PATHS := rlcollect --ignore=rlcollect/distributed/launch/job_bootstrap.py
 
+# How a long run shows where it is: a line naming each tier as it starts, then one line per test
+# file (its name, a dot per test, and [tests done/total] at the end of the line).
+PROGRESS := -o console_output_style=count
+
 # The tests, then the docstring examples (run even when a test failed; either fails the target).
 # pytest exits with 5 when it collects no test: that is not a failure of the suite.
 test-main: $(STAMP)
-	$(PY) -m pytest -q tests; rc=$$?; \
+	@echo "== make test-main [1/2]: the main suite, tests/ in $(VENV) (about 25 min on a quiet 2-core machine) =="
+	$(PY) -m pytest $(PROGRESS) tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; \
+	echo "== make test-main [2/2]: the docstring examples of rlcollect/ =="; \
 	$(PY) -m pytest -q --doctest-modules $(DOCTEST_PATHS) || rc=$$?; exit $$rc
 
 # The edit-run loop: the tests that start no process (tests/tiers.py marks the others
 # "processes"; in this tier a test that starts one fails), in under two minutes. CI runs all.
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not processes" tests
+	@echo "== make test-fast: the tests that start no process (-m 'not processes') =="
+	$(PY) -m pytest $(PROGRESS) -m "not processes" tests
 
 test-doctest: $(STAMP)
 	$(PY) -m pytest -q --doctest-modules $(DOCTEST_PATHS)
@@ -109,7 +116,8 @@ $(STAMP_TORCHRL): pyproject.toml | $(PY_TORCHRL)
 test-torchrl: $(STAMP_TORCHRL)
 	$(PY_TORCHRL) -m pip check
 	$(PY_TORCHRL) -m pip list 2>/dev/null | grep -E '^(torch|torchrl|tensordict) '
-	$(PY_TORCHRL) -m pytest -q tests/torchrl
+	@echo "== make test-torchrl: the torchrl interop tests, tests/torchrl/ in $(VENV_TORCHRL) (about 3 min) =="
+	$(PY_TORCHRL) -m pytest $(PROGRESS) tests/torchrl
 
 demo: $(STAMP_DEMO)
 	$(PY) examples/ppo_cartpole.py --out ppo_cartpole.png

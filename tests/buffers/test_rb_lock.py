@@ -18,6 +18,7 @@ import time
 
 import pytest
 import torch
+from loadscale import scaled
 from tensordict import TensorDict
 
 from rlcollect.buffers import LockTimeout, ReplayBuffer
@@ -68,7 +69,7 @@ class Holder:
         self.proc.wait()
         self.proc.stdout.close()
         if self.child > 0:
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + scaled(10, cap=60)  # the reparented child's exit, on a loaded machine
             while os.path.exists(f"/proc/{self.child}") and time.monotonic() < deadline:
                 try:  # not ours to reap once reparented; when still ours, reap it
                     os.waitpid(self.child, os.WNOHANG)
