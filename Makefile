@@ -43,7 +43,7 @@ PIP_MIN := pip>=25.1
 $(STAMP_BASE): pyproject.toml | $(PY)
 	@echo "[$(VENV)] pip: upgrading pip ($(PIP_MIN))"
 	$(PY) -m pip install --quiet --upgrade '$(PIP_MIN)'
-	@echo "[$(VENV)] pip: installing $(TORCH) (the CPU wheel where one is on local disk: 190 MB, a minute or two)"
+	@echo "[$(VENV)] pip: installing $(TORCH) (its CPU wheel, 190 MB, where pip finds one: on local disk or at TORCH_INDEX; else PyPI's multi-GB CUDA build)"
 	$(PY) -m pip install --quiet $(TORCH_FLAGS) '$(TORCH)'
 	touch $(STAMP_BASE)
 

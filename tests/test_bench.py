@@ -8,6 +8,7 @@ import os
 import sys
 
 import pytest
+from loadscale import scaled
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -209,7 +210,8 @@ def test_python_m_bench_runs_the_suite(tmp_path):
 
     path = tmp_path / "results.json"
     argv = ["--seconds", "0.2", "--rounds", "1", "--only", "CartPole-v1 random, 1 env", "--json", str(path)]
-    proc = subprocess.run([sys.executable, "-m", "bench", *argv], cwd=ROOT, capture_output=True, text=True, timeout=170)
+    proc = subprocess.run([sys.executable, "-m", "bench", *argv], cwd=ROOT, capture_output=True, text=True,
+                          timeout=scaled(170, cap=680))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "| CartPole-v1 random, 1 env(s)" in proc.stdout
     (result,) = json.loads(path.read_text())["results"]

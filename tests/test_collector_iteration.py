@@ -11,6 +11,7 @@ import warnings
 
 import gymnasium as gym
 import pytest
+from loadscale import scaled
 import torch
 from helpers_collector import (
     BASE_KEYS,
@@ -223,7 +224,8 @@ print("collected")
 
 @pytest.mark.timeout(120)
 def test_a_collector_left_open_at_exit_prints_nothing():
-    proc = subprocess.run([sys.executable, "-c", LEFT_OPEN], capture_output=True, text=True, timeout=100)
+    proc = subprocess.run([sys.executable, "-c", LEFT_OPEN], capture_output=True, text=True,
+                          timeout=scaled(100, cap=400))
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "collected\n", "")
 
 

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from loadscale import scaled
 
 LEAKS = Path(__file__).with_name("leaks.py")
 PROCS = Path(__file__).with_name("procs.py")
@@ -302,7 +303,7 @@ def _foreign_process(code: str, tmp_path) -> None:
                 time.sleep(0.01)
         """) + textwrap.indent(textwrap.dedent(code), "    ") + f"    open({str(done)!r}, 'w').close()\n"
     subprocess.run([sys.executable, "-c", script], check=True)
-    leak_checker_wait = time.monotonic() + 20
+    leak_checker_wait = time.monotonic() + scaled(20, cap=80)
     while not done.exists() and time.monotonic() < leak_checker_wait:
         time.sleep(0.02)
     assert done.exists()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from loadscale import scaled
 import torch
 
 from rlcollect import Collector, MultiAsyncCollector, MultiSyncCollector, ReplayBuffer, SerialEnv
@@ -193,7 +194,7 @@ def test_running_free_writes_whole_trajectories_into_the_buffer():
     c = Collector("CartPole-v1", frames_per_batch=20, trajs_per_batch=1, replay_buffer=rb)
     c.set_seed(7)
     c.start()
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + scaled(60, cap=240)
     while rb.write_count < 200 and time.monotonic() < deadline:
         time.sleep(0.05)
     c.async_shutdown()

@@ -8,6 +8,7 @@ import sys
 
 import gymnasium
 import pytest
+from loadscale import scaled
 
 from rlcollect import GymEnv
 
@@ -34,6 +35,7 @@ def test_an_ale_id_works_without_importing_ale_py_first():
     code = ("import sys; from rlcollect import GymEnv\n"
             "env = GymEnv('ALE/Pong-v5')\n"
             "print('ale_py' in sys.modules, env.env_id)\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=100)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=scaled(100, cap=400))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout == "True ALE/Pong-v5\n"
