@@ -21,6 +21,7 @@ import copy
 import csv
 import dataclasses
 import inspect
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -148,6 +149,7 @@ def train(args: Args) -> list[dict]:
     start = time.perf_counter()  # the clock includes starting the workers
 
     rb = ReplayBuffer(args.buffer_size)
+    logging.info("starting %d worker processes (each imports torch and makes its envs)", args.workers)
     collector = MultiAsyncCollector(
         partial(GymEnv, args.env_id, num_envs=args.envs_per_worker),
         policy,
@@ -158,6 +160,8 @@ def train(args: Args) -> list[dict]:
     )
     collector.set_seed(args.seed)
     collector.start()  # collection runs free from here on; this loop only trains
+    logging.info("%d worker processes started (%.1f s so far); collecting into the replay buffer", args.workers,
+                 time.perf_counter() - start)
     history, losses, returns = [], [], []
     running, counted = {}, 0  # partial episode returns by trajectory id; frames counted so far
     updates, pauses = 0, 0
@@ -267,7 +271,7 @@ def write_curve(history: list[dict], args: Args) -> None:
         writer.writeheader()
         writer.writerows(history)
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot([r["frames"] for r in history], [r["mean_return"] for r in history], label=f"seed {args.seed}")
+    ax.plot([r["frames"] for r in history], [r["mean_return"] for r in history], marker=".", label=f"seed {args.seed}")
     ax.set(xlabel="frames written to the replay buffer", ylabel="mean return of episodes ended",
            title=f"DQN on {args.env_id} (rlcollect MultiAsyncCollector, {args.workers}x{args.envs_per_worker} envs)")
     ax.legend(loc="lower right")
@@ -278,6 +282,7 @@ def write_curve(history: list[dict], args: Args) -> None:
 
 
 if __name__ == "__main__":  # the guard matters: with the fork server or "spawn", workers import this file
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")  # the phases
     args = parse_args()
     history = train(args)
     summarize(history)

@@ -28,7 +28,9 @@ def main() -> None:
     for path in args.csv:
         with open(path, newline="") as f:
             rows = list(csv.DictReader(f))
-        ax.plot([int(r["frames"]) for r in rows], [float(r["mean_return"]) for r in rows], label=Path(path).stem)
+        # markers: a batch between two without a finished episode (NaN) has no line to draw
+        ax.plot([int(r["frames"]) for r in rows], [float(r["mean_return"]) for r in rows], marker=".",
+                label=Path(path).stem)
     if args.target is not None:
         ax.axhline(args.target, color="grey", linestyle="--", linewidth=1, label=f"{args.target:g}")
     ax.set(xlabel="frames", ylabel="mean episode return", title=args.title)

@@ -22,6 +22,7 @@ import ast
 import csv
 import dataclasses
 import inspect
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ import torch
 from torch import nn
 from torch.distributions import Categorical
 
-from rlcollect import MultiSyncCollector, VectorEnv
+from rlcollect import MLflowLogger, MultiSyncCollector, TensorBoardLogger, VectorEnv, WandbLogger
 
 
 @dataclass
@@ -72,6 +73,15 @@ class Args:
     """torch threads of the learner (the workers use one each)"""
     out: str = "ppo_breakout.png"
     """where to write the learning curve (PNG); the same data goes to a .csv beside it"""
+    tensorboard: str = ""
+    """a folder for TensorBoard event files: the collector's stats() and this script's return and losses
+    after every batch (empty: none; needs pip install 'rlcollect[tensorboard]')"""
+    wandb: str = ""
+    """a Weights & Biases project to write the same to ($WANDB_MODE=offline keeps the run on disk; empty: none;
+    needs pip install 'rlcollect[wandb]')"""
+    mlflow: str = ""
+    """an MLflow experiment to write the same to, at $MLFLOW_TRACKING_URI (empty: none; needs
+    pip install 'rlcollect[mlflow]')"""
 
 
 def make_env(game: str, num_envs: int) -> VectorEnv:
@@ -201,6 +211,7 @@ def train(args: Args, log=lambda row: None) -> list[dict]:
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
     start = time.perf_counter()  # the clock includes starting the workers
 
+    logging.info("starting %d worker processes (each imports torch and makes its envs)", args.workers)
     collector = MultiSyncCollector(
         partial(make_env, args.game, args.envs_per_worker),
         agent,  # sent to the workers once; later updates travel through shared memory
@@ -213,6 +224,10 @@ def train(args: Args, log=lambda row: None) -> list[dict]:
     running_returns = torch.zeros(args.workers * args.envs_per_worker)  # one per env stream
     history = []
     frames, collect_s, train_s = 0, 0.0, 0.0
+    logging.info("%d worker processes started (%.1f s so far); waiting for the first batch", args.workers,
+                 time.perf_counter() - start)
+    loggers = [make(name) for name, make in ((args.tensorboard, TensorBoardLogger), (args.wandb, WandbLogger),
+                                             (args.mlflow, MLflowLogger)) if name]
     with collector:
         waited = time.perf_counter()
         for batch in collector:
@@ -253,11 +268,18 @@ def train(args: Args, log=lambda row: None) -> list[dict]:
                    "episodes": len(returns), **losses, "fps": frames / elapsed, "collect_s": collect_s,
                    "train_s": train_s, "elapsed_s": elapsed}
             history.append(row)
+            for logger in loggers:
+                logger.log(collector, step=frames)  # env-step latency, policy lag, time waiting, ...
+                logger.write({f"train/{key}": value for key, value in row.items()
+                              if key != "frames" and isinstance(value, (int, float)) and not math.isnan(value)},
+                             frames)
             log(row)
             print(f"frames {frames:>9,d}  return {row['mean_return']:6.1f} ({len(returns):2d} episodes)  "
                   f"policy {losses['policy_loss']:+.4f}  value {losses['value_loss']:7.4f}  "
                   f"entropy {losses['entropy']:.3f}  kl {losses['approx_kl']:.4f}  "
                   f"{row['fps']:,.0f} fps  {elapsed:7.1f} s", flush=True)
+    for logger in loggers:
+        logger.close()
     return history
 
 
@@ -345,6 +367,7 @@ def write_curve(history: list[dict], args: Args) -> None:
 
 
 if __name__ == "__main__":  # the guard matters: with the fork server or "spawn", workers import this file
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")  # the phases
     args = parse_args()
     history = train(args, log=CsvLog(Path(args.out).with_suffix(".csv")))
     summarize(history, args)

@@ -26,6 +26,7 @@ import copy
 import csv
 import dataclasses
 import inspect
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -76,8 +77,9 @@ class Args:
     """width of the two hidden layers of the actor and of the critic"""
     torch_threads: int = 1
     """torch threads of the learner (the workers use one each)"""
-    target_return: float = 475.0
-    """the return CartPole-v1 counts as solved; reported and drawn on the plot"""
+    target_return: float | None = None
+    """the return counted as solved, reported and drawn on the plot (default: the env's reward_threshold in
+    gymnasium's registry: 475 for CartPole-v1, -100 for Acrobot-v1, 200 for LunarLander-v3; none if it has none)"""
     out: str = "ppo_cartpole.png"
     """where to write the learning curve (PNG); the same data goes to a .csv beside it"""
     collector: str = "sync"
@@ -213,6 +215,7 @@ def train(args: Args) -> list[dict]:
     start = time.perf_counter()  # the clock includes starting the workers
 
     env = partial(GymEnv, args.env_id, num_envs=args.envs_per_worker)
+    logging.info("starting %d worker processes (each imports torch and makes its envs)", args.workers)
     if args.collector == "async":
         options = {}
         if args.max_policy_lag >= 0:
@@ -243,6 +246,8 @@ def train(args: Args) -> list[dict]:
                                              (args.mlflow, MLflowLogger)) if name]
     history = []
     frames = 0
+    logging.info("%d worker processes started (%.1f s so far); waiting for the first batch", args.workers,
+                 time.perf_counter() - start)
     with collector:
         for batch in collector:
             if args.collector == "async":  # one worker's (envs, T): its streams' running returns
@@ -333,16 +338,25 @@ def parse_args() -> Args:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     docs = field_docs(Args)
     for field in dataclasses.fields(Args):
-        parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default),
-                            default=field.default, help=docs.get(field.name, ""))
-    return Args(**vars(parser.parse_args()))
+        kind = float if field.name == "target_return" else type(field.default)  # (its default: None)
+        parser.add_argument(f"--{field.name.replace('_', '-')}", type=kind, default=field.default,
+                            help=docs.get(field.name, ""))
+    args = Args(**vars(parser.parse_args()))
+    if args.target_return is None:  # the env's own threshold, where gymnasium's registry has one
+        import gymnasium
+
+        args.target_return = gymnasium.spec(args.env_id).reward_threshold
+    return args
 
 
 def summarize(history: list[dict], args: Args) -> None:
     last = history[-1]
     print(f"done: {last['frames']:,d} frames in {last['elapsed_s']:.1f} s ({last['fps']:,.0f} fps)")
-    reached = next((row for row in history if row["mean_return"] >= args.target_return), None)
-    if reached:
+    reached = None if args.target_return is None else next(
+        (row for row in history if row["mean_return"] >= args.target_return), None)
+    if args.target_return is None:
+        print(f"no target return: {args.env_id} has no reward_threshold in gymnasium's registry (--target-return)")
+    elif reached:
         print(f"mean return >= {args.target_return:g} first at {reached['frames']:,d} frames "
               f"({reached['elapsed_s']:.1f} s)")
         below = [i for i, row in enumerate(history) if row["mean_return"] < args.target_return]  # NaN: no episode ended
@@ -371,8 +385,9 @@ def write_curve(history: list[dict], args: Args) -> None:
         writer.writeheader()
         writer.writerows(history)
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot([r["frames"] for r in history], [r["mean_return"] for r in history], label=f"seed {args.seed}")
-    ax.axhline(args.target_return, color="grey", linestyle="--", linewidth=1, label=f"{args.target_return:g}")
+    ax.plot([r["frames"] for r in history], [r["mean_return"] for r in history], marker=".", label=f"seed {args.seed}")
+    if args.target_return is not None:
+        ax.axhline(args.target_return, color="grey", linestyle="--", linewidth=1, label=f"{args.target_return:g}")
     ax.set(xlabel="frames", ylabel="mean return of episodes finished in the batch",
            title=f"PPO on {args.env_id} (rlcollect {args.collector} collector, "
                  f"{args.workers}x{args.envs_per_worker} envs)")
@@ -384,6 +399,7 @@ def write_curve(history: list[dict], args: Args) -> None:
 
 
 if __name__ == "__main__":  # the guard matters: with the fork server or "spawn", workers import this file
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")  # the phases
     args = parse_args()
     history = train(args)
     summarize(history, args)

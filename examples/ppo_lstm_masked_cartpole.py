@@ -27,6 +27,7 @@ import ast
 import csv
 import dataclasses
 import inspect
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ from tensordict.nn import TensorDictModuleBase
 from torch import nn
 from torch.distributions import Categorical
 
-from rlcollect import GymEnv, MultiSyncCollector
+from rlcollect import GymEnv, MLflowLogger, MultiSyncCollector, TensorBoardLogger, WandbLogger
 
 
 @dataclass
@@ -88,10 +89,20 @@ class Args:
     """width of each encoder and LSTM state (actor and critic each have one)"""
     torch_threads: int = 1
     """torch threads of the learner (the workers use one each)"""
-    target_return: float = 475.0
-    """the return CartPole-v1 counts as solved; reported and drawn on the plot"""
+    target_return: float | None = None
+    """the return counted as solved, reported and drawn on the plot (default: the env's reward_threshold in
+    gymnasium's registry: 475 for CartPole-v1, -100 for Acrobot-v1, 200 for LunarLander-v3; none if it has none)"""
     out: str = "ppo_lstm_masked_cartpole.png"
     """where to write the learning curve (PNG); the same data goes to a .csv beside it"""
+    tensorboard: str = ""
+    """a folder for TensorBoard event files: the collector's stats() and this script's return and losses
+    after every batch (empty: none; needs pip install 'rlcollect[tensorboard]')"""
+    wandb: str = ""
+    """a Weights & Biases project to write the same to ($WANDB_MODE=offline keeps the run on disk; empty: none;
+    needs pip install 'rlcollect[wandb]')"""
+    mlflow: str = ""
+    """an MLflow experiment to write the same to, at $MLFLOW_TRACKING_URI (empty: none; needs
+    pip install 'rlcollect[mlflow]')"""
 
 
 class MaskObservation(gymnasium.ObservationWrapper):
@@ -265,6 +276,7 @@ def train(args: Args) -> list[dict]:
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
     start = time.perf_counter()  # the clock includes starting the workers
 
+    logging.info("starting %d worker processes (each imports torch and makes its envs)", args.workers)
     collector = MultiSyncCollector(
         partial(GymEnv, make_env, num_envs=args.envs_per_worker),
         agent,  # sent to the workers once; later updates travel through shared memory
@@ -277,6 +289,10 @@ def train(args: Args) -> list[dict]:
     running_returns = torch.zeros(args.workers * args.envs_per_worker)  # one per env stream
     history = []
     frames = 0
+    logging.info("%d worker processes started (%.1f s so far); waiting for the first batch", args.workers,
+                 time.perf_counter() - start)
+    loggers = [make(name) for name, make in ((args.tensorboard, TensorBoardLogger), (args.wandb, WandbLogger),
+                                             (args.mlflow, MLflowLogger)) if name]
     with collector:
         for batch in collector:
             # (workers, envs, T) -> (env streams, T): rows are independent streams, time is last.
@@ -319,10 +335,17 @@ def train(args: Args) -> list[dict]:
                    "episodes": len(returns), **losses, "carry_error": carry_error,
                    "fps": frames / elapsed, "elapsed_s": elapsed}
             history.append(row)
+            for logger in loggers:
+                logger.log(collector, step=frames)  # env-step latency, policy lag, time waiting, ...
+                logger.write({f"train/{key}": value for key, value in row.items()
+                              if key != "frames" and isinstance(value, (int, float)) and not math.isnan(value)},
+                             frames)
             print(f"frames {frames:>7,d}  return {row['mean_return']:6.1f} ({len(returns):3d} episodes)  "
                   f"policy {losses['policy_loss']:+.4f}  value {losses['value_loss']:8.3f}  "
                   f"entropy {losses['entropy']:.3f}  kl {losses['approx_kl']:.4f}  carry {carry_error:.1e}  "
                   f"{row['fps']:,.0f} fps  {elapsed:5.1f} s", flush=True)
+    for logger in loggers:
+        logger.close()
     return history
 
 
@@ -345,17 +368,26 @@ def parse_args() -> Args:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     docs = field_docs(Args)
     for field in dataclasses.fields(Args):
-        parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default),
-                            default=field.default, help=docs.get(field.name, ""))
-    return Args(**vars(parser.parse_args()))
+        kind = float if field.name == "target_return" else type(field.default)  # (its default: None)
+        parser.add_argument(f"--{field.name.replace('_', '-')}", type=kind, default=field.default,
+                            help=docs.get(field.name, ""))
+    args = Args(**vars(parser.parse_args()))
+    if args.target_return is None:  # the env's own threshold, where gymnasium's registry has one
+        import gymnasium
+
+        args.target_return = gymnasium.spec(args.env_id).reward_threshold
+    return args
 
 
 def summarize(history: list[dict], args: Args) -> None:
     last = history[-1]
     print(f"done: {last['frames']:,d} frames in {last['elapsed_s']:.1f} s ({last['fps']:,.0f} fps)")
     print(f"largest carry error (replayed vs stored LSTM state): {max(r['carry_error'] for r in history):.1e}")
-    reached = next((row for row in history if row["mean_return"] >= args.target_return), None)
-    if reached:
+    reached = None if args.target_return is None else next(
+        (row for row in history if row["mean_return"] >= args.target_return), None)
+    if args.target_return is None:
+        print(f"no target return: {args.env_id} has no reward_threshold in gymnasium's registry (--target-return)")
+    elif reached:
         print(f"mean return >= {args.target_return:g} first at {reached['frames']:,d} frames "
               f"({reached['elapsed_s']:.1f} s)")
     else:
@@ -382,9 +414,10 @@ def write_curve(history: list[dict], args: Args) -> None:
         writer.writeheader()
         writer.writerows(history)
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot([r["frames"] for r in history], [r["mean_return"] for r in history],
+    ax.plot([r["frames"] for r in history], [r["mean_return"] for r in history], marker=".",
             label=f"memory={args.memory}, seed {args.seed}")
-    ax.axhline(args.target_return, color="grey", linestyle="--", linewidth=1, label=f"{args.target_return:g}")
+    if args.target_return is not None:
+        ax.axhline(args.target_return, color="grey", linestyle="--", linewidth=1, label=f"{args.target_return:g}")
     ax.set(xlabel="frames", ylabel="mean return of episodes finished in the batch",
            title=f"PPO on {args.env_id}, velocities masked ({args.workers}x{args.envs_per_worker} envs)")
     ax.legend(loc="upper left")
@@ -395,6 +428,7 @@ def write_curve(history: list[dict], args: Args) -> None:
 
 
 if __name__ == "__main__":  # the guard matters: with the fork server or "spawn", workers import this file
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")  # the phases
     args = parse_args()
     history = train(args)
     summarize(history, args)

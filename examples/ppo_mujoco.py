@@ -20,6 +20,7 @@ import ast
 import csv
 import dataclasses
 import inspect
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ import torch
 from torch import nn
 from torch.distributions import Normal
 
-from rlcollect import GymEnv, MultiSyncCollector
+from rlcollect import GymEnv, MLflowLogger, MultiSyncCollector, TensorBoardLogger, WandbLogger
 
 
 @dataclass
@@ -73,6 +74,15 @@ class Args:
     """torch threads of the learner (the workers use one each)"""
     out: str = "ppo_hopper.png"
     """where to write the learning curve (PNG); the same data goes to a .csv beside it"""
+    tensorboard: str = ""
+    """a folder for TensorBoard event files: the collector's stats() and this script's return and losses
+    after every batch (empty: none; needs pip install 'rlcollect[tensorboard]')"""
+    wandb: str = ""
+    """a Weights & Biases project to write the same to ($WANDB_MODE=offline keeps the run on disk; empty: none;
+    needs pip install 'rlcollect[wandb]')"""
+    mlflow: str = ""
+    """an MLflow experiment to write the same to, at $MLFLOW_TRACKING_URI (empty: none; needs
+    pip install 'rlcollect[mlflow]')"""
 
 
 def make_env(env_id: str) -> gym.Env:
@@ -242,6 +252,7 @@ def train(args: Args, log=lambda row: None) -> list[dict]:
     optimizer = torch.optim.Adam([*actor.parameters(), *critic.parameters()], lr=args.learning_rate, eps=1e-5)
     start = time.perf_counter()  # the clock includes starting the workers
 
+    logging.info("starting %d worker processes (each imports torch and makes its envs)", args.workers)
     collector = MultiSyncCollector(
         partial(GymEnv, partial(make_env, args.env_id), num_envs=args.envs_per_worker),
         actor,  # sent to the workers once; later updates travel through shared memory
@@ -256,6 +267,10 @@ def train(args: Args, log=lambda row: None) -> list[dict]:
     scale_reward = RewardScaler(streams, args.gamma)
     history = []
     frames, collect_s, train_s = 0, 0.0, 0.0
+    logging.info("%d worker processes started (%.1f s so far); waiting for the first batch", args.workers,
+                 time.perf_counter() - start)
+    loggers = [make(name) for name, make in ((args.tensorboard, TensorBoardLogger), (args.wandb, WandbLogger),
+                                             (args.mlflow, MLflowLogger)) if name]
     with collector:
         waited = time.perf_counter()
         for batch in collector:
@@ -296,11 +311,18 @@ def train(args: Args, log=lambda row: None) -> list[dict]:
                    "episodes": len(returns), **losses, "fps": frames / elapsed, "collect_s": collect_s,
                    "train_s": train_s, "elapsed_s": elapsed}
             history.append(row)
+            for logger in loggers:
+                logger.log(collector, step=frames)  # env-step latency, policy lag, time waiting, ...
+                logger.write({f"train/{key}": value for key, value in row.items()
+                              if key != "frames" and isinstance(value, (int, float)) and not math.isnan(value)},
+                             frames)
             log(row)
             print(f"frames {frames:>9,d}  return {row['mean_return']:7.1f} ({len(returns):3d} episodes)  "
                   f"policy {losses['policy_loss']:+.4f}  value {losses['value_loss']:7.3f}  "
                   f"entropy {losses['entropy']:+.3f}  kl {losses['approx_kl']:.4f}  "
                   f"{row['fps']:,.0f} fps  {elapsed:6.1f} s", flush=True)
+    for logger in loggers:
+        logger.close()
     return history
 
 
@@ -389,6 +411,7 @@ def write_curve(history: list[dict], args: Args) -> None:
 
 
 if __name__ == "__main__":  # the guard matters: with the fork server or "spawn", workers import this file
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")  # the phases
     args = parse_args()
     history = train(args, log=CsvLog(Path(args.out).with_suffix(".csv")))
     summarize(history, args)

@@ -21,6 +21,7 @@ import ast
 import csv
 import dataclasses
 import inspect
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -72,8 +73,9 @@ class Args:
     """width of the two hidden layers of the actor and of the critic"""
     torch_threads: int = 1
     """torch threads of the learner (the workers use one each)"""
-    target_return: float = 475.0
-    """the return CartPole-v1 counts as solved; reported and drawn on the plot"""
+    target_return: float | None = None
+    """the return counted as solved, reported and drawn on the plot (default: the env's reward_threshold in
+    gymnasium's registry: 475 for CartPole-v1, -100 for Acrobot-v1, 200 for LunarLander-v3; none if it has none)"""
     out: str = "ppo_torchrl_cartpole.png"
     """where to write the learning curve (PNG); the same data goes to a .csv beside it"""
 
@@ -108,6 +110,7 @@ def train(args: Args) -> list[dict]:
     start = time.perf_counter()  # the clock includes starting the workers
 
     # torchrl's construction, unchanged: only the import of MultiSyncCollector differs.
+    logging.info("starting %d worker processes (each imports torch and makes its envs)", args.workers)
     collector = MultiSyncCollector(
         [partial(make_env, args.env_id)] * args.workers,  # one env factory per worker
         actor,
@@ -117,6 +120,8 @@ def train(args: Args) -> list[dict]:
     collector.set_seed(args.seed)
     history = []
     frames = 0
+    logging.info("%d worker processes started (%.1f s so far); waiting for the first batch", args.workers,
+                 time.perf_counter() - start)
     for batch in collector:  # (workers, T)
         frames += batch.numel()
         done = batch["next", "done"].squeeze(-1)
@@ -171,16 +176,25 @@ def parse_args() -> Args:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     docs = field_docs(Args)
     for field in dataclasses.fields(Args):
-        parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default),
-                            default=field.default, help=docs.get(field.name, ""))
-    return Args(**vars(parser.parse_args()))
+        kind = float if field.name == "target_return" else type(field.default)  # (its default: None)
+        parser.add_argument(f"--{field.name.replace('_', '-')}", type=kind, default=field.default,
+                            help=docs.get(field.name, ""))
+    args = Args(**vars(parser.parse_args()))
+    if args.target_return is None:  # the env's own threshold, where gymnasium's registry has one
+        import gymnasium
+
+        args.target_return = gymnasium.spec(args.env_id).reward_threshold
+    return args
 
 
 def summarize(history: list[dict], args: Args) -> None:
     last = history[-1]
     print(f"done: {last['frames']:,d} frames in {last['elapsed_s']:.1f} s ({last['fps']:,.0f} fps)")
-    reached = next((row for row in history if row["mean_return"] >= args.target_return), None)
-    if reached:
+    reached = None if args.target_return is None else next(
+        (row for row in history if row["mean_return"] >= args.target_return), None)
+    if args.target_return is None:
+        print(f"no target return: {args.env_id} has no reward_threshold in gymnasium's registry (--target-return)")
+    elif reached:
         print(f"mean return >= {args.target_return:g} first at {reached['frames']:,d} frames "
               f"({reached['elapsed_s']:.1f} s)")
     else:
@@ -205,8 +219,9 @@ def write_curve(history: list[dict], args: Args) -> None:
         writer.writeheader()
         writer.writerows(history)
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot([r["frames"] for r in history], [r["mean_return"] for r in history], label=f"seed {args.seed}")
-    ax.axhline(args.target_return, color="grey", linestyle="--", linewidth=1, label=f"{args.target_return:g}")
+    ax.plot([r["frames"] for r in history], [r["mean_return"] for r in history], marker=".", label=f"seed {args.seed}")
+    if args.target_return is not None:
+        ax.axhline(args.target_return, color="grey", linestyle="--", linewidth=1, label=f"{args.target_return:g}")
     ax.set(xlabel="frames", ylabel="mean return of episodes finished in the batch",
            title=f"torchrl PPO on {args.env_id}, rlcollect MultiSyncCollector ({args.workers} workers)")
     ax.legend(loc="lower right")
@@ -217,6 +232,7 @@ def write_curve(history: list[dict], args: Args) -> None:
 
 
 if __name__ == "__main__":  # the guard matters: with the fork server or "spawn", workers import this file
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")  # the phases
     args = parse_args()
     history = train(args)
     summarize(history, args)

@@ -322,6 +322,9 @@ def test_the_ppo_example_writes_to_the_three(tmp_path, mlflow_store):
                            "--tensorboard", str(tmp_path / "tb"), "--wandb", "ppo", "--mlflow", "ppo"],
                           capture_output=True, text=True, timeout=200, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # the start-up phases, logged at INFO (issue 38, item 3)
+    assert " starting 2 worker processes (each imports torch and makes its envs)\n" in proc.stderr
+    assert " 2 worker processes started (" in proc.stderr
     wanted = {"train/policy_loss", "train/value_loss", "collector/policy_lag_max", "collector/worker1/env_step_mean_s"}
 
     board = tensorboard_scalars(tmp_path / "tb")
