@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import logging
 import queue
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +29,9 @@ logger = logging.getLogger("rlcollect")
 NODE_KINDS = ("started", "failed", "ready", "reply", "beat", "bye")
 #: What a node's watcher sends.
 WATCH_KINDS = ("state",)
+#: Authentic attaches waiting for the main thread, per node (a node and its watcher attach once
+#: per session; a replayed attach is authentic too): beyond it a connection is closed at once.
+ATTACHES_PER_NODE = 4
 
 
 class Channel:
@@ -54,8 +58,12 @@ class Channel:
         self.started: dict[int, P.Message] = {}  # each node's "started" (or start-up "failed") report
         self.byes: set[int] = set()
         self.closed: dict[int, str] = {}  # rank -> why its current channel closed
+        # What waits here is authentic: the listener's thread checks a connection's first
+        # message and closes it there unless it is an attach; those are bounded too
+        # (``_attach_room``), so no stranger can fill this queue or hold a descriptor in it.
         self._events: queue.Queue = queue.Queue()
-        self.listener = Listener(address, lambda wire, data: self._events.put(("attach", wire, data)))
+        self._attach_room = threading.BoundedSemaphore(ATTACHES_PER_NODE * len(handles))
+        self.listener = Listener(address, self._first_message)
         self.port = self.listener.port
 
     # -- out ------------------------------------------------------------------------------------------
@@ -95,9 +103,26 @@ class Channel:
             except queue.Empty:
                 return True
 
+    def _first_message(self, wire: Wire, data: bytes) -> None:
+        """A connection's first message (in the listener's thread): an authentic attach is
+        queued for the main thread, anything else is closed here."""
+        try:
+            msg = P.decode(data, self.keys.to_rank0, kinds=("attach",), to=P.MASTER_RANK, ranks=self.ranks)
+        except P.ProtocolError as err:
+            self.drops.drop("rank 0's channel listener", P.claimed_sender(data), str(err))
+            wire.close()
+            return
+        if not self._attach_room.acquire(blocking=False):
+            self.drops.drop("rank 0's channel listener", P.claimed_sender(data),
+                            "too many attaches wait already (replays)")
+            wire.close()
+            return
+        self._events.put(("attach", wire, msg))
+
     def _sort(self, event: tuple) -> None:
         what = event[0]
         if what == "attach":
+            self._attach_room.release()
             self._attach(event[1], event[2])
             return
         endpoint, rank = event[1], event[2]
@@ -122,9 +147,8 @@ class Channel:
         elif msg.kind == "bye":
             self.byes.add(rank)
 
-    def _attach(self, wire: Wire, data: bytes) -> None:
+    def _attach(self, wire: Wire, msg: P.Message) -> None:
         try:
-            msg = P.decode(data, self.keys.to_rank0, kinds=("attach",), to=P.MASTER_RANK, ranks=self.ranks)
             h = self.handles[msg.rank]
             if not h.configured or msg.token != h.token:
                 raise P.ProtocolError("it belongs to another session (a replay, or a node rank 0 did not configure)")
@@ -133,7 +157,7 @@ class Channel:
             if (h.endpoint if msg["role"] == "node" else h.watcher) is not None:
                 raise P.ProtocolError(f"this session's {msg['role']!r} channel is attached already (a replay)")
         except P.ProtocolError as err:
-            self.drops.drop("rank 0's channel listener", P.claimed_sender(data), str(err))
+            self.drops.drop("rank 0's channel listener", f"rank {msg.rank}", str(err))
             wire.close()
             return
         rank, last = msg.rank, [msg.n]
@@ -209,6 +233,13 @@ class Channel:
 
     def close(self) -> None:
         self.listener.close()
+        while True:  # attaches the main thread never took
+            try:
+                event = self._events.get_nowait()
+            except queue.Empty:
+                break
+            if event[0] == "attach":
+                event[1].close()
         for rank in self.ranks:
             h = self.handles[rank]
             for wire in (h.endpoint.wire if h.endpoint is not None else None, h.watcher):
