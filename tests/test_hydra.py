@@ -100,3 +100,11 @@ def test_a_listconfig_of_envs_is_one_env_per_worker():
     with MultiSyncCollector(envs, None, frames_per_batch=20, total_frames=20) as c:
         assert c.num_workers == 2
         assert [batch.numel() for batch in c] == [20]
+
+
+def test_a_single_env_id_is_still_not_a_list():
+    # (a str is a Sequence too: it stays one env factory, which needs num_workers)
+    with pytest.raises(ValueError, match="num_workers is required when create_env_fn is not a list"):
+        MultiSyncCollector("CartPole-v1", None, frames_per_batch=20, total_frames=20)
+    with pytest.raises(ValueError, match="create_env_fn is an empty list"):
+        MultiSyncCollector(omegaconf.ListConfig([]), None, frames_per_batch=20, total_frames=20)
