@@ -18,6 +18,7 @@ from tensordict import TensorDict
 
 from rlcollect.base import CollectorBase
 from rlcollect.collector import Collector
+from rlcollect.distributed.control import env_state
 from rlcollect.distributed.control import protocol as P
 from rlcollect.distributed.control.auth import new_secret, read_secret_file, secret_from_env, write_secret_file
 from rlcollect.distributed.config import DistributedConfig
@@ -26,7 +27,6 @@ from rlcollect.distributed.node_weights import NodeWeights
 from rlcollect.distributed.pool import NodePool
 from rlcollect.distributed.recovery import Recovery
 from rlcollect.distributed.stats import distributed_stats
-from rlcollect.envs.base import without_env_pickles
 from rlcollect.weights.models import UnknownModelError, make_weight_updater
 from rlcollect.weights.schemes import NoWeightSyncScheme
 
@@ -412,7 +412,7 @@ class DistributedCollector(CollectorBase):
         with self._guard():
             # Plain data only: a GymEnv's pickled envs are left out (a node could plant code there
             # that load_state_dict would hand every node).
-            out: dict[str, Any] = {f"node{i}": without_env_pickles(P.loads_data(self._pool.ask(i, "state_dict")[1]))[0]
+            out: dict[str, Any] = {f"node{i}": env_state.strip(P.loads_data(self._pool.ask(i, "state_dict")[1]))
                                    for i in self._pool.serving_nodes()}
         out.update(frames=self._frames, iter=self._iter, policy_version=self._version)
         return out
@@ -426,10 +426,7 @@ class DistributedCollector(CollectorBase):
         missing = [k for k in (*(f"node{i}" for i in nodes), "frames", "iter") if k not in state]
         if missing:
             raise KeyError(f"DistributedCollector.load_state_dict: missing keys {missing}")
-        planted = [f"node{i}" for i in nodes if without_env_pickles(state[f"node{i}"])[1]]
-        if planted:
-            raise ValueError(f"DistributedCollector.load_state_dict: {planted} hold pickled env state ('envs'), which "
-                             "is never sent to a node (unpickling runs code); state_dict() leaves it out")
+        env_state.refuse({f"node{i}": state[f"node{i}"] for i in nodes}, "DistributedCollector.load_state_dict")
         self._discard_in_flight()
         with self._guard():
             for i in nodes:

@@ -40,6 +40,7 @@ from typing import Any
 import cloudpickle
 import torch
 
+from rlcollect.distributed.control import env_state
 from rlcollect.distributed.control import protocol as P
 from rlcollect.distributed.control import transport, watcher
 from rlcollect.distributed.control.channel import NodeInbox
@@ -122,7 +123,9 @@ class Node:
         return None, P.dumps_data(self.env_pickles.keep(self.collector.state_dict()))
 
     def load_state_dict(self, args: dict, payload: bytes) -> None:
-        self.collector.load_state_dict(self.env_pickles.restore(cloudpickle.loads(payload)))
+        state = cloudpickle.loads(payload)
+        env_state.refuse(state, f"node {self.rank - 1}'s load_state_dict")  # its own pickles come from its stash only
+        self.collector.load_state_dict(self.env_pickles.restore(state))
 
     def close(self, args: dict, payload: bytes) -> None:
         self.closing = True

@@ -13,12 +13,15 @@ import pickle
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
 from dist_helpers import ValuePolicy  # noqa: E402
 
 from rlcollect import DistributedCollector, GymEnv  # noqa: E402
+from rlcollect.distributed.control import env_state  # noqa: E402
+from rlcollect.distributed.control import protocol as P  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -64,3 +67,53 @@ def test_no_pickled_env_state_travels_between_rank_0_and_the_nodes(tmp_path):
         assert not marker.exists()
     finally:
         c.shutdown()
+
+
+# Issue 36, item 2: the same refusal whatever container or byte type holds the pickles (a list of
+# bytes was refused; a tuple of bytes or a list of bytearray passed and ran code on the node).
+def _planted(kind: str, blob: bytes):
+    return {
+        "tuple of bytes": lambda: (blob, blob),
+        "list of bytearray": lambda: [bytearray(blob)] * 2,
+        "list of memoryview": lambda: [memoryview(blob)] * 2,
+        "tuple of numpy arrays": lambda: tuple(np.frombuffer(blob, dtype=np.uint8) for _ in range(2)),
+        "nested lists": lambda: [[blob], [blob]],
+        "bytes": lambda: blob,
+    }[kind]()
+
+
+KINDS = ["tuple of bytes", "list of bytearray", "list of memoryview", "tuple of numpy arrays", "nested lists", "bytes"]
+
+
+@pytest.fixture(scope="module")
+def cartpole_run():
+    env = functools.partial(GymEnv, "CartPole-v1", num_envs=2)
+    c = DistributedCollector([env], ValuePolicy(), frames_per_batch=20, total_frames=-1, sync=True,
+                             launcher="mp", timeout=120.0)
+    try:
+        next(iter(c))
+        yield c, c.state_dict()
+    finally:
+        c.shutdown()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_pickled_env_state_is_refused_whatever_holds_it(cartpole_run, tmp_path, kind):
+    c, state = cartpole_run
+    marker = tmp_path / "pwned"
+    tampered = pickle.loads(pickle.dumps(state))
+    tampered["node0"]["env"] = {**tampered["node0"].get("env", {}),
+                                "envs": _planted(kind, pickle.dumps(_Payload(marker)))}
+    with pytest.raises(ValueError, match="pickled env state"):
+        c.load_state_dict(tampered)
+    assert next(iter(c)).shape[-1] == 10
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("kind", [k for k in KINDS if k != "list of memoryview"])  # (no pickle of a memoryview)
+def test_pickled_env_state_a_node_sends_is_left_out(tmp_path, kind):
+    """What ``protocol.loads_data`` rebuilds from a compromised node's reply loses its pickles."""
+    reply = P.loads_data(P.dumps_data({"env": {"envs": _planted(kind, b"\x80pickle"), "rng": 1},
+                                       "group": {"envs": [{"envs": _planted(kind, b"\x80"), "rng": 2}]}}))
+    assert env_state.find(reply) == ["['env']['envs']", "['group']['envs'][0]['envs']"]
+    assert env_state.strip(reply) == {"env": {"rng": 1}, "group": {"envs": [{"rng": 2}]}}

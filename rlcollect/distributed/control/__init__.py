@@ -11,6 +11,7 @@ transport of batches and weights.
 - ``handshake.py``: hello, configuration and "started", at start-up and when a node rejoins;
 - ``heartbeat.py``: liveness in both directions;
 - ``watcher.py``: the tiny process beside each node that reports its state;
+- ``env_state.py``: pickled env state found, stripped and refused in what crosses the network;
 - ``transport.py``: where a batch crosses the process boundary: the store server, the gloo
   pair process groups (one per node), flat batch buffers and weight packing.
 
