@@ -341,3 +341,16 @@ def test_the_ppo_example_writes_to_the_three(tmp_path, mlflow_store):
     (run,) = client.search_runs([client.get_experiment_by_name("ppo").experiment_id])
     assert [m.step for m in client.get_metric_history(run.info.run_id, "collector/frames")] == [2000, 4000]
     assert wanted <= set(run.data.metrics)
+
+
+def test_the_extras_exist_and_ci_installs_them():
+    import re
+    import tomllib
+
+    root = Path(__file__).resolve().parent.parent
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert [extras[name][0].split(">")[0] for name in ("wandb", "mlflow", "hydra")] == [
+        "wandb", "mlflow-skinny", "hydra-core"]
+    stamp = (root / "Makefile").read_text().split("\n$(STAMP):", 1)[1].split("\n\n", 1)[0]  # the main venv's recipe
+    installed = re.search(r"pip install --quiet -e '\.\[([\w,]+)\]'", stamp)
+    assert {"tensorboard", "wandb", "mlflow", "hydra"} <= set(installed.group(1).split(","))
