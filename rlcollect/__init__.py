@@ -19,7 +19,7 @@ logging.getLogger("rlcollect").addHandler(logging.NullHandler())
 _EXPORTS = {
     "AsyncBatchedCollector": "rlcollect.multiprocess.async_batched",
     "BusyEnv": "rlcollect.envs.testing",
-    "Collector": "rlcollect.collector",
+    "Collector": "rlcollect.backends",
     "CountingEnv": "rlcollect.envs.testing",
     "DistributedCollector": "rlcollect.distributed.collector",
     "DistributedDataCollector": "rlcollect.distributed.collector",
@@ -71,7 +71,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rlcollect._context import current_worker_index
     from rlcollect.buffers.replay import ReplayBuffer
     from rlcollect.multiprocess.async_batched import AsyncBatchedCollector
-    from rlcollect.collector import Collector
+    from rlcollect.backends import Collector
     from rlcollect.data import split_trajectories
     from rlcollect.distributed.collector import DistributedCollector, DistributedDataCollector
     from rlcollect.distributed.ray_collector import RayCollector

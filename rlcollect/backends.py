@@ -16,21 +16,44 @@ it; ``num_collectors`` repeats a single env constructor, or must match a list of
 argument, or one of ``backend_options``, ``num_collectors``, ``num_workers``, ``sync``, is
 refused).  torchrl's ``"rpc"`` backend has no counterpart here: refused, naming the accepted ones.
 
-Only ``Collector`` itself dispatches (``Collector.__new__`` calls ``dispatch`` when one of the
-four selector arguments is given); subclasses take their own arguments.
+``Collector`` is defined here, the public class: ``SingleCollector`` (rlcollect/collector.py,
+one process, what the workers and nodes run) with this front door added.  So the core class does
+not know the collectors built on it, and no import goes back up.  Only ``Collector`` itself
+dispatches (``Collector.__new__`` calls ``dispatch`` when one of the four selector arguments is
+given); subclasses take their own arguments.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
-from rlcollect.collector import Collector
+from rlcollect.collector import SingleCollector
+from rlcollect.collector_doc import COLLECTOR_DOC
 
 #: The selector arguments ``Collector`` hands to ``dispatch``.
 SELECTORS = ("backend", "backend_options", "num_collectors", "sync")
 BACKENDS = ("direct", "process", "distributed", "submitit", "ray")
 _RESERVED_OPTIONS = ("backend_options", "num_collectors", "num_workers", "sync")
+
+
+class Collector(SingleCollector):
+    __doc__ = COLLECTOR_DOC
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        """torchrl's front door: given ``backend``, ``num_collectors``, ``backend_options`` or
+        ``sync``, ``Collector(...)`` builds that backend's collector (``dispatch``)."""
+        if cls is Collector and not set(SELECTORS).isdisjoint(kwargs):
+            return dispatch(*args, **kwargs)
+        return super().__new__(cls)
+
+
+# help() and IDEs show __init__'s arguments and the front door's (__new__ takes *args, **kwargs).
+_INIT = inspect.signature(SingleCollector.__init__)
+Collector.__signature__ = _INIT.replace(parameters=[*list(_INIT.parameters.values())[1:], *(
+    inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None)
+    for n in ("backend", "num_collectors", "backend_options", "sync"))])
 
 
 def _env_list(args: tuple, kwargs: dict, num_collectors: int | None) -> tuple[tuple, dict, int]:

@@ -1,11 +1,11 @@
-"""``Collector``: steps one env (batched or not) with a policy in this process and yields
-batches of experience."""
+"""``SingleCollector``: steps one env (batched or not) with a policy in this process and yields
+batches of experience.  The public ``Collector`` (rlcollect/backends.py) is this class with
+torchrl's front door (``backend=``, ``num_collectors=``, ...) added; the multi-process workers
+and the distributed nodes run this class (or a subclass) by default."""
 
 from __future__ import annotations
 
 import contextlib
-import importlib
-import inspect
 import logging
 import math
 import os
@@ -41,18 +41,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger("rlcollect")
 
 
-class Collector(CollectorBase):
+class SingleCollector(CollectorBase):
     __doc__ = COLLECTOR_DOC
 
     init_random_frames = FromConfig()  # torchrl's attribute (its Trainer reads it)
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        """torchrl's front door: given ``backend``, ``num_collectors``, ``backend_options`` or
-        ``sync``, ``Collector(...)`` builds that backend's collector (rlcollect/backends.py).
-        Looked up at run time: the backends' collectors are built on this class."""
-        if cls is Collector and not {"backend", "backend_options", "num_collectors", "sync"}.isdisjoint(kwargs):
-            return importlib.import_module("rlcollect.backends").dispatch(*args, **kwargs)
-        return super().__new__(cls)
 
     def __init__(
         self,
@@ -95,7 +87,7 @@ class Collector(CollectorBase):
         auto_register_policy_transforms: bool | None = None,
     ):
         self._closed = True  # until construction succeeds, shutdown has nothing to do
-        self.config = cfg = CollectorConfig(**bound_arguments(Collector.__init__, locals()))
+        self.config = cfg = CollectorConfig(**bound_arguments(SingleCollector.__init__, locals()))
         self._version_tracker = cfg.version_tracker
         self._schemes = cfg.schemes
         self.replay_buffer = replay_buffer
@@ -235,6 +227,7 @@ class Collector(CollectorBase):
         or a distributed node calls to write straight into shared memory (rlcollect/source.py).
 
         Example:
+            >>> from rlcollect import Collector
             >>> from rlcollect.data import BatchBuffer
             >>> c = Collector("CartPole-v1", frames_per_batch=10)
             >>> c.collect_into(BatchBuffer(c.layout))
@@ -266,6 +259,7 @@ class Collector(CollectorBase):
         (``save_path``, ``num_rollouts``, ``warmup_rollouts``, ``activities``, ...) are taken too.
 
         Example:
+            >>> from rlcollect import Collector
             >>> c = Collector("CartPole-v1", frames_per_batch=50, total_frames=50)
             >>> c.enable_profile("/tmp/trace.json")
             >>> _ = list(c); c.shutdown()
@@ -290,6 +284,7 @@ class Collector(CollectorBase):
         rlcollect's envs reset as a whole (rows that end reset themselves at once).
 
         Example:
+            >>> from rlcollect import Collector
             >>> c = Collector("CartPole-v1", frames_per_batch=10)
             >>> c.reset()
         """
@@ -333,7 +328,7 @@ class Collector(CollectorBase):
         """Collect continuously into the replay buffer from a background thread; returns at once.
 
         Example:
-            >>> from rlcollect import ReplayBuffer
+            >>> from rlcollect import Collector, ReplayBuffer
             >>> rb = ReplayBuffer(1000)
             >>> c = Collector("CartPole-v1", frames_per_batch=100, replay_buffer=rb)
             >>> c.start()
@@ -455,6 +450,7 @@ class Collector(CollectorBase):
         rollout carry (current observations, trajectory ids), weights, version and RNG.
 
         Example:
+            >>> from rlcollect import Collector
             >>> c = Collector("CartPole-v1", frames_per_batch=10)
             >>> sorted(c.state_dict())[:3]
             ['env', 'frames', 'iter']
@@ -486,6 +482,7 @@ class Collector(CollectorBase):
         have the same ones).
 
         Example:
+            >>> from rlcollect import Collector
             >>> c = Collector("CartPole-v1", frames_per_batch=10, total_frames=10)
             >>> _ = list(c)
             >>> s = c.stats()
@@ -523,10 +520,3 @@ class Collector(CollectorBase):
     def __repr__(self) -> str:
         return (f"Collector(env={self.env!r}, frames_per_batch={self.frames_per_batch}, "
                 f"total_frames={self.total_frames}, frames={self._frames})")
-
-
-# help() and IDEs show __init__'s arguments and the front door's (__new__ takes *args, **kwargs).
-_INIT = inspect.signature(Collector.__init__)
-Collector.__signature__ = _INIT.replace(parameters=[*list(_INIT.parameters.values())[1:], *(
-    inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None)
-    for n in ("backend", "num_collectors", "backend_options", "sync"))])

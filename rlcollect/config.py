@@ -33,7 +33,7 @@ from rlcollect.weights.schemes import validate_schemes
 #: The collector classes ``collector_class`` may name by string, imported when first named (so
 #: that nothing here imports the collector modules, which import this one).
 NAMED_COLLECTORS = {
-    "single": ("rlcollect.collector", "Collector"),
+    "single": ("rlcollect.collector", "SingleCollector"),
     "sync": ("rlcollect.multiprocess.collector", "MultiSyncCollector"),
     "async": ("rlcollect.multiprocess.collector", "MultiAsyncCollector"),
 }

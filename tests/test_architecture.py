@@ -33,11 +33,20 @@ def _is_type_checking(node: ast.If) -> bool:
         (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
+def _is_import_module(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and ast.unparse(node.func) in ("importlib.import_module", "import_module")
+
+
 def _imports(module: str) -> list[tuple[str, str | None]]:
     """``(module imported, name taken from it or None)`` for every import of ``module``,
-    at any depth (a function's lazy import counts), except under ``if TYPE_CHECKING:``."""
-    tree = ast.parse(MODULES[module].read_text())
-    package = module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
+    at any depth (a function's lazy import counts), except under ``if TYPE_CHECKING:``;
+    ``importlib.import_module("rlcollect...")`` with a literal name counts as an import."""
+    return _imports_in(MODULES[module].read_text(), module, MODULES[module].name == "__init__.py")
+
+
+def _imports_in(source: str, module: str, is_package: bool = False) -> list[tuple[str, str | None]]:
+    tree = ast.parse(source)
+    package = module if is_package else module.rpartition(".")[0]
     found: list[tuple[str, str | None]] = []
 
     def visit(node: ast.AST) -> None:
@@ -54,6 +63,8 @@ def _imports(module: str) -> list[tuple[str, str | None]]:
                 anchor = anchor[:len(anchor) - (node.level - 1)]
                 base = ".".join(anchor + ([base] if base else []))
             found.extend((base, alias.name) for alias in node.names)
+        elif _is_import_module(node) and node.args and isinstance(node.args[0], ast.Constant):
+            found.append((node.args[0].value, None))
         for child in ast.iter_child_nodes(node):
             visit(child)
 
@@ -113,6 +124,35 @@ def test_no_import_cycles_between_rlcollect_modules():
     graph = {m: _edges(m) for m in MODULES}
     assert graph["rlcollect.envs.adapter"] >= {"rlcollect.envs.base", "rlcollect.envs.gym"}  # lazy imports count
     assert _cycles(graph) == []
+
+
+def test_an_importlib_call_with_a_literal_name_is_an_import():
+    source = "import importlib\ndef f():\n    return importlib.import_module('rlcollect.backends').dispatch\n"
+    assert ("rlcollect.backends", None) in _imports_in(source, "rlcollect.collector")
+
+
+#: Modules that look a module up by a name held in data (not a literal the cycle test follows),
+#: each with its reason.
+NAMED_LOOKUPS = {
+    # the public API's names, each imported on first use (a worker need not import everything)
+    "rlcollect": "_EXPORTS",
+    "rlcollect.envs": "_EXPORTS",
+    # collector_class="single"/"sync"/"async": the collector the user names, imported when named
+    # (the collectors' modules import config.py, which checks their options)
+    "rlcollect.config": "NAMED_COLLECTORS",
+}
+
+
+def test_every_import_by_name_is_a_literal_or_named_with_its_reason():
+    """``importlib.import_module`` with a literal name is an import (the cycle test follows it);
+    any other is one of ``NAMED_LOOKUPS``, the table it reads named."""
+    found = {}
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if _is_import_module(node) and not (node.args and isinstance(node.args[0], ast.Constant)):
+                found[module] = NAMED_LOOKUPS.get(module, "?")
+                assert NAMED_LOOKUPS.get(module, "?") in path.read_text(), module
+    assert found == NAMED_LOOKUPS
 
 
 def test_the_cycle_finder_finds_a_cycle():

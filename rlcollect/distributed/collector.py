@@ -17,7 +17,7 @@ import cloudpickle
 from tensordict import TensorDict
 
 from rlcollect.base import CollectorBase
-from rlcollect.collector import Collector
+from rlcollect.collector import SingleCollector
 from rlcollect.distributed.control import env_state
 from rlcollect.distributed.control import protocol as P
 from rlcollect.distributed.control.auth import new_secret, read_secret_file, secret_from_env, write_secret_file
@@ -217,7 +217,7 @@ class DistributedCollector(CollectorBase):
         postproc: Callable | None = None,
         split_trajs: bool = False,
         exploration_type: ExplorationLike = "random",
-        collector_class: Any = Collector,
+        collector_class: Any = SingleCollector,
         collector_kwargs: dict | list | None = None,
         num_workers_per_collector: int = 1,
         num_nodes: int | None = None,

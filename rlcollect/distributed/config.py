@@ -14,7 +14,7 @@ from typing import Any
 
 import cloudpickle
 
-from rlcollect.collector import Collector
+from rlcollect.collector import SingleCollector
 from rlcollect.torchrl_args import check_hook, check_recv_schemes, random_frames
 from rlcollect.trajectories import check_traj_args
 from rlcollect.config import (CollectorConfig, callable_or_none, check_policy_sources, flag, kwargs_arg,
@@ -276,7 +276,7 @@ class DistributedConfig:
         """What each node runs: its collector class and options, cloudpickled (``payloads``)."""
         n = self.num_nodes
         self.collector_class = resolve_collector_class(self.collector_class)
-        single = self.collector_class is Collector or issubclass(self.collector_class, Collector)
+        single = issubclass(self.collector_class, SingleCollector)
         positive_int("num_workers_per_collector", self.num_workers_per_collector)
         if single and self.num_workers_per_collector != 1:
             raise ValueError(f"num_workers_per_collector={self.num_workers_per_collector} needs a multi-process node "

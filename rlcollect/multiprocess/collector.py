@@ -23,7 +23,7 @@ from tensordict import TensorDict
 
 from rlcollect import torchrl_args
 from rlcollect.base import CollectorBase, FromConfig
-from rlcollect.collector import Collector
+from rlcollect.collector import SingleCollector
 from rlcollect.config import bound_arguments
 from rlcollect.data import BatchLayout
 from rlcollect.multiprocess import config as mpconfig
@@ -82,7 +82,7 @@ class MultiCollectorBase(CollectorBase):
         env_device: Any = None,
         policy_device: Any = None,
         create_env_kwargs: dict | list | None = None,
-        collector_class: Any = Collector,
+        collector_class: Any = SingleCollector,
         preemptive_threshold: float | None = None,
         cat_results: str | int | None = None,
         update_at_each_batch: bool = False,
@@ -164,7 +164,7 @@ class MultiCollectorBase(CollectorBase):
         gather_class = SyncGather if self._sync else AsyncGather
         slots = gather_class.make_slots(cfg, self.layouts)
         self._stops = stops = [P.control_block() for _ in range(self.num_workers)]
-        restarts = WorkerRestarts(self._restart, pool, self.layouts, cfg.collector_class is Collector,
+        restarts = WorkerRestarts(self._restart, pool, self.layouts, issubclass(cfg.collector_class, SingleCollector),
                                   after=acting.resend, give_up=lambda a=acting: a.fatal_error)
         attach = Attach(pool, slots, stops, acting)
         for i in range(self.num_workers):

@@ -24,7 +24,7 @@ import cloudpickle
 import torch
 
 from rlcollect import torchrl_args
-from rlcollect.collector import Collector
+from rlcollect.collector import SingleCollector
 from rlcollect.trajectories import check_traj_args
 from rlcollect.config import (CollectorConfig, check_policy_sources, check_replay_buffer, check_weight_updater,
                               device_arg, kwargs_arg, optional_positive_int, per_member, positive_int,
@@ -286,7 +286,7 @@ class MultiConfig:
     env_device: Any = None
     policy_device: Any = None
     create_env_kwargs: dict | list | None = None
-    collector_class: Any = Collector
+    collector_class: Any = SingleCollector
     preemptive_threshold: float | None = None
     cat_results: str | int | None = None
     update_at_each_batch: bool = False
@@ -436,7 +436,7 @@ class MultiConfig:
         if self.collector_kwargs.get("postproc") is not None:  # workers fill slots: it would never run
             raise ValueError(f"collector_kwargs['postproc'] is not applied by {self.owner}'s workers (they fill "
                              "shared batch slots); pass postproc=f to the collector itself")
-        if self.collector_class is not Collector and "num_workers" not in self.collector_kwargs:
+        if not issubclass(self.collector_class, SingleCollector) and "num_workers" not in self.collector_kwargs:
             raise ValueError(f"collector_class={self.collector_class.__name__} runs its own workers: give their number "
                              "with collector_kwargs={'num_workers': K}")
         self.schemes = validate_schemes(self.weight_sync_schemes)
@@ -548,7 +548,7 @@ class MultiConfig:
         if self.policy is None:
             raise ValueError("inference='central' needs a policy: the main process runs it for every worker (for "
                              "random actions use inference='worker')")
-        if self.collector_class is not Collector:
+        if not issubclass(self.collector_class, SingleCollector):
             raise ValueError("inference='central' needs collector_class=Collector in the workers (a nested "
                              "multi-process collector can run central inference itself)")
         chosen = [p if p is not None else d for p, d in zip(self.devices["policy_device"], self.devices["device"])]
@@ -576,7 +576,7 @@ class MultiConfig:
         if central:  # the worker steps envs only: the policy's options are the main process's
             for name in ("policy_device", "compile_policy", "cudagraph_policy", "trust_policy"):
                 kwargs.pop(name, None)
-        if self.collector_class is Collector:
+        if issubclass(self.collector_class, SingleCollector):
             CollectorConfig(**{k: v for k, v in kwargs.items() if k in CollectorConfig.__dataclass_fields__})
         if "policy" in self.schemes and factory is not None and self.policy is not None:
             kwargs["weight_sync_schemes"] = {"policy": self.schemes["policy"]}

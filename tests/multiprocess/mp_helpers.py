@@ -28,6 +28,7 @@ from torch import nn
 
 from procs import assert_gone, live_descendants, pid_alive, shm_entries, wait_gone  # noqa: F401  (re-exported)
 
+from rlcollect import Collector
 from rlcollect.data import TRAJ_ID_BLOCK
 from rlcollect.envs.testing import CountingEnv, FaultyEnv, SleepEnv
 
@@ -77,6 +78,14 @@ def policy_factory_failing():
 
 
 # -- picklable policies ------------------------------------------------------------------------
+class SubclassedCollector(Collector):
+    """A user's subclass of ``Collector``, run in the workers (``collector_class=``): it is a
+    single-process collector as ``Collector`` is (a fresh trajectory-id block on restart)."""
+
+    def collect_into(self, buffer, *args, **kwargs):
+        return super().collect_into(buffer, *args, **kwargs)
+
+
 class ValuePolicy(nn.Module):
     """Acts ``round(w + 100 * b)`` whatever the observation: the action column of a batch
     shows exactly which weights acted (``w`` a parameter, ``b`` a buffer)."""

@@ -11,8 +11,8 @@ import time
 
 import numpy as np
 import pytest
-from mp_helpers import (BLOCK, POLICY_VERSION, START, TRAJ_IDS, WORKER_ID, ValuePolicy, assert_gone,
-                        check_counting_stream, rows_of)
+from mp_helpers import (BLOCK, POLICY_VERSION, START, TRAJ_IDS, WORKER_ID, SubclassedCollector, ValuePolicy,
+                        assert_gone, check_counting_stream, rows_of)
 
 from rlcollect import FaultyEnv, GymEnv, MultiAsyncCollector, MultiSyncCollector, WorkerError
 from rlcollect.multiprocess.slots import STACKED_SLOTS
@@ -56,6 +56,21 @@ def test_sync_restart_after_each_fault_kind(tmp_path, fault):
     finally:
         collector.shutdown()
     assert_gone(first_pids)
+
+
+def test_a_collector_subclass_in_the_workers_gets_a_fresh_trajectory_id_block_after_a_restart(tmp_path):
+    # The wings once told a single-process collector by identity (``collector_class is Collector``):
+    # a subclass was refused ("runs its own workers") and, past that, got no fresh id block.
+    collector = MultiSyncCollector(transient(tmp_path, "kill"), ValuePolicy(w=1), num_workers=2, frames_per_batch=20,
+                                   total_frames=200, collector_class=SubclassedCollector,
+                                   on_worker_failure="restart", mp_start_method=START)
+    try:
+        batches = list(collector)
+        assert collector.config.collector_class is SubclassedCollector and collector.stats()["restarts"] == 1
+        all_ids = np.concatenate([b[TRAJ_IDS].reshape(-1).numpy() for b in batches])
+        assert set(np.unique(all_ids // BLOCK).tolist()) == {0, 1 + (1 << 16)}
+    finally:
+        collector.shutdown()
 
 
 def test_sync_batch_after_restart_uses_current_weights(tmp_path):
