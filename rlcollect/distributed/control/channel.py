@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import queue
 import threading
 from collections.abc import Callable
 from typing import Any
 
+from rlcollect.data import field_bytes
 from rlcollect.distributed.control import protocol as P
+from rlcollect.distributed.control import transport
 from rlcollect.distributed.control.auth import DropLog, Keys
-from rlcollect.distributed.control.wire import Listener, Reader, Wire, WireClosed
+from rlcollect.distributed.control.wire import MAX_ATTACH_BYTES, Listener, Reader, Wire, WireClosed
 
 logger = logging.getLogger("rlcollect")
 
@@ -32,6 +35,33 @@ WATCH_KINDS = ("state",)
 #: Authentic attaches waiting for the main thread, per node (a node and its watcher attach once
 #: per session; a replayed attach is authentic too): beyond it a connection is closed at once.
 ATTACHES_PER_NODE = 4
+#: What one message from a node may announce before it reported its layout and policy (its
+#: "started" report is JSON), and on top of twice its policy and batch sizes after (a
+#: ``state_dict`` reply holds the policy and the env's state).  A longer one ends that node's
+#: channel (its failure), before anything of it is allocated.
+BASE_MESSAGE_BYTES = 64 << 20
+#: The environment variable that sets the cap of one node message instead (bytes).
+MAX_MESSAGE_ENV = "RLCOLLECT_MAX_MESSAGE_BYTES"
+
+
+def message_cap(weights_nbytes: int = 0, batch_nbytes: int = 0) -> int:
+    """The most one node message may announce: ``$RLCOLLECT_MAX_MESSAGE_BYTES`` if set, else
+    ``BASE_MESSAGE_BYTES`` plus twice the node's policy (``weights_nbytes``) and batch sizes.
+
+    Example:
+        >>> message_cap(10 << 20, 1 << 20) >> 20  # (without the environment variable)
+        86
+    """
+    value = os.environ.get(MAX_MESSAGE_ENV)
+    if value is not None:
+        try:
+            cap = int(value)
+        except ValueError:
+            cap = 0
+        if cap < MAX_ATTACH_BYTES:
+            raise ValueError(f"${MAX_MESSAGE_ENV}={value!r}: expected a number of bytes, at least {MAX_ATTACH_BYTES}")
+        return cap
+    return BASE_MESSAGE_BYTES + 2 * (weights_nbytes + batch_nbytes)
 
 
 class Channel:
@@ -58,6 +88,7 @@ class Channel:
         self.started: dict[int, P.Message] = {}  # each node's "started" (or start-up "failed") report
         self.byes: set[int] = set()
         self.closed: dict[int, str] = {}  # rank -> why its current channel closed
+        self.caps = {rank: message_cap() for rank in self.ranks}  # what one message of node rank may announce
         # What waits here is authentic: the listener's thread checks a connection's first
         # message and closes it there unless it is an attach; those are bounded too
         # (``_attach_room``), so no stranger can fill this queue or hold a descriptor in it.
@@ -138,6 +169,8 @@ class Channel:
         msg = event[3]
         if msg.kind == "started" or (msg.kind == "failed" and rank not in self.started):
             self.started.setdefault(rank, msg)
+            if msg.kind == "started":
+                self.caps[rank] = _cap_of(msg)
         elif msg.kind == "failed":
             raise P.mark_failed(P.rebuild_error(msg["error"], rank - 1, "collection"), rank - 1)
         elif msg.kind == "ready":
@@ -169,7 +202,7 @@ class Channel:
                 if report is not None and h.watcher is wire:
                     h.watch = (report["state"], at)
 
-            Reader(wire, on_report, lambda err: None, f"rlcollect-watch-{rank}")
+            Reader(wire, on_report, lambda err: None, f"rlcollect-watch-{rank}", lambda: MAX_ATTACH_BYTES)
             return
         endpoint = h.endpoint = P.Endpoint(wire, self.keys.to_node, P.MASTER_RANK, rank, h.token)
         h.received = msg.n
@@ -187,7 +220,8 @@ class Channel:
         def on_close(err: BaseException) -> None:
             self._events.put(("closed", endpoint, rank, _first_line(err)))
 
-        Reader(wire, on_message, on_close, f"rlcollect-channel-{rank}")
+        self.caps[rank] = message_cap()  # until this session reports its layout and policy
+        Reader(wire, on_message, on_close, f"rlcollect-channel-{rank}", lambda: self.caps[rank])
         self.on_attach(h)
 
     def _check(self, data: bytes, rank: int, token: str, last: list[int], kinds: tuple[str, ...],
@@ -305,6 +339,17 @@ class NodeInbox:
         self.closing = True
         self.wire.close()
         self._reader.join(2.0)
+
+
+def _cap_of(started: P.Message) -> int:
+    """``message_cap`` of a node's "started" report (its layout and policy); the base cap if
+    they are malformed (the handshake reports that)."""
+    try:
+        weights = started["weights"]
+        spec = P.weights_from_json(weights) if weights is not None else {}
+        return message_cap(transport.weights_nbytes(spec), field_bytes(P.layout_from_json(started["layout"]))[1])
+    except (P.ProtocolError, KeyError, TypeError, ValueError):
+        return message_cap()
 
 
 def _first_line(err: BaseException | None) -> str:

@@ -137,22 +137,31 @@ class Wire:
             raise WireClosed(f"a message of {size} bytes (at most {max_bytes} are taken here)")
         return bytes(self._recv_exactly(size))
 
-    def _recv_exactly(self, n: int) -> bytearray:
-        buf = bytearray(n)
-        view, got = memoryview(buf), 0
+    def _recv_exactly(self, n: int) -> bytes | bytearray:
+        """``n`` bytes, in chunks of at most ``_CHUNK * 16``: what is allocated follows what
+        arrived (a peer announcing a gigabyte and sending nothing costs one chunk, not a
+        gigabyte)."""
+        chunks: list[bytes | bytearray] = []
+        got = 0
         if self._received:
-            got = min(n, len(self._received))
-            view[:got] = self._received[:got]
+            chunks.append(bytes(self._received[:n]))
+            got = len(chunks[0])
             del self._received[:got]
         while got < n:
-            try:
-                k = self.sock.recv_into(view[got:], min(n - got, _CHUNK * 16))
-            except OSError as err:
-                raise WireClosed(f"connection broken: {err}") from None
-            if not k:
-                raise WireClosed("end of file")
-            got += k
-        return buf
+            chunk = bytearray(min(n - got, _CHUNK * 16))
+            view, filled = memoryview(chunk), 0
+            while filled < len(chunk):
+                try:
+                    k = self.sock.recv_into(view[filled:])
+                except OSError as err:
+                    raise WireClosed(f"connection broken: {err}") from None
+                if not k:
+                    raise WireClosed("end of file")
+                filled += k
+            view.release()
+            chunks.append(chunk)
+            got += len(chunk)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def close(self) -> None:
         """Close the connection (a thread blocked in ``recv`` wakes with ``WireClosed``)."""
@@ -166,18 +175,21 @@ class Wire:
 
 class Reader:
     """A daemon thread that receives a wire's messages and hands each to ``handle(data,
-    received_at)``; ``on_close(error)`` once the wire ends.  ``handle`` runs in the thread."""
+    received_at)``; ``on_close(error)`` once the wire ends.  ``handle`` runs in the thread.
+    ``max_bytes()`` (if given) is the most one message may announce, asked before each: a
+    longer one closes the wire (``WireClosed``)."""
 
     def __init__(self, wire: Wire, handle: Callable[[bytes, float], None], on_close: Callable[[BaseException], None],
-                 name: str):
+                 name: str, max_bytes: Callable[[], int | None] | None = None):
         self.wire, self._handle, self._on_close = wire, handle, on_close
+        self._max_bytes = max_bytes or (lambda: None)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         try:
             while True:
-                data = self.wire.recv()
+                data = self.wire.recv(self._max_bytes())
                 self._handle(data, time.monotonic())
         except BaseException as err:  # noqa: BLE001  (handed to the owner)
             self._on_close(err)
