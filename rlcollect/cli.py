@@ -179,10 +179,10 @@ class CliError(Exception):
 
 def _probe_env(env_id: str):
     """Build the env once here, to fail early on a bad id and to read its spaces."""
-    import gymnasium as gym
+    from rlcollect.envs.gym_ids import make
 
     try:
-        env = gym.make(env_id)
+        env = make(env_id)
     except Exception as exc:  # gymnasium raises several types for a bad id
         raise CliError(f"argument --env: cannot make {env_id!r}: {exc}") from None
     try:

@@ -12,15 +12,7 @@ import numpy as np
 import torch
 
 from rlcollect.envs.base import ArraySpec, EnvBase, NestedKey, RandomActionBlocks, check_output
-
-
-def _register_ale(env_id: str, err: Exception) -> None:
-    """gymnasium knows the ``ALE/`` ids once ale_py is imported (its import registers them)."""
-    try:
-        import ale_py  # noqa: F401
-    except ImportError:
-        raise gym.error.NamespaceNotFound(f"GymEnv({env_id!r}): Atari envs need ale-py, which rlcollect does not "
-                                          f"install by default: pip install 'rlcollect[atari]' ({err})") from err
+from rlcollect.envs.gym_ids import make
 
 
 def _box_dtype(dtype: np.dtype) -> np.dtype:
@@ -218,13 +210,7 @@ class GymEnv(EnvBase):
         if isinstance(env, str):
             if from_pixels:
                 make_kwargs.setdefault("render_mode", "rgb_array")
-            try:
-                self._envs = [gym.make(env, **make_kwargs) for _ in range(copies)]
-            except gym.error.NamespaceNotFound as err:
-                if not env.startswith("ALE/"):
-                    raise
-                _register_ale(env, err)
-                self._envs = [gym.make(env, **make_kwargs) for _ in range(copies)]
+            self._envs = [make(env, **make_kwargs) for _ in range(copies)]
             self.env_id = env
         elif isinstance(env, gym.Env):
             if copies > 1:
