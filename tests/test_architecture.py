@@ -386,3 +386,12 @@ def test_no_inference_branch_outside_its_role():
 
 def test_no_module_is_past_600_lines():
     assert {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > 620} == {}
+
+
+def test_a_replacement_seed_is_derived_in_one_place_for_both_wings():
+    """Both wings' recovery take a restarted member's seed from ``members.replacement_seed``."""
+    strides = sorted(module for module, path in MODULES.items() for node in ast.walk(ast.parse(path.read_text()))
+                     if isinstance(node, ast.Constant) and node.value == 7919)
+    assert strides == ["rlcollect.members"]
+    for wing in ("rlcollect.multiprocess.recovery", "rlcollect.distributed.recovery"):
+        assert ("rlcollect.members", "replacement_seed") in _imports(wing), wing

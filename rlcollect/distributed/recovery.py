@@ -25,11 +25,10 @@ from typing import Any
 
 from rlcollect.distributed.nodes import NodeState
 from rlcollect.errors import WorkerError
+from rlcollect.members import replacement_seed
 
 logger = logging.getLogger("rlcollect")
 
-#: Seeds of relaunched nodes: incarnation k of a node seeded with s starts from s + k * this.
-SEED_STRIDE = 7919
 
 
 class Recovery:
@@ -75,7 +74,7 @@ class Recovery:
             return True
         handle.restarts += 1
         incarnation = handle.incarnation + 1
-        seed = None if handle.seed is None else handle.seed + SEED_STRIDE * incarnation
+        seed = None if handle.seed is None else replacement_seed(handle.seed, incarnation)
         logger.warning("rlcollect: relaunching node %d (restart %d of %d) after: %s", node, handle.restarts,
                        cfg.max_node_restarts, _first_line(error))
         pool.restart(node, cfg.relaunch_payload(node, incarnation, seed))

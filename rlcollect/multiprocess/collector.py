@@ -543,8 +543,9 @@ class MultiCollectorBase(CollectorBase):
             with self._guard():
                 self._check_free()
         alive = self._pool.alive() if self._pool is not None and not self._closed else [False] * self.num_workers
+        written = self._free.written() if self._running() and not self._closed else None  # live while free
         out = self._stats.summary(frames=self._frames, batches=self._iter, version=self._version, alive=alive,
-                                  restarts=self._restart.counts, replay_buffer=self.replay_buffer)
+                                  restarts=self._restart.counts, replay_buffer=self.replay_buffer, written=written)
         extra = None if self._acting is None else self._acting.stats()
         if extra is not None:
             out["inference"] = extra

@@ -73,6 +73,10 @@ class BackgroundThread:
     def check(self) -> int:
         return 0
 
+    def written(self) -> None:
+        """Nothing to add: the background thread counts each batch as it writes it."""
+        return None
+
     def stop(self) -> int:
         return self.close(10.0, raise_error=True) or 0
 
@@ -190,6 +194,13 @@ class FreeRunningWorkers:
                 self._replace(index_of(err, i), err, final=False)
                 self._run_free(i)
         return frames
+
+    def written(self) -> list[int] | None:
+        """What each worker has written since it was last counted (its ``FREE_FRAMES``, read live
+        while running free: ``stats()`` adds it to what was counted), or None when not running."""
+        if not self.running:
+            return None
+        return [int(control[P.FREE_FRAMES]) for control in self.controls]
 
     def _replace(self, index: int, error: BaseException, final: bool) -> None:
         if final:

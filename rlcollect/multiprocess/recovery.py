@@ -19,6 +19,7 @@ import cloudpickle
 
 from rlcollect.data import TRAJ_ID_BLOCK
 from rlcollect.errors import WorkerError
+from rlcollect.members import replacement_seed
 
 logger = logging.getLogger("rlcollect")
 
@@ -65,7 +66,7 @@ class RestartPolicy:
             kwargs["traj_id_start"] = block * TRAJ_ID_BLOCK
         spec["kwargs"] = kwargs
         base = self.seeds[index]
-        spec["seed"] = (base + 7919 * generation) if base is not None else int.from_bytes(os.urandom(4), "little")
+        spec["seed"] = int.from_bytes(os.urandom(4), "little") if base is None else replacement_seed(base, generation)
         return cloudpickle.dumps(spec)
 
 

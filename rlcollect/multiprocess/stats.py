@@ -89,10 +89,13 @@ class WorkerStats:
         return {**self.last_meta, "step_mean_s": steps["step_mean_s"], "step_p95_s": steps["step_p95_s"]}
 
     def summary(self, *, frames: int, batches: int, version: int, alive: list[bool], restarts: list[int],
-                replay_buffer: Any) -> dict[str, Any]:
-        """``stats()``'s dict (docs/observability.md defines every key)."""
+                replay_buffer: Any, written: list[int] | None = None) -> dict[str, Any]:
+        """``stats()``'s dict (docs/observability.md defines every key). ``written``: what each
+        worker running free has written and not yet reported (added to the frames)."""
         elapsed = time.perf_counter() - self.started_at
-        workers = [worker_keys(i, frames=self.worker_frames[i], alive=alive[i], restarts=restarts[i],
+        written = written or [0] * self.num_workers
+        frames += sum(written)
+        workers = [worker_keys(i, frames=self.worker_frames[i] + written[i], alive=alive[i], restarts=restarts[i],
                                version=self.worker_versions[i], step=self.worker_steps[i],
                                lag_dropped_frames=self.lag_dropped[i], lost_batches=self.lost[i])
                    for i in range(self.num_workers)]

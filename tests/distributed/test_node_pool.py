@@ -13,7 +13,8 @@ from rlcollect.distributed.control.auth import new_secret
 from rlcollect.distributed.control.handshake import Handshake
 from rlcollect.distributed.nodes import NodeHandle, NodeState, node_error
 from rlcollect.distributed.pool import NodePool
-from rlcollect.distributed.recovery import SEED_STRIDE, Recovery
+from rlcollect.distributed.recovery import Recovery
+from rlcollect.members import SEED_STRIDE
 from rlcollect.errors import WorkerError
 
 pytestmark = pytest.mark.timeout(30)

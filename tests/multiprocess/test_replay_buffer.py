@@ -122,6 +122,26 @@ def test_four_workers_running_free_write_each_frame_exactly_once():
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+def test_stats_report_live_figures_while_running_free(cls, rb):
+    # stats() once read fps 0.0 and per-worker frames [0, 0, ...] while start() ran (issue 38)
+    collector = cls(endless, num_workers=2, frames_per_batch=100, replay_buffer=rb, mp_start_method=START)
+    try:
+        collector.start()
+        wait_for(lambda: min(w["frames"] for w in collector.stats()["workers"]) >= 500)
+        s = collector.stats()
+        assert 1_000 <= s["frames"] <= rb.write_count and s["fps"] > 0
+        assert sum(w["frames"] for w in s["workers"]) == s["frames"]
+        with collector.pause():  # the batches in progress are written and counted: exact
+            s = collector.stats()
+            assert s["frames"] == sum(w["frames"] for w in s["workers"]) == rb.write_count
+        collector.async_shutdown()
+        assert collector.stats()["frames"] == rb.write_count
+    finally:
+        collector.async_shutdown()
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("multi", [True, False], ids=["MultiAsyncCollector", "Collector"])
 def test_pause_freezes_write_count_and_writing_resumes_after(multi, rb):
     if multi:
