@@ -96,11 +96,22 @@ def error_info(exc: BaseException) -> dict[str, str]:
             "traceback": "".join(traceback.format_exception(exc))}
 
 
+#: What a failed node's error says of its fix.
+FAILURE_HINT = ("on_node_failure='restart' relaunches a failed node and 'continue' goes on without it (the default, "
+                "'raise', ends the run)")
+
+
 def mark_failed(err: BaseException, node_index: int) -> BaseException:
     """Mark ``err`` as the failure of node ``node_index`` (its process died, it went silent, or
     its collection raised): what ``on_node_failure`` acts on.  Errors of commands (a bad
-    ``load_state_dict``, say) are not marked: they are raised whatever the policy."""
+    ``load_state_dict``, say) are not marked: they are raised whatever the policy.  A
+    ``WorkerError``'s message names that fix (``FAILURE_HINT``)."""
+    from rlcollect.errors import WorkerError
+
     err.failed_node = node_index
+    message = err.args[0] if isinstance(err, WorkerError) and err.args else None
+    if isinstance(message, str) and "on_node_failure" not in message:
+        err.args = (f"{message}; {FAILURE_HINT}", *err.args[1:])
     return err
 
 
