@@ -36,11 +36,13 @@ TRAJ_ID_BLOCK = 1 << 40
 
 @dataclass(frozen=True)
 class BatchLayout:
-    """What one batch holds: ``{key: ArraySpec}`` per env row and time step."""
+    """What one batch holds: ``{key: ArraySpec}`` per env row and time step. ``groups``: the
+    extra batch dims of sub-TensorDicts (a grouped env's agent dims, ``((("agents",), (3,)),)``)."""
 
     fields: dict[NestedKey, ArraySpec]
     batch_size: torch.Size
     time: int
+    groups: tuple = ()
 
     @property
     def rows(self) -> int:
@@ -54,7 +56,8 @@ class BatchLayout:
 def with_mask(layout: BatchLayout) -> BatchLayout:
     """``layout`` with a ``("collector", "mask")`` field: which steps of a batch were collected
     (one that stopped early, preempted or interrupted, leaves the rest False, traj id -1)."""
-    return BatchLayout({**layout.fields, MASK: ArraySpec((), np.dtype(np.bool_))}, layout.batch_size, layout.time)
+    return BatchLayout({**layout.fields, MASK: ArraySpec((), np.dtype(np.bool_))}, layout.batch_size, layout.time,
+                       layout.groups)
 
 
 class BatchBuffer:
@@ -93,6 +96,8 @@ class BatchBuffer:
             td = TensorDict({}, batch_size=shape)
             for key, tensor in self.tensors.items():
                 td.set(key, tensor.reshape(*shape, *tensor.shape[2:]))
+            for key, dims in layout.groups:  # (parents first: their dims are a prefix of their children's)
+                td.get(key).batch_size = (*shape, *dims)
             td.names = [None] * len(layout.batch_size) + ["time"]
             self._td = td
         return self._td
@@ -141,7 +146,7 @@ class SlotPart:
 def stacked_layout(layout: BatchLayout, parts: int) -> BatchLayout:
     """The layout of a stacked slot: field k is ``parts`` consecutive ``(n, T, ...)`` blocks."""
     # Stacking along the rows: field k of the stacked layout is parts consecutive (n, T, ...) blocks.
-    return BatchLayout(layout.fields, torch.Size([parts * layout.rows]), layout.time)
+    return BatchLayout(layout.fields, torch.Size([parts * layout.rows]), layout.time, layout.groups)
 
 
 def stacked_tensors(flat: torch.Tensor, layout: BatchLayout, parts: int) -> dict:
@@ -255,6 +260,9 @@ def split_trajectories(td: TensorDict) -> TensorDict:
         buf = torch.zeros((num_traj, t_max, *value.shape[1:]), dtype=value.dtype, device=value.device)
         buf[sorted_traj, pos] = value
         out.set(key, buf)
+    for key, sub in src.items(include_nested=True):  # (parents first) a group's own dims: an agent dim
+        if not isinstance(sub, torch.Tensor) and sub.batch_dims > 1:
+            out.get(key).batch_size = (num_traj, t_max, *sub.batch_size[1:])
     mask = torch.zeros(num_traj, t_max, dtype=torch.bool)
     mask[sorted_traj, pos] = True
     out.set(MASK, mask)

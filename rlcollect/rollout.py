@@ -564,4 +564,8 @@ def make_rollout(policy: Any, env: EnvBase, runner: Callable[[], Any], time: int
     own = getattr(policy, "make_rollout", None)
     if own is not None:
         return own(env, time, traj_id_start, options)
+    if getattr(env, "grouped", False):  # action, reward or done under groups: envs/grouped.py
+        from rlcollect.rollout_grouped import GroupedRollout
+
+        return GroupedRollout(env, runner(), time, traj_id_start=traj_id_start, **options)
     return Rollout(env, runner(), time, traj_id_start=traj_id_start, **options)

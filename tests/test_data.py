@@ -229,3 +229,20 @@ def test_multisync_extends_a_foreign_buffer_with_each_workers_batch(env_batch):
     assert len(rb) == (50 if env_batch is None else 4)
     assert rb.items[0].shape == (() if env_batch is None else (25,))
     assert rb.items[0].names == ([] if env_batch is None else [None])
+
+
+def test_a_layouts_groups_give_sub_tensordicts_their_own_dims_and_split_trajectories_keeps_them():
+    import numpy as np
+
+    from rlcollect.data import BatchBuffer, BatchLayout
+    from rlcollect.envs.base import ArraySpec
+
+    layout = BatchLayout({("agents", "obs"): ArraySpec((3, 2), np.dtype(np.float32)),
+                          ("collector", "traj_ids"): ArraySpec((), np.dtype(np.int64))},
+                         torch.Size([2]), 4, groups=((("agents",), (3,)),))
+    td = BatchBuffer(layout).td
+    assert td["agents"].batch_size == (2, 4, 3)
+    td["collector", "traj_ids"] = torch.tensor([[0, 0, 1, 1], [2, 2, 2, 2]])
+    out = split_trajectories(td)
+    assert out.batch_size == (3, 4) and out["agents"].batch_size == (3, 4, 3)
+    assert out["collector", "mask"].sum(-1).tolist() == [2, 2, 4]

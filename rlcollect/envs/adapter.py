@@ -46,24 +46,6 @@ def _leaf_key_ok(key) -> bool:
             and parts[0] not in _NOT_OBS and parts[0] not in ("next", "collector"))
 
 
-def _check_root_keys(env: Any) -> None:
-    """A torchrl env whose action, reward or done entries are not the root ones (multi-agent,
-    nested or composite actions) is refused here, naming the keys."""
-    expected = {"action_keys": {"action"}, "reward_keys": {"reward"},
-                "done_keys": {"done", "terminated", "truncated"}}
-    for name, accepted in expected.items():
-        try:
-            keys = list(getattr(env, name))
-        except Exception:  # noqa: BLE001  (not a torchrl env, or one without the spec: checked later)
-            continue
-        if not keys or any(k not in accepted for k in keys):
-            raise TypeError(
-                f"env {type(env).__name__} has {name}={keys}: rlcollect collects envs with one root 'action', one root "
-                "'reward' and root done flags ('done', 'terminated', 'truncated'); multi-agent, nested and "
-                "composite-action torchrl envs are not supported yet (flatten them into root entries with a "
-                "transform, e.g. torchrl's RenameTransform / a custom one)")
-
-
 class TensorDictEnvAdapter(EnvBase):
     """Gives a torchrl-style env (``reset``/``step``/``rand_action`` on TensorDicts) the array
     interface the collector's hot loop uses.  Only duck typing: torchrl is never imported.
@@ -83,7 +65,6 @@ class TensorDictEnvAdapter(EnvBase):
             if not hasattr(env, attr):
                 raise TypeError(f"env {type(env).__name__} lacks {attr!r}: not a TensorDict env")
         self.env = env
-        _check_root_keys(env)
         self.batch_size = torch.Size(env.batch_size)
         self.device = torch.device(getattr(env, "device", None) or "cpu")
         root = env.reset()
@@ -260,7 +241,8 @@ def _snapshot(value: Any) -> Any:
 
 def as_env(env: Any) -> EnvBase:
     """Turn what a user gave into an ``EnvBase``: ours as is, gymnasium envs and ids through
-    ``GymEnv``, TensorDict envs through ``TensorDictEnvAdapter``."""
+    ``GymEnv``, TensorDict envs through ``TensorDictEnvAdapter``, or ``GroupedEnv`` for those whose
+    action, reward or done entries lie under groups (multi-agent, nested, multi-key envs)."""
     import gymnasium as gym
 
     from rlcollect.envs.gym import GymEnv
@@ -276,7 +258,9 @@ def as_env(env: Any) -> EnvBase:
         return EnvPoolEnv(env) if is_envpool(env) else VectorEnv(env)  # EnvPoolEnv can reseed its pool
     if isinstance(env, gym.Env):
         return GymEnv(env)
-    return TensorDictEnvAdapter(env)
+    from rlcollect.envs.grouped import GroupedEnv, is_grouped
+
+    return GroupedEnv(env) if is_grouped(env) else TensorDictEnvAdapter(env)
 
 
 def make_env(create_env_fn: Any, kwargs: dict | None = None, prepare: Callable[[Any], Any] | None = None) -> EnvBase:

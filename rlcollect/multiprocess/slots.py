@@ -172,7 +172,7 @@ class StackedSlots:
             self.parts[i].append(part)
             self.buffers[i].append(slot_buffer(part, layout))
         size = (n, *layout.batch_size) if self.stacked else (n * layout.batch_size[0], *layout.batch_size[1:])
-        self.templates.append(BatchBuffer(BatchLayout(layout.fields, torch.Size(size), layout.time),
+        self.templates.append(BatchBuffer(BatchLayout(layout.fields, torch.Size(size), layout.time, layout.groups),
                                           tensors=stacked_tensors(flat, layout, n)).td)
         self.sets.append((flat, references(flat)))
 

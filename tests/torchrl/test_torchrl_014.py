@@ -261,16 +261,6 @@ def test_ported_torchrl_014_script_prints_what_torchrl_prints(tmp_path, capsys):
     assert "hooks: ['start', 50, 'start', 50, 'start', 50]" in outputs[0]
 
 
-# -- multi-agent, nested and composite-action torchrl envs: a clear error naming the keys -----------------
-def test_nested_and_multi_key_envs_are_refused_naming_their_keys():
-    from torchrl.testing.mocking_classes import MultiKeyCountingEnv, NestedCountingEnv
-
-    with pytest.raises(TypeError, match=r"NestedCountingEnv has action_keys=\[\('data', 'action'\)\]"):
-        rlcollect.Collector(NestedCountingEnv(), frames_per_batch=10)
-    with pytest.raises(TypeError, match=r"MultiKeyCountingEnv has action_keys=\['action', \('nested_1', 'action'\)"):
-        rlcollect.Collector(MultiKeyCountingEnv(), frames_per_batch=10)
-
-
 def test_multiprocess_collectors_take_torchrls_other_defaults():
     defaults = {"auto_register_policy_transforms": None, "init_fn": None, "trajs_per_batch": None,
                 "trajs_per_write": None, "traj_format": None}

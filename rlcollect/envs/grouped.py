@@ -1,0 +1,199 @@
+"""Grouped TensorDict envs: action, reward and done entries under groups (multi-agent envs such
+as torchrl's ``MultiAgentCountingEnv`` or ``VmasEnv``, nested and multi-key envs).
+
+Such an env is not stepped through the array interface (one action, one reward and one done
+flag per row): :class:`GroupedEnv` keeps the env's own TensorDict API, and
+``rlcollect/rollout_grouped.py`` steps it as torchrl's collectors do (``step_and_maybe_reset``,
+which resets only the rows, groups or agents whose ``_reset`` the env asks for), writing every
+leaf the env's ``fake_tensordict()`` has into the batch.  Duck typing only: torchrl is imported
+only to add torchrl's own ``StepCounter`` to a torchrl env for ``max_frames_per_traj``.
+
+The env this wraps has ``batch_size``, ``reset(td=None)``, ``step_and_maybe_reset(td)``,
+``rand_action(td)``, ``fake_tensordict()``, ``action_keys``, ``reward_keys``, ``done_keys`` and
+``set_seed``; rlcollect's own PettingZoo and VMAS adapters (``envs/pettingzoo.py``,
+``envs/vmas.py``) have them too.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from rlcollect.envs.base import ArraySpec, EnvBase, NestedKey, numpy_dtype
+
+if TYPE_CHECKING:
+    from tensordict import TensorDictBase
+
+_ROOT = {"action_keys": {"action"}, "reward_keys": {"reward"}, "done_keys": {"done", "terminated", "truncated"}}
+
+
+def _parts(key: NestedKey) -> tuple[str, ...]:
+    return (key,) if isinstance(key, str) else tuple(key)
+
+
+def _key(parts: tuple[str, ...]) -> NestedKey:
+    return parts[0] if len(parts) == 1 else parts
+
+
+def is_grouped(env: Any) -> bool:
+    """Whether ``env`` (a TensorDict env) has an action, reward or done entry that is not the
+    root one (``"action"``, ``"reward"``, ``"done"``/``"terminated"``/``"truncated"``)."""
+    for name, accepted in _ROOT.items():
+        try:
+            keys = list(getattr(env, name))
+        except Exception:  # noqa: BLE001  (not a torchrl-style env: the plain adapter checks it)
+            return False
+        if any(k not in accepted for k in keys):
+            return True
+    return False
+
+
+def end_of_trajectory(next_td: TensorDictBase, done_keys: list[NestedKey], batch_dims: int) -> torch.Tensor:
+    """Which env rows ended a trajectory this step: any ``done`` entry (the ``done`` beside
+    each done key, as torchrl's collectors read it) set anywhere in the row, whatever the group
+    or agent."""
+    ended = None
+    for parts in {(*_parts(k)[:-1], "done") for k in done_keys}:
+        flag = next_td.get(_key(parts), None)
+        if flag is None:
+            continue
+        flag = flag.reshape(*flag.shape[:batch_dims], -1).any(-1)
+        ended = flag if ended is None else ended | flag
+    if ended is None:
+        return torch.zeros(next_td.batch_size, dtype=torch.bool)
+    return ended
+
+
+def _private(key: NestedKey) -> bool:
+    return any(p.startswith("_") for p in _parts(key))
+
+
+class GroupedEnv(EnvBase):
+    """Wraps a TensorDict env whose action, reward or done entries lie under groups.
+
+    ``obs_layout``: the root entries of one step other than actions and done flags;
+    ``fields``: every leaf of ``fake_tensordict()`` (root and ``"next"``), per env row, which is
+    what a batch of this env holds besides the policy's outputs; ``group_dims``: the extra
+    batch dims of each sub-TensorDict (an agent dim), so that the batch's sub-TensorDicts have
+    torchrl's batch sizes.
+
+    """
+
+    grouped = True
+
+    def __init__(self, env: Any):
+        for attr in ("reset", "step_and_maybe_reset", "fake_tensordict", "batch_size", "action_keys"):
+            if not hasattr(env, attr):
+                raise TypeError(f"env {type(env).__name__} lacks {attr!r}: not a grouped TensorDict env")
+        self.env = env
+        self.batch_size = torch.Size(env.batch_size)
+        self.device = torch.device(getattr(env, "device", None) or "cpu")
+        self._read_keys()
+        self._root: TensorDictBase | None = None
+
+    def _read_keys(self) -> None:
+        env = self.env
+        self.action_keys = list(env.action_keys)
+        self.reward_keys = list(env.reward_keys)
+        self.done_keys = list(env.done_keys)
+        fake = env.fake_tensordict()
+        for key, value in fake.items(include_nested=True, leaves_only=False):
+            if not isinstance(value, torch.Tensor) and type(value).__name__.startswith("LazyStacked"):
+                raise TypeError(
+                    f"env {type(env).__name__}: its entry {key!r} is a lazily stacked TensorDict (agents with "
+                    "different shapes, as torchrl's HeterogeneousCountingEnv): rlcollect's batches hold one dense "
+                    "tensor per key; pad the agents to one shape in a transform")
+        nb = len(self.batch_size)
+        self.fields = {k: ArraySpec(tuple(v.shape[nb:]), numpy_dtype(v.dtype))
+                       for k, v in fake.items(include_nested=True, leaves_only=True) if not _private(k)}
+        self.group_dims = {k: tuple(v.batch_size[nb:]) for k, v in fake.items(include_nested=True, leaves_only=False)
+                           if not isinstance(v, torch.Tensor) and len(v.batch_size) > nb}
+        not_obs = set(self.action_keys) | set(self.done_keys) | set(self.reward_keys)
+        self.obs_layout = {k: spec for k, spec in self.fields.items()
+                           if _parts(k)[0] != "next" and k not in not_obs}
+        first = self.action_keys[0]
+        self.action_layout = self.fields.get(first, ArraySpec((), np.dtype(np.float32)))
+        self.has_truncated = any(_parts(k)[-1] == "truncated" for k in self.done_keys)
+
+    # -- the TensorDict interface the grouped rollout uses -----------------------------------
+    def reset(self, td: TensorDictBase | None = None) -> TensorDictBase:
+        return self.env.reset() if td is None else self.env.reset(td)
+
+    def step(self, td: TensorDictBase) -> TensorDictBase:
+        return self.env.step(td)
+
+    def step_and_maybe_reset(self, td: TensorDictBase) -> tuple[TensorDictBase, TensorDictBase]:
+        return self.env.step_and_maybe_reset(td)
+
+    def rand_action(self, td: TensorDictBase | None = None) -> TensorDictBase:
+        return self.env.rand_action(td)
+
+    def fake_tensordict(self) -> TensorDictBase:
+        return self.env.fake_tensordict()
+
+    def limit_steps(self, max_steps: int) -> None:
+        """Truncate trajectories after ``max_steps`` steps (``max_frames_per_traj``): for a
+        torchrl env, with torchrl's ``StepCounter`` appended as torchrl's collectors append it
+        (its ``step_count`` entries join the batch); else the env's own ``limit_steps``."""
+        if type(self.env).__module__.startswith("torchrl."):  # (before getattr: a SerialEnv's recurses)
+            from torchrl.envs import StepCounter, TransformedEnv
+
+            # StepCounter resets a step count beside each group's "done": without a root "done"
+            # (torchrl's MultiAgentCountingEnv has "env_done") it fails at the first reset, in
+            # torchrl's collector too; say so here instead
+            parents = {_parts(k)[:-1] for k in self.done_keys}
+            lacking = sorted(p for p in parents if (*p, "done") not in {_parts(k) for k in self.done_keys})
+            if lacking:
+                raise ValueError(
+                    f"max_frames_per_traj={max_steps}: env {self!r} has no 'done' entry under {lacking} (its done keys "
+                    f"are {self.done_keys}); torchrl's StepCounter, which counts the steps (as in torchrl's collector, "
+                    "which fails on this env too), needs one beside each group's done flags")
+
+            self.env = TransformedEnv(self.env, StepCounter(max_steps=max_steps))
+        elif hasattr(self.env, "limit_steps"):
+            self.env.limit_steps(max_steps)
+        else:
+            raise TypeError(f"max_frames_per_traj: env {type(self.env).__name__} is neither a torchrl env nor has "
+                            "a limit_steps(max_steps) method")
+        self._read_keys()
+
+    # -- the array interface is not this env's ---------------------------------------------
+    def reset_rows(self, rows, obs_out) -> None:
+        raise TypeError(f"{self!r} is a grouped env: it is stepped by rlcollect's grouped rollout, "
+                        "not through the array interface")
+
+    step_rows = sample_actions = reset_rows
+
+    def _seed(self, seed: int) -> None:
+        self.env.set_seed(seed)
+
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        out = self.env.set_seed(seed, static_seed=static_seed)
+        return int(seed) + self.num_rows if out is None else int(out)
+
+    def state_dict(self) -> dict:
+        fn = getattr(self.env, "state_dict", None)
+        return dict(fn()) if fn is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        fn = getattr(self.env, "load_state_dict", None)
+        if fn is not None:
+            fn(state)
+        elif state:
+            raise ValueError(f"env {type(self.env).__name__} has no load_state_dict")
+
+    def move_to(self, device: torch.device) -> None:
+        """Move the wrapped env to ``device`` (``env_device``)."""
+        if torch.device(getattr(self.env, "device", None) or "cpu") != device:
+            self.env = self.env.to(device) or self.env
+        self.device = device
+
+    def close(self) -> None:
+        close = getattr(self.env, "close", None)
+        if close is not None and not getattr(self.env, "is_closed", False):
+            close()
+
+    def __repr__(self) -> str:
+        return f"{type(self.env).__name__}(batch_size={list(self.batch_size)})"

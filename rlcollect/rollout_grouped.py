@@ -1,0 +1,266 @@
+"""The loop of grouped envs (``envs/grouped.py``: multi-agent, nested and multi-key envs).
+
+torchrl's collectors step such an env with ``step_and_maybe_reset`` on one TensorDict, the
+*carrier*: the policy writes its outputs into it, the env writes ``"next"`` and returns the root
+of the next step, resetting only the rows, groups or agents whose ``_reset`` entries it raised.
+This loop does the same, so a batch holds what torchrl's does, key for key, and copies each
+step's leaves into the preallocated batch (``(n, T, *feature)``, as ``rollout.py``'s). It is
+not the single-agent hot loop: per step it costs a TensorDict step and one copy per leaf.
+
+A trajectory ends for a whole env row when any ``done`` entry of the row is set (any group,
+any agent), as torchrl's trajectory ids count it (``envs/grouped.py``'s ``end_of_trajectory``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from time import perf_counter
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlcollect.data import MASK, POLICY_VERSION, TRAJ_IDS, BatchBuffer, BatchLayout
+from rlcollect.envs.base import ArraySpec, NestedKey, numpy_dtype
+from rlcollect.envs.grouped import GroupedEnv, end_of_trajectory
+
+
+def _parts(key: NestedKey) -> tuple[str, ...]:
+    return (key,) if isinstance(key, str) else tuple(key)
+
+
+def _torchrl_calls_it(module: Any, fields: dict) -> bool:
+    """Whether torchrl's collector calls ``module`` once when it is built, drawing from torch's
+    random stream (to learn its outputs): always, unless the policy has a full ``spec`` that
+    declares every out_key and a key the env's own entries lack."""
+    spec = getattr(module, "spec", None)
+    if spec is None or not hasattr(spec, "keys") or any(v is None for v in spec.values(True, True)):
+        return True
+    spec_keys = set(spec.keys(True, True))
+    declared = spec_keys if any(k not in fields for k in spec_keys) else set()
+    return any(k not in declared for k in getattr(module, "out_keys", ()))
+
+
+class GroupedRollout:
+    """Fills :class:`BatchBuffer` s from a :class:`GroupedEnv` (the arguments are
+    ``rollout.Rollout``'s). ``set_truncated`` marks every truncated entry (and its ``done``) of
+    the batch's last step and resets every row before the next batch, as ``Rollout`` does;
+    ``check_finite`` checks every float leaf of ``"next"``.
+
+    """
+
+    def __init__(self, env: GroupedEnv, runner: Any, time: int, *, max_frames_per_traj: int | None = None,
+                 set_truncated: bool = False, track_version: bool = False, traj_id_start: int = 0,
+                 check_finite: str | None = None):
+        if max_frames_per_traj:
+            env.limit_steps(max_frames_per_traj)
+        self.env, self.runner, self.time = env, runner, time
+        self.set_truncated = set_truncated
+        self.track_version = track_version
+        self.check_finite = check_finite
+        self.rows = env.num_rows
+        self.traj_ids = torch.zeros(env.batch_size, dtype=torch.int64)
+        self.next_traj_id = traj_id_start
+        self._ids_used = True
+        self.needs_reset = True
+        self.step_seconds = [0.0] * time
+        self.version_range: tuple[int, float] = (0, 0.0)
+        self.last_version = 0
+        self._obs_version = 0
+        self._root = None
+        self.layout: BatchLayout | None = None
+        self._out_keys: list[NestedKey] = []
+        self._truncated = [k for k in env.done_keys if _parts(k)[-1] == "truncated"]
+
+    # -- carry -------------------------------------------------------------------------------
+    def _new_ids(self, mask: torch.Tensor | None) -> None:
+        count = self.rows if mask is None else int(mask.sum())
+        ids = torch.arange(self.next_traj_id, self.next_traj_id + count, dtype=torch.int64)
+        self.next_traj_id += count
+        if mask is None:
+            self.traj_ids = ids.reshape(self.env.batch_size)
+        else:  # row-major order, as torchrl's masked_scatter hands them out
+            self.traj_ids = self.traj_ids.masked_scatter(mask.cpu(), ids)
+
+    def reset_all(self) -> None:
+        """Reset every row; the next frames start new trajectories."""
+        self._root = self.env.reset()
+        if self._ids_used:
+            self._new_ids(None)
+            self._ids_used = False
+        self.needs_reset = False
+
+    def _act(self, carrier: Any, discover: bool = False) -> dict[NestedKey, torch.Tensor]:
+        """Call the policy as torchrl's collectors do: a TensorDict policy on the whole root
+        TensorDict; a plain module with its matched observations, its output being the env's
+        one action."""
+        runner = self.runner
+        if not hasattr(runner, "batch_size"):  # a plain module or callable (policy.py's ModuleRunner)
+            out = runner({k: carrier.get(k) for k in self.env.obs_layout})
+            if len(self.env.action_keys) != 1:
+                raise TypeError(f"env {self.env!r} has the action keys {self.env.action_keys}: its policy must be a "
+                                "TensorDictModule writing them (a plain module returns one 'action')")
+            return {self.env.action_keys[0] if k == "action" else k: v for k, v in out.items()}
+        policy_in = carrier if runner.device is None else carrier.to(runner.device)
+        given = set(carrier.keys(include_nested=True, leaves_only=True)) if discover else set()
+        result = runner.fn(policy_in)
+        result = policy_in if result is None else result
+        if discover:
+            self._out_keys = [k for k in result.keys(include_nested=True, leaves_only=True)
+                              if k not in given and not any(p.startswith("_") for p in _parts(k))]
+        return {k: result.get(k) for k in self._out_keys}
+
+    # -- layout ------------------------------------------------------------------------------
+    def discover_layout(self, extra: dict[NestedKey, ArraySpec] | None = None) -> BatchLayout:
+        """The batch layout: every leaf of the env's ``fake_tensordict()``, the policy's outputs
+        (a dry run on the first root, drawing nothing from torch's global random stream) and
+        the collector's entries."""
+        env = self.env
+        fields = dict(env.fields)
+        if self.needs_reset:  # (torchrl's collectors reset the env when they are built)
+            self.reset_all()
+        if self.runner.is_random:
+            # torchrl's collector calls its RandomPolicy once when it is built: so do we, so that
+            # a run seeded before the collector is built draws the same actions
+            env.rand_action(self._root.clone())
+        else:
+            with torch.no_grad(), contextlib.ExitStack() as scope:
+                if not _torchrl_calls_it(self.runner.module, fields):
+                    scope.enter_context(torch.random.fork_rng(devices=[]))
+                out = self._act(self._root.copy(), discover=True)
+            nb = len(env.batch_size)
+            for key, value in out.items():
+                spec = ArraySpec(tuple(value.shape[nb:]), numpy_dtype(value.dtype))
+                if key in fields and fields[key].shape != spec.shape:
+                    raise TypeError(f"env {env!r}: the policy's {key!r} has shape {spec.shape} per env row, the env "
+                                    f"expects {fields[key].shape}")
+                fields.setdefault(key, spec)
+            self._check_actions(list(out))
+        fields[TRAJ_IDS] = ArraySpec((), np.dtype(np.int64))
+        if self.track_version:
+            for key in (POLICY_VERSION, "policy_version", ("next", "policy_version")):
+                fields[key] = ArraySpec((), np.dtype(np.int64))
+        fields.update(extra or {})
+        groups = tuple(sorted(env.group_dims.items(), key=lambda kv: len(_parts(kv[0]))))
+        self.layout = BatchLayout(fields, env.batch_size, self.time, groups)
+        return self.layout
+
+    def _check_actions(self, written: list[NestedKey]) -> None:
+        env = self.env
+        actions = set(env.action_keys)
+        names = {_parts(k)[-1] for k in actions}
+        groups = {_parts(k)[:-1] for k in env.fields}
+        for key in written:
+            parts = _parts(key)
+            if key not in actions and parts[-1] in names and parts[:-1] not in groups:
+                raise ValueError(
+                    f"env {env!r} has no group {parts[:-1]!r}, but the policy wrote the action {key!r}; "
+                    f"the env's action keys are {env.action_keys}")
+        missing = [k for k in env.action_keys if k not in written]
+        if missing:
+            raise ValueError(f"env {env!r}: the policy did not write the action keys {missing} (it wrote {written}); "
+                             f"the env's action keys are {env.action_keys}")
+
+    # -- the loop ----------------------------------------------------------------------------
+    def fill(self, buf: BatchBuffer, *, random: bool = False, version: int = 0, stop: np.ndarray | None = None) -> int:
+        """Collect ``time`` steps into ``buf`` (in place) and return how many were filled."""
+        if self.needs_reset:
+            self.reset_all()
+            self._obs_version = version
+        env, runner = self.env, self.runner
+        random = random or runner.is_random
+        nb, n = len(env.batch_size), self.rows
+        tensors = buf.tensors
+        keys = [k for k in self.layout.fields if k not in (TRAJ_IDS, MASK) and _parts(k)[0] != "collector"
+                and k not in ("policy_version", ("next", "policy_version"))]
+        self._ids_used = True
+        step_seconds, clock = self.step_seconds, perf_counter
+        t = 0
+        for t in range(self.time + 1):
+            if t == self.time or (stop is not None and stop[0]):
+                break
+            carrier = self._root
+            if random:
+                env.rand_action(carrier)
+            else:
+                out = self._act(carrier)
+                for key in self._out_keys:
+                    carrier.set(key, out[key])
+            began = clock()
+            td, root = env.step_and_maybe_reset(carrier)
+            step_seconds[t] = clock() - began
+            if self.check_finite and (t == 0 or self.check_finite == "every"):
+                self._check_finite(td.get("next"), t)
+            for key in keys:
+                self._write(tensors[key], td, key, t, n)
+            tensors[TRAJ_IDS][:, t] = self.traj_ids.reshape(n)
+            ended = end_of_trajectory(td.get("next"), env.done_keys, nb)
+            self._root = root
+            if ended.any():
+                self._new_ids(ended)
+        else:
+            t = self.time
+        self._finish(buf, t, version)
+        return t
+
+    def _write(self, target: torch.Tensor, td: Any, key: NestedKey, t: int, n: int) -> None:
+        value = td.get(key, None)
+        if value is None or value.shape[len(self.env.batch_size):] != target.shape[2:]:
+            got = "no entry" if value is None else f"shape {tuple(value.shape)}"
+            raise ValueError(
+                f"env {self.env!r} returned {got} for {key!r} at step {t} of the batch; the batch holds "
+                f"{tuple(target.shape[2:])} per env row (what the env's specs / first step gave): an agent group "
+                "whose shapes change mid-run cannot be collected, pad it to fixed shapes")
+        target[:, t].copy_(value.reshape(n, *target.shape[2:]))
+
+    def _check_finite(self, nxt: Any, t: int) -> None:
+        for key, value in nxt.items(include_nested=True, leaves_only=True):
+            if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                raise ValueError(f"env {self.env!r} returned a non-finite {('next', *_parts(key))!r} at step {t} of "
+                                 f"the batch (check_finite={self.check_finite!r})")
+
+    def _finish(self, buf: BatchBuffer, steps: int, version: int) -> None:
+        tensors = buf.tensors
+        if self.set_truncated and steps:
+            for key in self._truncated:
+                nxt = ("next", *_parts(key))
+                tensors[nxt][:, steps - 1] = True
+                done = ("next", *_parts(key)[:-1], "done")
+                if done in tensors:
+                    tensors[done][:, steps - 1] = True
+            self.needs_reset = True
+        if POLICY_VERSION in tensors and steps:
+            tensors[POLICY_VERSION][:, :steps] = version
+            tensors[("next", "policy_version")][:, :steps] = version
+            tensors["policy_version"][:, 0] = self._obs_version
+            tensors["policy_version"][:, 1:steps] = version
+            self._obs_version = version
+        self.version_range, self.last_version = (version, float(version)), version
+        mask = tensors.get(MASK)
+        if mask is not None:
+            mask[:, :steps] = True
+            mask[:, steps:] = False
+        if steps < self.time:
+            tensors[TRAJ_IDS][:, steps:] = -1
+
+    # -- state -------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"root": None if self._root is None else self._root.clone(), "traj_ids": self.traj_ids.clone(),
+                "next_traj_id": self.next_traj_id, "needs_reset": self.needs_reset, "ids_used": self._ids_used}
+
+    def check_state_dict(self, state: dict) -> None:
+        missing = {"root", "traj_ids", "next_traj_id", "needs_reset", "ids_used"} - set(state)
+        if missing:
+            raise KeyError(f"grouped rollout state is missing {sorted(missing)}")
+        if tuple(state["traj_ids"].shape) != tuple(self.env.batch_size):
+            raise ValueError(f"grouped rollout state: traj_ids has shape {tuple(state['traj_ids'].shape)}, "
+                             f"expected {tuple(self.env.batch_size)}")
+
+    def load_state_dict(self, state: dict) -> None:
+        self.check_state_dict(state)
+        self._root = None if state["root"] is None else state["root"].clone()
+        self.traj_ids = state["traj_ids"].clone()
+        self.next_traj_id = int(state["next_traj_id"])
+        self.needs_reset = bool(state["needs_reset"]) or self._root is None
+        self._ids_used = bool(state["ids_used"])
+

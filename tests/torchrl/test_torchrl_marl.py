@@ -1,0 +1,307 @@
+"""Grouped torchrl envs (multi-agent, nested, multi-key: action, reward and done entries under
+groups) collected by rlcollect and by torchrl 0.14's collectors, with the same env, policy and
+seed: the same batches, every leaf ``torch.equal``, the same sub-TensorDict batch sizes.
+
+torchrl's test envs: ``MultiAgentCountingEnv`` (per-agent groups, a root ``env_done``),
+``NestedCountingEnv`` (``("data", ...)`` with a nested dim), ``MultiKeyCountingEnv`` (root and
+two groups, each its own action, reward and done), ``HeterogeneousCountingEnv`` (lazily stacked
+agents of different shapes: refused, clearly).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torchrl.collectors")
+
+import torch  # noqa: E402
+from tensordict.nn import TensorDictModule  # noqa: E402
+from torch import nn  # noqa: E402
+from torchrl.collectors import Collector as TorchRLCollector  # noqa: E402
+from torchrl.collectors import MultiAsyncCollector as TorchRLMultiAsync  # noqa: E402
+from torchrl.collectors import MultiSyncCollector as TorchRLMultiSync  # noqa: E402
+from torchrl.envs import SerialEnv  # noqa: E402
+from torchrl.testing.mocking_classes import (  # noqa: E402
+    HeterogeneousCountingEnv,
+    MultiAgentCountingEnv,
+    MultiKeyCountingEnv,
+    MultiKeyCountingEnvPolicy,
+    NestedCountingEnv,
+)
+
+from rlcollect import Collector, MultiAsyncCollector, MultiSyncCollector  # noqa: E402
+
+from helpers_torchrl import OURS_ONLY  # noqa: E402
+
+pytestmark = pytest.mark.timeout(180)
+
+
+# -- envs and policies (module level: the multi-process collectors send them to workers) ----------
+def multi_agent():
+    return MultiAgentCountingEnv(2, max_steps=3)
+
+
+def multi_agent_serial():
+    return SerialEnv(2, multi_agent)
+
+
+def nested(batch_size=()):
+    return NestedCountingEnv(nested_dim=3, max_steps=3, batch_size=list(batch_size))
+
+
+def nested_batched():
+    return nested((2,))
+
+
+def multi_key(batch_size=()):
+    return MultiKeyCountingEnv(max_steps=3, batch_size=list(batch_size))
+
+
+def multi_key_batched():
+    return multi_key((2,))
+
+
+class Threshold(nn.Module):
+    """Each agent acts 1 when its observation sums past 6 (the observations are random)."""
+
+    def forward(self, obs0, obs1):
+        return ((obs0.sum((-1, -2)) > 6)[..., None].to(torch.int8),
+                (obs1.sum((-1, -2)) > 6)[..., None].to(torch.int8))
+
+
+def agents_policy(env=None) -> TensorDictModule:
+    keys = [("agents", f"agent_{i}") for i in range(2)]
+    return TensorDictModule(Threshold(), in_keys=[(*k, "observation") for k in keys],
+                            out_keys=[(*k, "action") for k in keys])
+
+
+class Parity(nn.Module):
+    def forward(self, states):
+        return (states % 2).to(torch.int8)
+
+
+def nested_policy(env=None) -> TensorDictModule:
+    return TensorDictModule(Parity(), in_keys=[("data", "states")], out_keys=[("data", "action")])
+
+
+def multi_key_policy(env) -> MultiKeyCountingEnvPolicy:
+    # (stochastic: draws torch.randint once per step, so the draws must line up too)
+    return MultiKeyCountingEnvPolicy(full_action_spec=env.full_action_spec)
+
+
+ENVS = {
+    "MultiAgentCountingEnv": (multi_agent, agents_policy),
+    "SerialEnv(MultiAgentCountingEnv)": (multi_agent_serial, agents_policy),
+    "NestedCountingEnv": (nested, nested_policy),
+    "NestedCountingEnv[2]": (nested_batched, nested_policy),
+    "MultiKeyCountingEnv": (multi_key, multi_key_policy),
+    "MultiKeyCountingEnv[2]": (multi_key_batched, multi_key_policy),
+}
+
+
+def batches(cls, env_fn, policy_fn, frames=10, n=3, **kwargs) -> list:
+    torch.manual_seed(0)
+    env = env_fn()
+    c = cls(env, policy_fn(env) if policy_fn else None, frames_per_batch=frames, total_frames=n * frames, **kwargs)
+    try:
+        return [b.clone() for b in c]
+    finally:
+        c.shutdown()
+
+
+def structure(td) -> dict:
+    """Every entry's shape and dtype, and every sub-TensorDict's batch size."""
+    out = {}
+    for key, value in td.items(include_nested=True):
+        if isinstance(value, torch.Tensor):
+            out[key] = (tuple(value.shape), value.dtype)
+        else:
+            out[key] = tuple(value.batch_size)
+    return out
+
+
+def assert_same(theirs: list, ours: list, same_ids: bool = True) -> None:
+    """Equal batches; ``same_ids=False``: the trajectory ids may differ in value (ours are unique
+    across workers: docs/migrating-from-torchrl.md) but group the frames alike."""
+    assert len(theirs) == len(ours)
+    pairs = set()
+    for a, b in zip(theirs, ours):
+        b = b.exclude(*OURS_ONLY)
+        assert b.batch_size == a.batch_size
+        assert structure(b) == structure(a)
+        for key in a.keys(include_nested=True, leaves_only=True):
+            if key == ("collector", "traj_ids") and not same_ids:
+                pairs |= set(zip(a[key].flatten().tolist(), b[key].flatten().tolist()))
+                continue
+            assert torch.equal(a[key], b[key]), key
+    assert len({x for x, _ in pairs}) == len({y for _, y in pairs}) == len(pairs)
+
+
+# -- the single-process Collector -----------------------------------------------------------------------
+@pytest.mark.parametrize("name", list(ENVS))
+@pytest.mark.parametrize("random", [True, False], ids=["random", "policy"])
+@pytest.mark.parametrize("options", [{}, {"split_trajs": True}], ids=["plain", "split_trajs"])
+def test_collector_gives_torchrls_batches_for_grouped_envs(name, random, options):
+    env_fn, policy_fn = ENVS[name]
+    policy_fn = None if random else policy_fn
+    assert_same(batches(TorchRLCollector, env_fn, policy_fn, **options),
+                batches(Collector, env_fn, policy_fn, **options))
+
+
+def test_collector_gives_torchrls_batches_with_postproc_and_a_partial_last_batch():
+    def postproc(td):
+        td.set("seen", td.get(("next", "nested_1", "gift")).sum((-1, -2)))
+        return td
+
+    kwargs = dict(frames=7, n=2, postproc=postproc)
+    assert_same(batches(TorchRLCollector, multi_key, multi_key_policy, **kwargs),
+                batches(Collector, multi_key, multi_key_policy, **kwargs))
+
+
+@pytest.mark.parametrize("env_fn", [multi_key, multi_key_batched],
+                         ids=["MultiKeyCountingEnv", "MultiKeyCountingEnv[2]"])
+def test_max_frames_per_traj_gives_torchrls_step_counts(env_fn):
+    theirs = batches(TorchRLCollector, env_fn, multi_key_policy, max_frames_per_traj=2)
+    ours = batches(Collector, env_fn, multi_key_policy, max_frames_per_traj=2)
+    assert_same(theirs, ours)
+    assert int(ours[0]["next", "step_count"].max()) == 2
+
+
+def test_max_frames_per_traj_where_torchrls_collector_fails_nested_env():
+    # torchrl 0.14.1: "out.batch_size and stacked batch size must match" (its StepCounter's
+    # step_count under the nested "data" group); ours collects, truncating every 2 steps
+    with pytest.raises(RuntimeError, match="stacked batch size must match"):
+        batches(TorchRLCollector, nested, nested_policy, max_frames_per_traj=2)
+    (batch,) = batches(Collector, nested, nested_policy, n=1, max_frames_per_traj=2)
+    counts = batch["next", "data", "step_count"][:, 0, 0]
+    assert counts.tolist() == [1, 2] * 5
+    assert batch["next", "data", "truncated"][:, 0, 0].tolist() == [False, True] * 5
+    assert batch["collector", "traj_ids"].tolist() == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+
+
+def test_max_frames_per_traj_on_an_env_without_a_root_done_is_refused_clearly():
+    # torchrl's own collector fails there with KeyError('done') from its StepCounter
+    with pytest.raises(KeyError, match="done"):
+        batches(TorchRLCollector, multi_agent, agents_policy, max_frames_per_traj=2)
+    with pytest.raises(ValueError, match=r"max_frames_per_traj=2: env MultiAgentCountingEnv\(batch_size=\[\]\) has no "
+                                         r"'done' entry under \[\(\)\]"):
+        Collector(multi_agent(), agents_policy(), frames_per_batch=10, max_frames_per_traj=2)
+
+
+# -- the multi-process collectors ------------------------------------------------------------------------
+def multi_batches(cls, env_fn, policy_fn, **kwargs) -> list:
+    c = cls([env_fn, env_fn], policy_fn(), frames_per_batch=20, total_frames=40, **kwargs)
+    try:
+        c.set_seed(3)
+        return [b.clone() for b in c]
+    finally:
+        c.shutdown()
+
+
+def test_multi_sync_collector_gives_torchrls_batches_for_a_multi_agent_env():
+    assert_same(multi_batches(TorchRLMultiSync, multi_agent, agents_policy),
+                multi_batches(MultiSyncCollector, multi_agent, agents_policy), same_ids=False)
+
+
+def test_multi_sync_collector_collects_the_nested_env_torchrls_fails_on():
+    # torchrl 0.14.1's MultiSyncCollector on NestedCountingEnv: its workers die with "Failed to
+    # update 'done'" (a written-to tensor with overlapping memory) and it never returns a batch
+    # (not run here: its dead workers leave processes behind). Ours: each worker's share is what
+    # our single-process collector gives with that worker's seed.
+    ours = multi_batches(MultiSyncCollector, nested, nested_policy)
+    alone = seeded_single(nested, nested_policy, 10, 2)
+    assert [tuple(b.batch_size) for b in ours] == [(2, 10)] * 2
+    assert_same(alone, [b[0] for b in ours])
+
+
+def seeded_single(env_fn, policy_fn, frames: int, n: int) -> list:
+    c = Collector(env_fn(), policy_fn(), frames_per_batch=frames, total_frames=n * frames)
+    try:
+        c.set_seed(3)
+        return [b.clone() for b in c]
+    finally:
+        c.shutdown()
+
+
+def test_multi_async_collector_gives_torchrls_layout_for_a_multi_agent_env():
+    # (which worker delivers when is the OS's: compare the layout, and worker 0's batches with
+    # our single-process collector's under worker 0's seed)
+    theirs = multi_batches(TorchRLMultiAsync, multi_agent, agents_policy)
+    ours = multi_batches(MultiAsyncCollector, multi_agent, agents_policy)
+    assert [structure(b) for b in theirs] == [structure(b.exclude(*OURS_ONLY)) for b in ours]
+    first = [b.exclude(*OURS_ONLY) for b in ours if int(b["collector", "worker_id"][0]) == 0]
+    assert_same(seeded_single(multi_agent, agents_policy, 20, 2)[: len(first)], first)
+
+
+def test_multi_async_collector_collects_the_nested_env_torchrls_fails_on():
+    # torchrl 0.14.1's MultiAsyncCollector fails there as its MultiSyncCollector does (not run)
+    ours = multi_batches(MultiAsyncCollector, nested, nested_policy)
+    first = [b.exclude(*OURS_ONLY) for b in ours if int(b["collector", "worker_id"][0]) == 0]
+    assert [tuple(b.batch_size) for b in ours] == [(20,)] * 2
+    assert_same(seeded_single(nested, nested_policy, 20, 2)[: len(first)], first)
+
+
+# -- bad input: clear errors naming the env and the key ----------------------------------------------------
+def test_heterogeneous_agents_are_refused_naming_the_lazy_entry():
+    with pytest.raises(TypeError, match=r"env HeterogeneousCountingEnv: its entry 'lazy' is a lazily stacked "
+                                        r"TensorDict"):
+        Collector(HeterogeneousCountingEnv(), frames_per_batch=10)
+
+
+class WrongGroup(nn.Module):
+    def forward(self, obs):
+        return torch.zeros(obs.shape[:-2] + (1,), dtype=torch.int8)
+
+
+def test_a_policy_acting_for_a_group_the_env_lacks_is_refused():
+    policy = TensorDictModule(WrongGroup(), in_keys=[("agents", "agent_0", "observation")],
+                              out_keys=[("adversaries", "agent_0", "action")])
+    with pytest.raises(ValueError, match=r"env MultiAgentCountingEnv\(batch_size=\[\]\) has no group "
+                                         r"\('adversaries', 'agent_0'\), but the policy wrote the action "
+                                         r"\('adversaries', 'agent_0', 'action'\)"):
+        Collector(multi_agent(), policy, frames_per_batch=10)
+
+
+def test_a_policy_missing_a_groups_action_is_refused():
+    policy = TensorDictModule(WrongGroup(), in_keys=[("agents", "agent_0", "observation")],
+                              out_keys=[("agents", "agent_0", "action")])
+    with pytest.raises(ValueError, match=r"the policy did not write the action keys \[\('agents', 'agent_1', "
+                                         r"'action'\)\]"):
+        Collector(multi_agent(), policy, frames_per_batch=10)
+
+
+class GrowingAgents(MultiAgentCountingEnv):
+    """From its third step on, agent_0's observation gets a row more."""
+
+    def _step(self, tensordict):
+        out = super()._step(tensordict)
+        if int(self.count.max()) >= 3:
+            obs = out.get(("agents", "agent_0", "observation"))
+            out.set(("agents", "agent_0", "observation"), torch.cat([obs, obs[..., :1, :]], -2))
+        return out
+
+
+def test_a_group_whose_shapes_change_mid_run_names_the_env_and_the_key():
+    env = GrowingAgents(2, max_steps=10)
+    c = Collector(env, agents_policy(), frames_per_batch=10)
+    try:
+        with pytest.raises(ValueError, match=r"env GrowingAgents\(batch_size=\[\]\) returned shape \(4, 4\) for "
+                                             r"\('next', 'agents', 'agent_0', 'observation'\) at step 2 of the batch"):
+            next(iter(c))
+    finally:
+        c.shutdown()
+
+
+# -- the guide's torchrl examples ------------------------------------------------------------------------
+def test_the_multi_agent_guides_torchrl_examples_run():
+    # (docs/multi-agent.md marks its torchrl examples ```py: tests/test_docs.py runs the ```python
+    # ones in the main suite, which has no torchrl)
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "multi-agent.md").read_text()
+    blocks = re.findall(r"^```py\n(.*?)^```", text, re.S | re.M)
+    assert blocks
+    namespace: dict = {"__name__": "__main__"}
+    for i, code in enumerate(blocks):
+        exec(compile(code, f"multi-agent.md[py block {i}]", "exec"), namespace)
