@@ -43,8 +43,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.measure import at_once, run_for
-from bench.workloads import WORKLOADS, rss
+from bench.measure import at_once, measure_for
+from bench.workloads import WORKLOADS, cpu_seconds, rss
 
 ROOT = Path(__file__).resolve().parent.parent  # where "python -m bench.central" runs
 WORKERS = 2
@@ -115,8 +115,9 @@ def _bare_loop(case: Case, seconds: float):
         obs = np.stack(out)
         return len(envs)
 
-    rate = run_for(step, seconds)
-    return Rate(rate, f"{ENVS_PER_WORKER} envs + the policy, one process")
+    window = measure_for(step, seconds)
+    return Rate(window.frames_per_s, f"{ENVS_PER_WORKER} envs + the policy, one process",
+                cpu_per_kframe=window.cpu_per_kframe)
 
 
 def _bare_central_worker(case: Case, index: int, conn, obs_shm, act_shm) -> None:
@@ -169,14 +170,16 @@ def _bare_central(case: Case, seconds: float) -> dict:
                 now = time.perf_counter()
                 if started is None or now - started < WARMUP_S:
                     started = started or now
-                    warm_end, steps = now, 0
+                    warm_end, steps, cpu = now, 0, cpu_seconds()["total"]
                 elif now - warm_end >= seconds:
+                    cpu = cpu_seconds()["total"] - cpu
                     break
                 act.copy_(policy(obs))
                 steps += rows
                 for conn in conns:
                     conn.send_bytes(b"a")
-        return {"steps_per_s": steps / (now - warm_end), "how": "bare central loop, one forward for every row"}
+        return {"steps_per_s": steps / (now - warm_end), "how": "bare central loop, one forward for every row",
+                "cpu_per_kstep": cpu / steps * 1e3}
     finally:
         for conn in conns:
             conn.send_bytes(b"q")
@@ -192,14 +195,20 @@ def _warm(it) -> None:
         next(it)
 
 
-def _timed(it, seconds: float) -> tuple[int, float]:
-    """The frames of the batches ``it`` yields in the next ``seconds``: ``(frames, elapsed)``."""
-    got, start = 0, time.perf_counter()
+def _timed(it, seconds: float) -> tuple[int, float, dict]:
+    """The frames of the batches ``it`` yields in the next ``seconds``: ``(frames, elapsed, cpu)``,
+    ``cpu`` holding the CPU seconds per 1,000 frames of this process and its children
+    (``cpu_per_kstep``) and this process's own CPU per batch (``main_cpu_ms_per_batch``)."""
+    got = batches = 0
+    cpu, main_cpu, start = cpu_seconds()["total"], time.process_time(), time.perf_counter()
     while True:
         got += next(it).numel()
+        batches += 1
         elapsed = time.perf_counter() - start
         if elapsed >= seconds:
-            return got, elapsed
+            main_cpu = time.process_time() - main_cpu
+            return got, elapsed, {"cpu_per_kstep": (cpu_seconds()["total"] - cpu) / got * 1e3,
+                                  "main_cpu_ms_per_batch": main_cpu / batches * 1e3}
 
 
 def _torchrl_env(case: Case):
@@ -221,8 +230,9 @@ def _torchrl(case: Case, seconds: float) -> dict:
     try:
         it = iter(c)
         _warm(it)
-        got, elapsed = _timed(it, seconds)
-        return {"steps_per_s": got / elapsed, "how": "torchrl AsyncBatchedCollector", "rss_mb": rss()["VmRSS"] / 2**20}
+        got, elapsed, cpu = _timed(it, seconds)
+        return {"steps_per_s": got / elapsed, "how": "torchrl AsyncBatchedCollector", "rss_mb": rss()["VmRSS"] / 2**20,
+                **cpu}
     finally:
         c.shutdown()
 
@@ -235,7 +245,7 @@ def measure(text: str, seconds: float) -> dict:
         return {"skip": f"{', '.join(missing)} not installed"}
     if row == "ideal":
         rate = at_once(functools.partial(_bare_loop, case), WORKERS, seconds)
-        return {"steps_per_s": rate.frames_per_s, "how": rate.how}
+        return {"steps_per_s": rate.frames_per_s, "how": rate.how, "cpu_per_kstep": rate.cpu_per_kframe}
     if row == "ideal-central":
         return _bare_central(case, seconds)
     if row == "torchrl":
@@ -257,10 +267,10 @@ def measure(text: str, seconds: float) -> dict:
         it = iter(c)
         _warm(it)
         before = c.stats().get("inference", {})
-        got, elapsed = _timed(it, seconds)
+        got, elapsed, cpu = _timed(it, seconds)
         after = c.stats().get("inference", {})
         out = {"steps_per_s": got / elapsed, "how": f"{row} inference, {cls.__name__}",
-               "rss_mb": rss()["VmRSS"] / 2**20}
+               "rss_mb": rss()["VmRSS"] / 2**20, **cpu}
         if central:
             calls = after["forward_calls"] - before["forward_calls"]
             rows = after["forward_rows"] - before["forward_rows"]
@@ -289,7 +299,7 @@ class CentralResult:
         lines = [f"{self.workload} ({'Nature-CNN' if self.workload == 'Pong' else 'MLP 2x256'}), {WORKERS} workers x "
                  f"{ENVS_PER_WORKER} envs, Multi{self.collector.capitalize()}Collector: central vs worker inference",
                  "| row | steps/s | frames/s | of ideal | vs worker | overhead us/step | forwards/s | rows/forward "
-                 "| main RSS MB |", "|---|---|---|---|---|---|---|---|---|"]
+                 "| main RSS MB | CPU s/1k frames | main CPU ms/batch |", "|---" * 11 + "|"]
         worker = self.rows.get("worker", {}).get("steps_per_s")
         ideal = self.rows.get("ideal", {}).get("steps_per_s")
         for row in ROWS + TORCHRL_ROWS:
@@ -297,7 +307,7 @@ class CentralResult:
                 continue
             r = self.rows.get(row, {})
             if "skip" in r or "steps_per_s" not in r:
-                lines.append(f"| {row} | {r.get('skip', 'failed')} | | | | | | | |")
+                lines.append(f"| {row} | {r.get('skip', 'failed')} | | | | | | | | | |")
                 continue
             sps = r["steps_per_s"]
             over = (1e6 / sps - 1e6 / ideal) if ideal and row != "ideal" else None
@@ -306,7 +316,9 @@ class CentralResult:
                      f"{over:.1f}" if over is not None else "",
                      f"{r['forward_calls_per_s']:,.0f}" if "forward_calls_per_s" in r else "",
                      f"{r['mean_batch_rows']:.1f}" if "mean_batch_rows" in r else "",
-                     f"{r['rss_mb']:.0f}" if "rss_mb" in r else ""]
+                     f"{r['rss_mb']:.0f}" if "rss_mb" in r else "",
+                     f"{r['cpu_per_kstep'] / case.frames_per_step:.3f}" if r.get("cpu_per_kstep") is not None else "",
+                     f"{r['main_cpu_ms_per_batch']:.3f}" if "main_cpu_ms_per_batch" in r else ""]
             lines.append("| " + " | ".join(cells) + " |")
         return "\n".join(lines)
 

@@ -13,6 +13,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from bench.workloads import cpu_seconds
+
 # Checking the clock every step would itself cost a measurable share of a CartPole step.
 CLOCK_EVERY = 128
 
@@ -25,6 +27,12 @@ class Rate:
     frames_per_s: float
     how: str
     probed: dict = field(default_factory=dict)
+    #: CPU seconds per 1,000 frames over the window: the measuring process, its threads and its
+    #: child processes (workers, env processes) together; None when not measured.
+    cpu_per_kframe: float | None = None
+    #: The main process's own CPU (all its threads) per delivered batch, in milliseconds
+    #: (collectors only).
+    main_cpu_ms_per_batch: float | None = None
 
 
 @dataclass(frozen=True)
@@ -35,20 +43,45 @@ class Duration:
     how: str
 
 
-def run_for(step: Callable[[], int], seconds: float) -> float:
-    """Call ``step`` (which returns the frames it made) for ``seconds`` after a short warmup,
-    and return frames per second."""
+@dataclass(frozen=True)
+class Window:
+    """What one timed window measured: frames, wall seconds and CPU seconds (the process, its
+    threads and its children: ``bench.workloads.cpu_seconds``)."""
+
+    frames: int
+    seconds: float
+    cpu_s: float
+
+    @property
+    def frames_per_s(self) -> float:
+        return self.frames / self.seconds
+
+    @property
+    def cpu_per_kframe(self) -> float:
+        return self.cpu_s / self.frames * 1e3
+
+
+def measure_for(step: Callable[[], int], seconds: float) -> Window:
+    """Call ``step`` (which returns the frames it made) for ``seconds`` after a short warmup;
+    the frames, wall and CPU seconds of the timed part."""
     warmup_end = time.perf_counter() + min(0.5, seconds / 10)
     while time.perf_counter() < warmup_end:
         step()
     frames = 0
+    cpu = cpu_seconds()["total"]
     start = time.perf_counter()
     while True:
         for _ in range(CLOCK_EVERY):
             frames += step()
         elapsed = time.perf_counter() - start
         if elapsed >= seconds:
-            return frames / elapsed
+            return Window(frames, elapsed, cpu_seconds()["total"] - cpu)
+
+
+def run_for(step: Callable[[], int], seconds: float) -> float:
+    """Call ``step`` (which returns the frames it made) for ``seconds`` after a short warmup,
+    and return frames per second."""
+    return measure_for(step, seconds).frames_per_s
 
 
 def gym_loop(env_id: str, num_envs: int, policy: torch.nn.Module | None, seconds: float) -> Rate:
@@ -78,12 +111,13 @@ def gym_loop(env_id: str, num_envs: int, policy: torch.nn.Module | None, seconds
         return num_envs
 
     try:
-        fps = run_for(step_random if policy is None else step_policy, seconds)
+        window = measure_for(step_random if policy is None else step_policy, seconds)
     finally:
         for env in envs:
             env.close()
     what = "action_space.sample()" if policy is None else "the MLP on the stacked observations"
-    return Rate(fps, f"bare loop over {num_envs} gymnasium env(s) with {what}")
+    return Rate(window.frames_per_s, f"bare loop over {num_envs} gymnasium env(s) with {what}",
+                cpu_per_kframe=window.cpu_per_kframe)
 
 
 def timed_loop(step_time: float, busy: bool, seconds: float) -> Rate:
@@ -98,12 +132,15 @@ def timed_loop(step_time: float, busy: bool, seconds: float) -> Rate:
             time.sleep(step_time)
         return 1
 
-    return Rate(run_for(step, seconds), f"bare loop that {'spins' if busy else 'sleeps'} step_time per step")
+    window = measure_for(step, seconds)
+    return Rate(window.frames_per_s, f"bare loop that {'spins' if busy else 'sleeps'} step_time per step",
+                cpu_per_kframe=window.cpu_per_kframe)
 
 
 def _loop_child(loop: Callable[[float], Rate], seconds: float, conn) -> None:
     torch.set_num_threads(1)
-    conn.send(loop(seconds).frames_per_s)
+    rate = loop(seconds)
+    conn.send((rate.frames_per_s, rate.cpu_per_kframe))
     conn.close()
 
 
@@ -120,11 +157,14 @@ def at_once(loop: Callable[[float], Rate], processes: int, seconds: float) -> Ra
         child.start()
     try:
         total = 0.0
+        cpu_per_s = 0.0  # CPU seconds per wall second, all loops together
         for receive, send in pipes:
             send.close()
             if not receive.poll(60 + 2 * seconds):
                 raise RuntimeError(f"a bare loop process did not report within {60 + 2 * seconds:g} s")
-            total += receive.recv()
+            fps, cpu_per_kframe = receive.recv()
+            total += fps
+            cpu_per_s = None if cpu_per_kframe is None or cpu_per_s is None else cpu_per_s + fps * cpu_per_kframe / 1e3
             receive.close()
     finally:
         for child in children:
@@ -132,7 +172,8 @@ def at_once(loop: Callable[[float], Rate], processes: int, seconds: float) -> Ra
             if child.is_alive():
                 child.kill()
                 child.join()
-    return Rate(total, f"{processes} bare loops at once")
+    return Rate(total, f"{processes} bare loops at once",
+                cpu_per_kframe=None if cpu_per_s is None else cpu_per_s / total * 1e3)
 
 
 def collector_rate(make_collector: Callable[[], object], seconds: float, warmup: float = 0.0,
@@ -150,15 +191,21 @@ def collector_rate(make_collector: Callable[[], object], seconds: float, warmup:
         while time.perf_counter() < warmup_end:
             next(batches)
         stats = collector.stats() if probe is not None and hasattr(collector, "stats") else None
-        frames = 0
+        frames = batches_seen = 0
+        cpu = cpu_seconds()["total"]
+        main_cpu = time.process_time()
         start = time.perf_counter()
         while True:
             batch = next(batches)
             frames += batch.numel()
+            batches_seen += 1
             elapsed = time.perf_counter() - start
             if elapsed >= seconds:
+                main_cpu = time.process_time() - main_cpu
+                cpu = cpu_seconds()["total"] - cpu
                 probed = probe(batch, collector, stats) if probe is not None else {}
-                return Rate(frames / elapsed, f"{type(collector).__name__}", probed)
+                return Rate(frames / elapsed, f"{type(collector).__name__}", probed, cpu_per_kframe=cpu / frames * 1e3,
+                            main_cpu_ms_per_batch=main_cpu / batches_seen * 1e3)
     finally:
         collector.shutdown()
 

@@ -48,7 +48,7 @@ def multi_cartpole_config(mode: str, workers: int, envs_per_worker: int, mlp: bo
 
     def ideal(seconds: float) -> Rate:
         one = gym_loop(CARTPOLE, envs_per_worker, policy(), seconds)
-        return Rate(workers * one.frames_per_s, f"{workers} × {one.how}")
+        return Rate(workers * one.frames_per_s, f"{workers} × {one.how}", cpu_per_kframe=one.cpu_per_kframe)
 
     def collector(seconds: float) -> Rate:
         make = functools.partial(

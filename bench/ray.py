@@ -34,16 +34,19 @@ class RayResult:
 
     def table(self) -> str:
         lines = [f"Ray: launcher='ray' vs 'mp', {NODES} nodes x 1 {CARTPOLE}, random policy, {FRAMES} frames per node "
-                 "per batch (best of the rounds; time to first batch and rejoin: the fastest)"]
+                 "per batch (best of the rounds; time to first batch, rejoin and CPU s per 1,000 frames: the "
+                 "lowest; CPU: this process and its descendants, the local Ray instance's included)"]
         if self.skip:
             return "\n".join([*lines, f"skipped: {self.skip}"])
         lines.append(f"Ray local instance: ray.init {self.ray_start_s:.1f} s, ray.shutdown {self.ray_stop_s:.1f} s")
-        lines += ["| launcher | time to first batch s | sync frames/s | async frames/s | restart-to-rejoin s |",
-                  "|---|---:|---:|---:|---:|"]
+        lines += ["| launcher | time to first batch s | sync frames/s | async frames/s | restart-to-rejoin s "
+                  "| sync CPU s/1k frames | async CPU s/1k frames |", "|---|---:|---:|---:|---:|---:|---:|"]
         for launcher in LAUNCHERS:
             r = self.rows.get(launcher, {})
             lines.append(f"| {launcher} | {r.get('first_batch_s', float('nan')):.2f} | {r.get('sync_fps', 0):,.0f} | "
-                         f"{r.get('async_fps', 0):,.0f} | {r.get('rejoin_s', float('nan')):.2f} |")
+                         f"{r.get('async_fps', 0):,.0f} | {r.get('rejoin_s', float('nan')):.2f} | "
+                         f"{r.get('sync_cpu_per_kframe', float('nan')):.3f} | "
+                         f"{r.get('async_cpu_per_kframe', float('nan')):.3f} |")
         return "\n".join(lines)
 
     def as_dict(self) -> dict:
@@ -51,13 +54,17 @@ class RayResult:
                 "ray_stop_s": self.ray_stop_s, "skip": self.skip}
 
 
-def _rate(collector, seconds: float) -> float:
+def _rate(collector, seconds: float) -> tuple[float, float]:
+    """Frames/s, and CPU seconds per 1,000 frames of this process and its descendants (with
+    ``launcher="ray"`` the local Ray instance started here: its daemons and the node actors)."""
+    from bench.workloads import cpu_seconds
+
     it = iter(collector)
     next(it)  # warm
-    frames, start = 0, time.perf_counter()
+    frames, cpu, start = 0, cpu_seconds()["total"], time.perf_counter()
     while time.perf_counter() - start < seconds:
         frames += next(it).numel()
-    return frames / (time.perf_counter() - start)
+    return frames / (time.perf_counter() - start), (cpu_seconds()["total"] - cpu) / frames * 1e3
 
 
 def _measure(launcher: str, seconds: float) -> dict:
@@ -70,7 +77,7 @@ def _measure(launcher: str, seconds: float) -> dict:
         it = iter(c)
         next(it)
         out["first_batch_s"] = time.perf_counter() - started
-        out["async_fps"] = _rate(c, seconds)
+        out["async_fps"], out["async_cpu_per_kframe"] = _rate(c, seconds)
         os.kill(c.stats()["workers"][0]["pid"], signal.SIGKILL)
         killed = time.perf_counter()
         while True:
@@ -80,7 +87,7 @@ def _measure(launcher: str, seconds: float) -> dict:
                 break
     with DistributedCollector([CARTPOLE] * NODES, frames_per_batch=FRAMES * NODES, total_frames=-1, sync=True,
                               launcher=launcher) as c:
-        out["sync_fps"] = _rate(c, seconds)
+        out["sync_fps"], out["sync_cpu_per_kframe"] = _rate(c, seconds)
     return out
 
 

@@ -18,7 +18,17 @@ envs, or one vector env of ``ENVS`` sub-envs):
 - ``gym-async``: gymnasium's ``AsyncVectorEnv`` of ``ENVS`` envs (shared memory, one process
   per env), stepped in a loop, the policy in the main process;
 - ``sb3``: Stable-Baselines3's ``SubprocVecEnv`` of ``ENVS`` envs, likewise;
-- ``envpool``: ``envpool.make_gymnasium`` with ``ENVS`` envs on as many threads as cores.
+- ``envpool``: ``envpool.make_gymnasium`` with ``ENVS`` envs on as many threads as cores;
+- ``puffer-serial``: PufferLib's ``Serial`` backend, ``ENVS`` envs in the main process;
+- ``puffer-mp`` / ``puffer-mp-async``: PufferLib's ``Multiprocessing`` backend, ``WORKERS``
+  processes × ``ENVS_PER_WORKER`` envs, every env in each batch (``batch_size=ENVS``) or one
+  worker's envs per batch while the other steps (``batch_size=ENVS_PER_WORKER``). PufferLib's
+  workers and main process spin on shared flags; more workers than cores (``overwork=True``)
+  were slower here (see docs/benchmarks.md).
+
+Every row also reports the CPU seconds it spent (``cpu_per_kstep``: per 1,000 steps, the
+process, its threads and its child processes, over the timed window) and the collectors the main
+process's own CPU per delivered batch (``main_cpu_ms_per_batch``).
 
 The policy, where there is one, sees the batch of observations of the envs of its process (or
 of the vector env) at each step, with one torch thread; random actions are drawn for all envs
@@ -37,7 +47,7 @@ import numpy as np
 import torch
 
 from bench.config import Row, Target, WorkloadConfig, torchrl_key
-from bench.measure import Rate, at_once, collector_rate, run_for
+from bench.measure import Rate, at_once, collector_rate, measure_for
 from bench.policies import policy_actions
 from bench.workloads import WORKLOADS, Workload, available, nbytes, rss, sample_actions, shm_bytes
 
@@ -46,7 +56,9 @@ ENVS_PER_WORKER = 4
 ENVS = WORKERS * ENVS_PER_WORKER
 #: Batches collected after the first one before the clock starts (multi-process collectors).
 WARMUP_S = 0.5
-RUNNERS = ("bare", "bare-at-once", "collector", "multisync", "multiasync", "gym-async", "sb3", "envpool")
+RUNNERS = ("bare", "bare-at-once", "collector", "multisync", "multiasync", "gym-async", "sb3", "envpool",
+           "puffer-serial", "puffer-mp", "puffer-mp-async")
+PUFFER = ("puffer-serial", "puffer-mp", "puffer-mp-async")
 POLICIES = ("random", "policy")
 
 
@@ -96,11 +108,11 @@ def bare_loop(name: str, num_envs: int, use_policy: bool, seconds: float) -> Rat
         return num_envs
 
     try:
-        fps = run_for(step, seconds)
+        window = measure_for(step, seconds)
     finally:
         for env in envs:
             env.close()
-    return Rate(fps, f"bare loop over {num_envs} envs")
+    return Rate(window.frames_per_s, f"bare loop over {num_envs} envs", cpu_per_kframe=window.cpu_per_kframe)
 
 
 def _vector_loop(venv, space, num_envs: int, policy, seconds: float, first_obs, how: str) -> tuple[Rate, dict]:
@@ -116,9 +128,52 @@ def _vector_loop(venv, space, num_envs: int, policy, seconds: float, first_obs, 
         state["obs"], state["out"] = out[0], out
         return num_envs
 
-    rate = Rate(run_for(step, seconds), how)
+    window = measure_for(step, seconds)
+    rate = Rate(window.frames_per_s, how, cpu_per_kframe=window.cpu_per_kframe)
     delivered = nbytes(list(state["out"][:-1]))  # observations, rewards, dones (not the info dicts)
     return rate, {"batch_bytes": delivered, "frames_per_delivery": num_envs}
+
+
+def _puffer_loop(venv, space, policy, seconds: float, how: str) -> tuple[Rate, dict]:
+    """Step a PufferLib vector env through its ``recv`` / ``send`` calls: each ``recv`` gives the
+    observations of the envs of one batch (all ``ENVS``, or one worker's), ``send`` their actions."""
+    rng = np.random.default_rng(0)
+    venv.async_reset(0)
+    state = {"obs": None}
+
+    def step() -> int:
+        obs, *_, env_ids, _ = venv.recv()
+        state["obs"] = obs
+        n = len(env_ids)
+        venv.send(policy_actions(policy, obs) if policy is not None else sample_actions(space, rng, n))
+        return n
+
+    window = measure_for(step, seconds)
+    rate = Rate(window.frames_per_s, how, cpu_per_kframe=window.cpu_per_kframe)
+    obs = state["obs"]
+    return rate, {"batch_bytes": nbytes(obs), "frames_per_delivery": len(obs)}
+
+
+def _puffer(workload: Workload, runner: str, use_policy: bool, seconds: float, before: dict) -> dict:
+    import pufferlib.emulation
+    import pufferlib.vector
+
+    policy = workload.make_policy() if use_policy else None
+    make = functools.partial(pufferlib.emulation.GymnasiumPufferEnv, env_creator=workload.make_env)
+    if runner == "puffer-serial":
+        venv = pufferlib.vector.make(make, backend=pufferlib.vector.Serial, num_envs=ENVS)
+        how = f"PufferLib Serial, {ENVS} envs"
+    else:
+        batch = ENVS if runner == "puffer-mp" else ENVS_PER_WORKER
+        venv = pufferlib.vector.make(make, backend=pufferlib.vector.Multiprocessing, num_envs=ENVS,
+                                     num_workers=WORKERS, batch_size=batch)
+        how = f"PufferLib Multiprocessing, {WORKERS} workers × {ENVS_PER_WORKER} envs, batch_size={batch}"
+    try:
+        rate, extra = _puffer_loop(venv, venv.single_action_space, policy, seconds, how)
+        return {"steps_per_s": rate.frames_per_s, "how": how, "cpu_per_kstep": rate.cpu_per_kframe,
+                **_memory(before, extra)}
+    finally:
+        venv.close()
 
 
 def _memory(before: dict, extra: dict) -> dict:
@@ -137,6 +192,9 @@ def measure(text: str, seconds: float) -> dict:
         why = _missing("stable_baselines3", "stable-baselines3 (pip install 'rlcollect[bench]')")
     if why is None and runner == "envpool":
         why = _missing("envpool", "envpool (pip install 'rlcollect[envpool]')")
+    if why is None and runner in PUFFER:
+        why = _missing("pufferlib", "pufferlib (pip install --no-deps 'pufferlib-core==3.0.23' psutil: "
+                                    "docs/benchmarks.md)") or _missing("psutil", "psutil (PufferLib needs it)")
     if why is not None:
         return {"skip": why}
     torch.set_num_threads(1)
@@ -144,14 +202,17 @@ def measure(text: str, seconds: float) -> dict:
     before = rss()
     if runner == "bare":
         rate = bare_loop(workload.name, ENVS, use_policy, seconds)
-        return {"steps_per_s": rate.frames_per_s, "how": rate.how, **_memory(before, {})}
+        return {"steps_per_s": rate.frames_per_s, "how": rate.how, "cpu_per_kstep": rate.cpu_per_kframe,
+                **_memory(before, {})}
     if runner == "bare-at-once":
         rate = at_once(functools.partial(bare_loop, workload.name, ENVS_PER_WORKER, use_policy), WORKERS, seconds)
         return {"steps_per_s": rate.frames_per_s,
                 "how": f"{WORKERS} processes × {ENVS_PER_WORKER} envs, bare loops at once",
-                **_memory(before, {})}
+                "cpu_per_kstep": rate.cpu_per_kframe, **_memory(before, {})}
     if runner in ("collector", "multisync", "multiasync"):
         return _collector(workload, runner, use_policy, seconds, before)
+    if runner in PUFFER:
+        return _puffer(workload, runner, use_policy, seconds, before)
     return _vector(workload, runner, use_policy, seconds, before)
 
 
@@ -163,6 +224,8 @@ def _import_runner(runner: str) -> None:
         import stable_baselines3.common.vec_env  # noqa: F401
     elif runner == "envpool":
         import envpool  # noqa: F401
+    elif runner in PUFFER:
+        import pufferlib.vector  # noqa: F401
 
 
 def _missing(module: str, what: str) -> str | None:
@@ -200,7 +263,9 @@ def _collector(workload: Workload, runner: str, use_policy: bool, seconds: float
         return _memory(before, extra)
 
     rate = collector_rate(make, seconds, warmup=warmup, probe=probe)
-    return {"steps_per_s": rate.frames_per_s, "how": f"rlcollect {rate.how}, frames_per_batch={fpb}", **rate.probed}
+    return {"steps_per_s": rate.frames_per_s, "how": f"rlcollect {rate.how}, frames_per_batch={fpb}",
+            "cpu_per_kstep": rate.cpu_per_kframe, "main_cpu_ms_per_batch": rate.main_cpu_ms_per_batch,
+            **rate.probed}
 
 
 def _vector(workload: Workload, runner: str, use_policy: bool, seconds: float, before: dict) -> dict:
@@ -229,7 +294,8 @@ def _vector(workload: Workload, runner: str, use_policy: bool, seconds: float, b
         how = f"envpool.make_gymnasium({workload.envpool_id!r}, num_envs={ENVS}, num_threads={threads})"
     try:
         rate, extra = _vector_loop(venv, space, ENVS, policy, seconds, first, how)
-        return {"steps_per_s": rate.frames_per_s, "how": how, **_memory(before, extra)}
+        return {"steps_per_s": rate.frames_per_s, "how": how, "cpu_per_kstep": rate.cpu_per_kframe,
+                **_memory(before, extra)}
     finally:
         venv.close()
 
@@ -273,6 +339,10 @@ def workload_config(name: str, use_policy: bool) -> WorkloadConfig:
         Row(f"gymnasium AsyncVectorEnv({ENVS})", key("gym-async", name, policy), ideal=AT_ONCE),
         Row(f"SB3 SubprocVecEnv({ENVS})", key("sb3", name, policy), ideal=AT_ONCE),
         Row(ENVPOOL.format(envs=ENVS, threads=threads), key("envpool", name, policy), ideal=AT_ONCE),
+        Row(f"PufferLib Serial({ENVS})", key("puffer-serial", name, policy), ideal=BARE),
+        Row(f"PufferLib Multiprocessing, {each}, sync", key("puffer-mp", name, policy), ideal=AT_ONCE),
+        Row(f"PufferLib Multiprocessing, {each}, one worker per batch", key("puffer-mp-async", name, policy),
+            ideal=AT_ONCE),
         Row(f"torchrl MultiSync, {each}", torchrl_key("sync", name, trl_policy, workers=WORKERS, envs=ENVS_PER_WORKER,
                                                       frames_per_batch=sync_fpb),
             side="torchrl", ideal=AT_ONCE, delivers_batches=True),

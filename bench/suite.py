@@ -27,6 +27,7 @@ import torch
 from bench.config import CARTPOLE, Config, Row, StartupConfig, Target, WorkloadConfig, cartpole_mlp, torchrl_key
 from bench.measure import Duration, Rate, collector_rate, cpu_share, gym_loop, run_json
 from bench.central import CentralConfig, CentralResult, central_configs
+from bench.mainproc import mainproc_configs
 from bench.multi import BUDGET, multi_configs
 from bench.ray import ray_configs
 from bench.real import real_configs
@@ -94,6 +95,7 @@ CONFIGS: list[Config | StartupConfig | WorkloadConfig] = [
     timed_env_config(SleepEnv, step_time=1e-3, frames_per_batch=200),
     *startup_configs(),  # (listed before the multi-process ones)
     *multi_configs(),
+    *mainproc_configs(),  # the main process's CPU per delivered batch, with the hop count (bench/mainproc.py)
     *real_configs(),  # the real workloads: the longest to run (bench/real.py)
     *central_configs(),  # central against worker inference (bench/central.py)
     *ray_configs(),  # launcher="ray" against "mp" (bench/ray.py)
@@ -115,6 +117,12 @@ class Result:
     at_once_how: str = ""
     bare_fps: float | None = None
     bare_how: str = ""
+    #: CPU seconds per 1,000 frames (process, threads and children) of the ideal's, the
+    #: collector's and torchrl's best rounds; the main process's CPU ms per delivered batch.
+    ideal_cpu: float | None = None
+    collector_cpu: float | None = None
+    torchrl_cpu: float | None = None
+    main_cpu_ms_per_batch: float | None = None
 
     @property
     def ratio(self) -> float:
@@ -224,13 +232,16 @@ def run(configs: Sequence[Config | StartupConfig | WorkloadConfig], seconds: flo
                     log(f"{config.name}: torchrl side failed, no torchrl figure: {err}")
                     use_torchrl = False
                 else:
-                    theirs = max(theirs, Rate(out["fps"], out.get("how", "torchrl")), key=_fps)
+                    theirs = max(theirs, Rate(out["fps"], out.get("how", "torchrl"),
+                                              cpu_per_kframe=out.get("cpu_per_kframe")), key=_fps)
         results.append(Result(
             config.name, ideal.frames_per_s, ideal.how, measured.frames_per_s, measured.how,
             None if theirs is None else theirs.frames_per_s, "" if theirs is None else theirs.how, config.target,
             None if bare_at_once is None else bare_at_once.frames_per_s,
             "" if bare_at_once is None else bare_at_once.how,
             None if bare is None else bare.frames_per_s, "" if bare is None else bare.how,
+            ideal.cpu_per_kframe, measured.cpu_per_kframe, None if theirs is None else theirs.cpu_per_kframe,
+            measured.main_cpu_ms_per_batch,
         ))
     return results
 
@@ -310,6 +321,11 @@ class WorkloadResult:
             return None
         return r.steps_per_s / envpool.steps_per_s
 
+    def cpu_per_kframe(self, r: RowResult) -> float | None:
+        """CPU seconds per 1,000 frames (``frames_per_step`` frames a step)."""
+        per_kstep = r.mem("cpu_per_kstep")
+        return None if per_kstep is None else per_kstep / self.config.frames_per_step
+
     @staticmethod
     def rss_growth(r: RowResult) -> float | None:
         """Main-process RSS at the end of the window over what it was just before the run was
@@ -345,6 +361,7 @@ class WorkloadResult:
                 "frames_per_s": None if r.steps_per_s is None else r.steps_per_s * self.config.frames_per_step,
                 "how": r.how, "note": r.note, "memory": r.memory, "ratio": self.ratio(r),
                 "overhead_us_per_step": self.overhead_us(r), "vs_envpool": self.vs_envpool(r),
+                "cpu_s_per_kframe": self.cpu_per_kframe(r),
                 "rss_growth_bytes": self.rss_growth(r), "rss_of_batch": self.rss_of_batch(r),
                 "shm_bytes_per_frame": self.shm_per_frame(r),
                 "targets": [{"target": t.describe(), "met": met} for t, met in self.targets(r)],
@@ -372,6 +389,7 @@ def _run_workload(config: WorkloadConfig, per_round: float, rounds: int, log: Ca
                 if row.side == "torchrl":
                     out = torchrl_measure(torchrl_python, row.key, per_round)
                     out["steps_per_s"] = out.pop("fps", None)
+                    out["cpu_per_kstep"] = out.pop("cpu_per_kframe", None)  # its frames are the env steps
                 else:
                     out = real_measure(row.key, per_round)
             except RuntimeError as err:
@@ -400,27 +418,33 @@ def format_workload_table(result: WorkloadResult) -> str:
     "main RSS": the main process's resident memory at the end of the window, "+RSS" its growth
     since just before the run was built, "+RSS/batch" that over the bytes of the batch it holds;
     "shm": the /dev/shm the main process maps, and that per frame of one delivery (a batch, or
-    one step of a vector env). Targets: met, MISSED, or n/a when a figure is missing."""
+    one step of a vector env); "CPU s/1k frames": CPU seconds per 1,000 frames (the process, its
+    threads and its child processes, over the timed window); "main CPU ms/batch": the collector's
+    main process's own CPU per delivered batch. Targets: met, MISSED, or n/a when a figure is
+    missing."""
     fps = result.config.frames_per_step
-    header = ("row", "steps/s", f"frames/s (×{fps})", "of ideal", "overhead µs/step", "/envpool", "main RSS MiB",
+    header = ("row", "steps/s", f"frames/s (×{fps})", "of ideal", "overhead µs/step", "/envpool",
+              "CPU s/1k frames", "main CPU ms/batch", "main RSS MiB",
               "+RSS MiB", "batch MiB", "+RSS/batch", "shm MiB", "shm B/frame", "targets")
     rows = []
     for r in result.rows:
         if r.steps_per_s is None:
-            rows.append((r.row.label, "", "", "", "", "", "", "", "", "", "", "", f"not measured: {r.note}"))
+            rows.append((r.row.label, *[""] * (len(header) - 2), f"not measured: {r.note}"))
             continue
-
-        def num(value: float | None, spec: str) -> str:
-            return "" if value is None else format(value, spec)
-
+        num = _num
         rows.append((
             r.row.label, f"{r.steps_per_s:,.0f}", f"{r.steps_per_s * fps:,.0f}", num(result.ratio(r), ".2f"),
-            num(result.overhead_us(r), ".1f"), num(result.vs_envpool(r), ".2f"), _mb(r.mem("rss_VmRSS")),
+            num(result.overhead_us(r), ".1f"), num(result.vs_envpool(r), ".2f"),
+            num(result.cpu_per_kframe(r), ".3f"), num(r.mem("main_cpu_ms_per_batch"), ".3f"), _mb(r.mem("rss_VmRSS")),
             _mb(result.rss_growth(r)), _mb(r.mem("batch_bytes")) if r.row.delivers_batches else "",
             num(result.rss_of_batch(r), ".2f"), _mb(r.mem("shm_bytes")), num(result.shm_per_frame(r), ",.0f"),
             "; ".join(_target_cell(t, met) for t, met in result.targets(r)),
         ))
     return _markdown(header, rows)
+
+
+def _num(value: float | None, spec: str) -> str:
+    return "" if value is None else format(value, spec)
 
 
 def _fps(rate: Rate | None) -> float:
@@ -451,9 +475,14 @@ def format_table(results: Sequence[Result]) -> str:
     configurations; it shows how much of the ideal the machine gives now, when other jobs share
     it). "workers × bare": workers × one bare loop measured alone, where the ideal is defined
     rather than measured (``SleepEnv`` / ``BusyEnv`` workers: a 1 ms sleep takes longer than
-    1 ms). The torchrl columns are blank when torchrl was not measured."""
+    1 ms). "CPU s/1k frames": CPU seconds per 1,000 frames of the ideal loop, the collector and
+    torchrl's collector (the process, its threads and its child processes: the workers); "main
+    CPU ms/batch": the collector's main process's own CPU per delivered batch. The torchrl
+    columns are blank when torchrl was not measured."""
     header = ("config", "ideal fps", "collector fps", "ratio", "overhead µs/frame", "bare at once fps",
-              "of at once", "workers × bare fps", "of workers × bare", "torchrl fps", "ours/torchrl", "target")
+              "of at once", "workers × bare fps", "of workers × bare", "torchrl fps", "ours/torchrl",
+              "ideal CPU s/1k frames", "ours CPU s/1k frames", "torchrl CPU s/1k frames", "main CPU ms/batch",
+              "target")
     rows = [
         (
             r.config, f"{r.ideal_fps:,.0f}", f"{r.collector_fps:,.0f}", f"{r.ratio:.2f}", f"{r.overhead_us:.1f}",
@@ -463,6 +492,8 @@ def format_table(results: Sequence[Result]) -> str:
             "" if r.of_bare is None else f"{r.of_bare:.2f}",
             "" if r.torchrl_fps is None else f"{r.torchrl_fps:,.0f}",
             "" if r.vs_torchrl is None else f"{r.vs_torchrl:.1f}",
+            _num(r.ideal_cpu, ".3f"), _num(r.collector_cpu, ".3f"), _num(r.torchrl_cpu, ".3f"),
+            _num(r.main_cpu_ms_per_batch, ".3f"),
             _target_cell(r.target, r.target_met),
         )
         for r in results

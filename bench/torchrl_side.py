@@ -30,7 +30,9 @@ prints one JSON line: ``{"fps": ..., "how": ...}``, or for ``collector=first-bat
 Throughput: one construction, one warmup batch and more until 0.5 s (multi-process) have
 passed, then frames over ``seconds``; one torch thread in the main process, as on our side.
 The JSON also holds the main process's memory at the end of the window, read as on our side
-(``rss_*``, ``shm_bytes``, ``batch_bytes``; ``rss_before`` just before the collector is built).
+(``rss_*``, ``shm_bytes``, ``batch_bytes``; ``rss_before`` just before the collector is built),
+and the CPU of the window as on our side (``cpu_per_kframe``: the process and its workers, per
+1,000 frames; ``main_cpu_ms_per_batch``: the main process alone, per batch).
 """
 
 from __future__ import annotations
@@ -197,14 +199,20 @@ def measure_fps(spec: dict, seconds: float) -> dict:
         next(batches)
         while time.perf_counter() < warmup_end:
             next(batches)
-        frames = 0
+        frames = delivered = 0
+        cpu = workloads.cpu_seconds()["total"]
+        main_cpu = time.process_time()
         start = time.perf_counter()
         while True:
             batch = next(batches)
             frames += batch.numel()
+            delivered += 1
             elapsed = time.perf_counter() - start
             if elapsed >= seconds:
-                memory = {"rss_before": before["VmRSS"], **{f"rss_{k}": v for k, v in workloads.rss().items()},
+                main_cpu = time.process_time() - main_cpu
+                cpu = workloads.cpu_seconds()["total"] - cpu
+                memory = {"cpu_per_kframe": cpu / frames * 1e3, "main_cpu_ms_per_batch": main_cpu / delivered * 1e3,
+                          "rss_before": before["VmRSS"], **{f"rss_{k}": v for k, v in workloads.rss().items()},
                           "shm_bytes": workloads.shm_bytes(), "batch_bytes": workloads.nbytes(batch),
                           "frames_per_delivery": batch.numel()}
                 return {"fps": frames / elapsed, "how": f"torchrl {type(collector).__name__}", **memory}

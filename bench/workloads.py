@@ -148,3 +148,50 @@ def nbytes(value) -> int:
     if isinstance(value, (list, tuple)):
         return sum(nbytes(v) for v in value)
     return 0
+
+
+# -- CPU time of a process and its children --------------------------------------------------------
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _stat(pid: int) -> tuple[int, float] | None:
+    """(parent pid, user + system CPU seconds) of ``pid`` from ``/proc/PID/stat``; None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces: the fields that follow start after its ")".
+    fields = text[text.rindex(")") + 2:].split()
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def cpu_seconds(pid: int | None = None) -> dict[str, float]:
+    """CPU seconds (user + system, all threads) spent so far by a process (``main``) and by it
+    with its live descendants and the children it has reaped (``total``): worker processes,
+    gymnasium's or SB3's env processes, EnvPool's threads (threads count in ``main``).
+
+    A window's CPU is the difference of two readings; a child that exits inside the window
+    without being reaped is not counted (read after the workers are joined, or while they run)."""
+    import resource
+
+    root = pid or os.getpid()
+    stats = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            found = _stat(int(entry))
+            if found is not None:
+                stats[int(entry)] = found
+    children: dict[int, list[int]] = {}
+    for child, (parent, _) in stats.items():
+        children.setdefault(parent, []).append(child)
+    main = stats.get(root, (0, 0.0))[1]
+    total, todo = 0.0, [root]
+    while todo:
+        current = todo.pop()
+        total += stats.get(current, (0, 0.0))[1]
+        todo.extend(children.get(current, ()))
+    if pid is None:
+        reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+        total += reaped.ru_utime + reaped.ru_stime
+    return {"main": main, "total": total}

@@ -96,7 +96,7 @@ def test_run_measures_torchrl_in_each_round_and_keeps_the_best(monkeypatch):
     assert a.target_met is False
     assert b.torchrl_fps is None and b.vs_torchrl is None and b.target_met is True
     table = suite.format_table([a, b])
-    assert "|         300 |          2.7 | ≥ 5× torchrl: MISSED |" in table
+    assert "|         300 |          2.7 |" in table and "| ≥ 5× torchrl: MISSED |" in table
     assert a.at_once_fps is None and a.of_at_once is None
     assert "≥ 0.9× ideal: met" in table
     assert json.dumps(a.as_dict())  # serialisable, target included as text
@@ -109,7 +109,7 @@ def test_run_without_torchrl_leaves_its_columns_blank(monkeypatch):
     assert result.torchrl_fps is None
     row = suite.format_table([result]).splitlines()[-1]
     cells = [cell.strip() for cell in row.split("|")[1:-1]]
-    assert cells == ["a", "1,000", "500", "0.50", "1000.0", "", "", "", "", "", "", ""]
+    assert cells == ["a", "1,000", "500", "0.50", "1000.0", "", "", "", "", "", "", "", "", "", "", ""]
 
 
 def test_a_failing_torchrl_side_is_logged_and_not_retried(monkeypatch):
@@ -242,7 +242,7 @@ def test_the_suite_lists_the_real_workloads_and_only_selects_them(capsys):
 def test_every_real_row_has_a_key_its_side_understands_and_the_issue_targets():
     for config in real.real_configs():
         labels = [row.label for row in config.rows]
-        assert labels[:2] == [real.AT_ONCE, real.BARE] and len(labels) == 10
+        assert labels[:2] == [real.AT_ONCE, real.BARE] and len(labels) == 13
         for row in config.rows:
             if row.side == "torchrl":
                 spec = torchrl_side.parse_key(row.key)
@@ -350,9 +350,9 @@ def test_a_real_workload_keeps_each_rows_best_round_and_its_memory(monkeypatch):
     header, _, *lines = table.splitlines()
     assert "frames/s (×4)" in header
     cells = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in lines}
-    assert cells["ours"][:6] == ["1,150", "4,600", "0.96", "36.2", "1.15", "311.5"]
-    assert cells["ours"][6:11] == ["11.5", "8.0", "1.44", "28.0", "114,688"]
-    assert cells["ours"][11] == "≥ 0.9× ideal: met; ≥ 1× envpool: met; ≤ 1.25× the batch it holds: MISSED"
+    assert cells["ours"][:8] == ["1,150", "4,600", "0.96", "36.2", "1.15", "", "", "311.5"]  # (no CPU read here)
+    assert cells["ours"][8:13] == ["11.5", "8.0", "1.44", "28.0", "114,688"]
+    assert cells["ours"][13] == "≥ 0.9× ideal: met; ≥ 1× envpool: met; ≤ 1.25× the batch it holds: MISSED"
     assert cells["sb3"][-1].startswith("not measured: stable-baselines3")
     assert cells["at once"][2:4] == ["", ""]
     out = result.as_dict()
@@ -410,7 +410,7 @@ def one_thread_then_restored():
 @pytest.mark.parametrize("runner", real.RUNNERS)
 @_needs("mujoco")
 def test_every_real_row_runs_on_halfcheetah(runner, one_thread_then_restored):
-    extra = {"sb3": "stable_baselines3", "envpool": "envpool"}.get(runner)
+    extra = {"sb3": "stable_baselines3", "envpool": "envpool", **dict.fromkeys(real.PUFFER, "pufferlib")}.get(runner)
     policy = "policy" if runner in ("multisync", "bare-at-once", "gym-async") else "random"
     out = real.measure(real.key(runner, "HalfCheetah", policy), 0.2)
     if extra is not None:
@@ -421,14 +421,18 @@ def test_every_real_row_runs_on_halfcheetah(runner, one_thread_then_restored):
             return
     assert out["steps_per_s"] > 0 and out["rss_VmRSS"] > out["rss_RssShmem"] >= 0
     assert out["rss_before"] > 0 and out["shm_bytes"] >= 0
+    assert out["cpu_per_kstep"] >= 0  # clock ticks of 10 ms: a tiny window may read none
     if runner in ("collector", "multisync", "multiasync"):
+        assert out["main_cpu_ms_per_batch"] >= 0
         batch = real.frames_per_batch(workloads.WORKLOADS["HalfCheetah"], runner)
         assert out["frames_per_delivery"] == batch and out["batch_bytes"] > batch * 17 * 4 * 2  # obs and next obs
     if runner in ("multisync", "multiasync"):
         assert out["shm_bytes"] >= out["batch_bytes"]  # the workers' slots are mapped from /dev/shm
         assert out["batches"] >= 1 and 0.0 <= out["main_wait_share"] <= 1.0 and out["main_busy_ms_per_batch"] >= 0
-    if runner in ("envpool", "sb3"):
+    if runner in ("envpool", "sb3", "puffer-serial", "puffer-mp"):
         assert out["frames_per_delivery"] == real.ENVS
+    if runner == "puffer-mp-async":
+        assert out["frames_per_delivery"] == real.ENVS_PER_WORKER
 
 
 @pytest.mark.timeout(180)
@@ -471,3 +475,76 @@ def test_the_central_inference_rows_measure_and_tabulate():
     assert table.splitlines()[0].startswith("CartPole (MLP 2x256), 2 workers x 8 envs, MultiSyncCollector")
     assert len(table.splitlines()) == 3 + len(central.ROWS)
     assert result.ratio("worker") == rows["worker"]["steps_per_s"] / rows["ideal"]["steps_per_s"]
+
+
+# -- CPU per 1,000 frames and the main process's CPU per batch (issue 34 items 2 and 4) -------------
+_SPIN_CHILD = "import time\nend = time.perf_counter() + 0.3\nwhile time.perf_counter() < end: pass"
+
+
+@pytest.mark.timeout(60)
+def test_cpu_seconds_counts_a_live_child_and_then_the_reaped_one():
+    import subprocess
+
+    before = workloads.cpu_seconds()
+    child = subprocess.Popen([sys.executable, "-S", "-c", _SPIN_CHILD])
+    try:
+        while child.poll() is None and workloads._stat(child.pid) is not None and workloads._stat(child.pid)[1] < 0.05:
+            pass  # spin until the child has been seen spending CPU
+        live = workloads.cpu_seconds()
+    finally:
+        child.wait()
+    after = workloads.cpu_seconds()
+    assert live["total"] - live["main"] >= before["total"] - before["main"] + 0.04  # the child, alive (10 ms ticks)
+    assert after["total"] - after["main"] >= live["total"] - live["main"]  # the child, reaped: still counted
+    assert workloads.cpu_seconds(os.getpid())["main"] >= before["main"]
+
+
+def test_a_window_reports_its_cpu_per_thousand_frames():
+    from bench.measure import Window, measure_for
+
+    assert Window(frames=4000, seconds=2.0, cpu_s=1.0).cpu_per_kframe == 0.25
+    window = measure_for(lambda: 1, 0.2)
+    assert window.frames > 0 and window.seconds >= 0.2 and window.cpu_s >= 0
+
+
+def test_the_table_shows_the_cpu_columns():
+    result = suite.Result("a", 1000.0, "bare", 500.0, "ours", ideal_cpu=0.5, collector_cpu=1.25, torchrl_cpu=2.0,
+                          main_cpu_ms_per_batch=0.0625)
+    header, _, row = suite.format_table([result]).splitlines()
+    names = [cell.strip() for cell in header.split("|")[1:-1]]
+    cells = dict(zip(names, (cell.strip() for cell in row.split("|")[1:-1])))
+    assert cells["ideal CPU s/1k frames"] == "0.500" and cells["ours CPU s/1k frames"] == "1.250"
+    assert cells["torchrl CPU s/1k frames"] == "2.000" and cells["main CPU ms/batch"] == "0.062"
+
+
+def test_a_real_rows_cpu_is_shown_per_thousand_frames():
+    config = WorkloadConfig("Fake", "FakeEnv-v0", 4, (Row("ours", "runner=bare workload=Pong policy=random"),))
+    row = suite.RowResult(config.rows[0], 1000.0, "ours", {"cpu_per_kstep": 2.0, "main_cpu_ms_per_batch": 0.5})
+    result = suite.WorkloadResult(config, [row])
+    assert result.cpu_per_kframe(row) == 0.5  # 4 frames a step
+    header, _, line = suite.format_workload_table(result).splitlines()
+    cells = dict(zip((c.strip() for c in header.split("|")[1:-1]), (c.strip() for c in line.split("|")[1:-1])))
+    assert cells["CPU s/1k frames"] == "0.500" and cells["main CPU ms/batch"] == "0.500"
+    assert result.as_dict()["rows"][0]["cpu_s_per_kframe"] == 0.5
+
+
+def test_the_pufferlib_rows_are_in_every_real_workload():
+    for config in real.real_configs():
+        keys = [real.parse_key(row.key)["runner"] for row in config.rows if row.side == "ours"]
+        assert [k for k in keys if k.startswith("puffer")] == list(real.PUFFER)
+
+
+@pytest.mark.timeout(180)
+def test_the_main_process_rows_measure_cpu_per_batch_and_count_hops():
+    from bench import mainproc
+    from rlcollect import MultiSyncCollector
+
+    out = mainproc.main_cpu_per_batch(MultiSyncCollector, 200, 0.3)
+    assert out["batches"] >= 1 and out["cpu_ms"] > 0 and out["wall_ms"] > 0
+    row = mainproc.MainProcessRow("MultiSync", 200, cpu_ms=[0.2, 0.05, 0.08], wall_ms=[3.0, 2.0, 1.0], batches=9,
+                                  hops=15)
+    assert row.median_cpu_ms == 0.08 and row.met
+    table = mainproc.MainProcessResult([row]).table()
+    assert "| MultiSync, CartPole random, 2 workers (fork) | 200 | 0.080 | 0.200/0.050/0.080 | 2.00 | 9 | 15 |" in table
+    assert table.endswith("≤ 0.1 ms: met |")
+    assert json.dumps(mainproc.MainProcessResult([row]).as_dict())
