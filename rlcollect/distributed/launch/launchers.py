@@ -156,7 +156,10 @@ class MpLauncher(Launcher):
         try:
             command = [sys.executable, "-c", BOOTSTRAP, str(read), *node_command(
                 master_addr, master_port, rank, world_size, timeout, rank0_timeout=self.rank0_timeout)[2:]]
-            self.processes[rank] = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, pass_fds=(read,))
+            # A process group of its own (nodes ignore SIGINT: a Ctrl-C is rank 0's to handle), so
+            # that a node is killed with what it started: its watcher, its envs' processes.
+            self.processes[rank] = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, pass_fds=(read,),
+                                                    start_new_session=True)
             os.write(write, self.secret + b"\n")
         except BaseException:
             os.close(write)
@@ -171,9 +174,13 @@ class MpLauncher(Launcher):
             os.close(fd)
 
     def kill(self, rank: int, timeout: float = 5.0) -> None:
+        """Kill node ``rank`` and its process group (its watcher, its envs' processes: a stopped
+        watcher would otherwise outlive the run)."""
         process = self.processes.get(rank)
-        if process is not None and process.poll() is None:
-            process.kill()
+        if process is not None:
+            end_group(process.pid, signal.SIGKILL)
+            if process.poll() is None:
+                process.kill()
             process.wait(timeout)
         self._close_pipe(rank)
 
@@ -191,8 +198,21 @@ class MpLauncher(Launcher):
         try:
             _stop_processes(list(self.processes.values()), timeout)
         finally:
+            for process in self.processes.values():  # what a node left behind (a stopped watcher)
+                end_group(process.pid, signal.SIGKILL)
             for rank in list(self.pipes):
                 self._close_pipe(rank)
+
+
+def end_group(pgid: int, sig: int) -> bool:
+    """Send ``sig`` to process group ``pgid`` (a node's: it leads its own); False when there is
+    no such group (nothing of it is left; a group id stays reserved while a member lives, so a
+    recycled pid is never hit)."""
+    try:
+        os.killpg(pgid, sig)
+    except OSError:
+        return False
+    return True
 
 
 def _stop_processes(processes: list[subprocess.Popen], timeout: float) -> None:
