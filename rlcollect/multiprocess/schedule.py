@@ -83,6 +83,66 @@ class ScheduleRecorder:
             self.file = None
 
 
+#: The fields of each line type of a schedule file, with what each accepts.
+_FIELDS: dict[str, dict[str, tuple[str, Any]]] = {
+    "batch": {"worker": ("a worker index", "worker"), "version": ("an int", int), "random": ("a bool", bool),
+              "outcome": ("'deliver' or 'drop'", ("deliver", "drop"))},
+    "restart": {"worker": ("a worker index", "worker"), "after": ("an int >= 0", "count")},
+    "seed": {"seed": ("an int", int)},
+}
+
+
+def read_schedule(path: Any, num_workers: int) -> list[dict]:
+    """The lines of schedule file ``path``, each checked: ``ValueError`` naming the file, the
+    line and what is wrong (bytes that are not UTF-8, a line cut mid-way, a missing field, a
+    worker index out of range or of the wrong type...)."""
+    with open(path, "rb") as f:
+        raw = f.read().split(b"\n")
+    lines: list[dict] = []
+    for n, data in enumerate(raw, 1):
+        if not data.strip():
+            continue
+
+        def bad(what: str, n: int = n) -> ValueError:
+            return ValueError(f"replay={str(path)!r}, line {n}: {what}; a schedule is written by "
+                              "MultiAsyncCollector(record=...)")
+
+        try:
+            line = json.loads(data.decode("utf-8"))
+        except UnicodeDecodeError as err:
+            raise bad(f"not UTF-8 text ({err.reason} at byte {err.start})") from None
+        except json.JSONDecodeError as err:
+            raise bad(f"not a JSON line ({err.msg} at column {err.colno}: cut mid-way?)") from None
+        if not isinstance(line, dict):
+            raise bad(f"a JSON object is expected, got {type(line).__name__}")
+        if not lines:
+            if line.get("type") != "header" or line.get("format") != SCHEDULE_FORMAT:
+                raise bad(f"the header (type 'header', format {SCHEDULE_FORMAT!r}) is expected")
+            if type(line.get("num_workers")) is not int or line["num_workers"] < 1:
+                raise bad(f"num_workers must be an int >= 1, got {line.get('num_workers')!r}")
+            lines.append(line)
+            continue
+        fields = _FIELDS.get(line.get("type"))  # type: ignore[arg-type]
+        if fields is None:
+            raise bad(f"type must be one of {sorted(_FIELDS)}, got {line.get('type')!r}")
+        for name, (accepted, kind) in fields.items():
+            if name not in line:
+                raise bad(f"a {line['type']!r} line needs {name!r} ({accepted})")
+            value = line[name]
+            ok = (value in kind if isinstance(kind, tuple)
+                  else type(value) is int and 0 <= value < num_workers if kind == "worker"
+                  else type(value) is int and value >= 0 if kind == "count"
+                  else type(value) is kind)
+            if not ok:
+                if kind == "worker":
+                    accepted = f"an int in [0, {num_workers}) (this collector's workers)"
+                raise bad(f"{name} must be {accepted}, got {value!r}")
+        lines.append(line)
+    if not lines:
+        raise ValueError(f"replay={str(path)!r} is empty: not a schedule written by MultiAsyncCollector(record=...)")
+    return lines
+
+
 class ScheduleReplay:
     """A recorded schedule (``ScheduleRecorder``'s file), consumed as the replay goes.
 
@@ -94,10 +154,7 @@ class ScheduleReplay:
     replaying = True
 
     def __init__(self, path: Any, num_workers: int):
-        with open(path, encoding="utf-8") as f:
-            lines = [json.loads(line) for line in f if line.strip()]
-        if not lines or lines[0].get("type") != "header" or lines[0].get("format") != SCHEDULE_FORMAT:
-            raise ValueError(f"replay={path!r} is not a schedule written by MultiAsyncCollector(record=...)")
+        lines = read_schedule(path, num_workers)
         if lines[0]["num_workers"] != num_workers:
             raise ValueError(f"replay={path!r} was recorded with {lines[0]['num_workers']} workers, this collector "
                              f"has {num_workers}")

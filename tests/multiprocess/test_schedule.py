@@ -101,3 +101,33 @@ def test_record_and_replay_arguments_are_checked(tmp_path):
     with pytest.raises(ValueError, match="weight_sync_schemes must be None or"):
         MultiAsyncCollector(sleepy(0.0), NoisyPolicy(), num_workers=1, frames_per_batch=4, replay=tmp_path / "a",
                             weight_sync_schemes={"policy": "shared"})
+
+
+# Issue 36, item 6: a damaged replay file is an error naming the file, the line and what is wrong
+# (a raw JSONDecodeError, IndexError, TypeError, KeyError or UnicodeDecodeError before).
+_HEADER = '{"type": "header", "format": %d, "num_workers": 2}\n'
+_BATCH = '{"type": "batch", "worker": 0, "version": 0, "random": true, "outcome": "deliver"}\n'
+
+
+@pytest.mark.parametrize("body,what", [
+    (_BATCH[:30], r"line 2: not a JSON line \(.* cut mid-way\?\)"),
+    (_BATCH.replace('"worker": 0', '"worker": 5'), r"line 2: worker must be an int in \[0, 2\) \(this collector's "
+                                                   r"workers\), got 5"),
+    (_BATCH.replace('"worker": 0', '"worker": "0"'), r"line 2: worker must be an int in \[0, 2\) .*got '0'"),
+    (_BATCH.replace('"worker": 0', '"worker": true'), r"line 2: worker must be an int in \[0, 2\) .*got True"),
+    (_BATCH.replace('"version": 0, ', ''), r"line 2: a 'batch' line needs 'version' \(an int\)"),
+    ('{"type": "restart", "worker": 1}\n', r"line 2: a 'restart' line needs 'after' \(an int >= 0\)"),
+    ('{"type": "seed", "seed": 1.5}\n', r"line 2: seed must be an int, got 1.5"),
+    ('{"type": "launch"}\n', r"line 2: type must be one of \['batch', 'restart', 'seed'\], got 'launch'"),
+    ('[1, 2]\n', r"line 2: a JSON object is expected, got list"),
+    (_BATCH + '{"type": "seed", "seed": "\xff"}\n', r"line 3: not UTF-8 text \(invalid start byte at byte 26\)"),
+], ids=["cut", "worker-range", "worker-str", "worker-bool", "missing", "missing-after", "seed-float", "type", "list",
+        "not-utf8"])
+def test_a_damaged_replay_file_names_the_file_the_line_and_what_is_wrong(tmp_path, body, what):
+    from rlcollect.multiprocess.schedule import SCHEDULE_FORMAT, ScheduleReplay
+
+    path = tmp_path / "run.jsonl"
+    path.write_bytes((_HEADER % SCHEDULE_FORMAT + body).encode("utf-8").replace(b"\xc3\xbf", b"\xff"))
+    with pytest.raises(ValueError, match=rf"^replay='{path}', {what}; a schedule is written by "
+                                         r"MultiAsyncCollector\(record=\.\.\.\)$"):
+        ScheduleReplay(path, 2)

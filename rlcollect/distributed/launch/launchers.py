@@ -346,6 +346,7 @@ class SubmititLauncher(Launcher):
 
         if self.secret_file is None:  # a 0600 file in the job folder, removed at stop
             folder = (self.slurm_kwargs or {}).get("folder", "rlcollect-submitit")
+            private_folder(folder)  # 0700 before the secret is in it (or refused when shared)
             self.secret_file = self._own_file = write_secret_file(self.secret, os.path.abspath(str(folder)))
         self._launch = (master_addr, master_port, world_size, timeout, (os.getpid(), socket.gethostname()))
         self.jobs = dict(zip(range(1, world_size), self._submit(list(range(1, world_size)))))
