@@ -54,7 +54,7 @@ $(STAMP_DEMO): $(STAMP_BASE)
 
 $(STAMP): $(STAMP_BASE)
 	@echo "[$(VENV)] pip: installing rlcollect (editable) with every extra (tests, docs, envs, ray, loggers, ...)"
-	$(PY) -m pip install --quiet -e '.[test,docs,slurm,examples,atari,mujoco,envpool,tensorboard,bench,ray,wandb,mlflow,hydra]'
+	$(PY) -m pip install --quiet -e '.[test,docs,slurm,examples,atari,mujoco,envpool,tensorboard,bench,ray,wandb,mlflow,hydra,marl]'
 	touch $(STAMP) $(STAMP_DEMO)
 
 test: lint docs test-main test-torchrl

@@ -18,7 +18,9 @@ _EXPORTS = {
     "EnvPoolEnv": "rlcollect.envs.envpool",
     "FaultyEnv": "rlcollect.envs.testing",
     "GymEnv": "rlcollect.envs.gym",
+    "GroupedEnv": "rlcollect.envs.grouped",
     "InjectedFault": "rlcollect.envs.testing",
+    "PettingZooEnv": "rlcollect.envs.pettingzoo",
     "SerialEnv": "rlcollect.envs.serial",
     "SleepEnv": "rlcollect.envs.testing",
     "TensorDictEnvAdapter": "rlcollect.envs.adapter",
@@ -47,7 +49,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from rlcollect.envs.adapter import TensorDictEnvAdapter, as_env, make_env
     from rlcollect.envs.base import ArraySpec, EnvBase
     from rlcollect.envs.envpool import EnvPoolEnv
+    from rlcollect.envs.grouped import GroupedEnv
     from rlcollect.envs.gym import GymEnv
+    from rlcollect.envs.pettingzoo import PettingZooEnv
     from rlcollect.envs.serial import SerialEnv
     from rlcollect.envs.testing import BusyEnv, CountingEnv, FaultyEnv, InjectedFault, SleepEnv
     from rlcollect.envs.vector import VectorEnv

@@ -196,4 +196,6 @@ class GroupedEnv(EnvBase):
             close()
 
     def __repr__(self) -> str:
-        return f"{type(self.env).__name__}(batch_size={list(self.batch_size)})"
+        name = getattr(self.env, "name", None) if type(self.env).__module__.startswith("rlcollect.") else None
+        label = f"{name}, " if isinstance(name, str) else ""
+        return f"{type(self.env).__name__}({label}batch_size={list(self.batch_size)})"

@@ -1,0 +1,249 @@
+"""PettingZoo's parallel API as a grouped TensorDict env (``envs/grouped.py``), without torchrl.
+
+Every agent of ``possible_agents`` has a slot of the group ``"agents"`` (they must share one
+observation space and one action space), so the batch's shapes never change:
+
+- root: ``("agents", "observation")`` ``(n_agents, *obs)``, ``("agents", "mask")`` ``(n_agents,)``
+  (True: the agent is in the episode and acts at this step), ``("agents", "action_mask")``
+  ``(n_agents, n_actions)`` when the env gives action masks (a ``Dict`` observation with an
+  ``"action_mask"``, or ``infos[agent]["action_mask"]``), the done flags ``"done"``,
+  ``"terminated"``, ``"truncated"`` ``(1,)``;
+- ``("agents", "action")``: ``(n_agents,)`` int64 for a ``Discrete`` space, ``(n_agents, d)``
+  float32 for a ``Box`` (the actions of agents not in the episode are not sent to the env);
+- ``"next"``: the observations, ``("agents", "reward")`` ``(n_agents, 1)``, each agent's
+  ``"terminated"``, ``"truncated"`` and ``"done"`` ``(n_agents, 1)``, ``("agents", "mask")``
+  (True: the agent acted at this step, so its next entries are real), and the episode's done
+  flags ``(1,)``.
+
+An agent that leaves early (terminated or truncated while others go on) has its real last step,
+then zeros and ``mask`` False until the episode ends, which is when no agent is left (PettingZoo's
+``env.agents`` empty). The episode's done flags are the env's only done keys, so a trajectory
+id covers a whole episode; the agents' flags are data.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlcollect.envs.base import numpy_dtype, torch_dtype
+
+AGENTS = "agents"
+_FLAGS = ("done", "terminated", "truncated")
+
+
+def is_parallel_env(env: Any) -> bool:
+    """Whether ``env`` looks like a PettingZoo ``ParallelEnv`` (duck typing: PettingZoo is
+    imported only where one is used)."""
+    return (hasattr(env, "possible_agents") and callable(getattr(env, "observation_space", None))
+            and hasattr(env, "step") and not hasattr(env, "agent_selection"))
+
+
+class PettingZooEnv:
+    """A PettingZoo parallel env, as a grouped TensorDict env any rlcollect collector takes
+    (a raw ``ParallelEnv`` given to a collector is wrapped in this).
+
+    Args:
+        env: a PettingZoo ``ParallelEnv`` whose agents share one observation and one action
+            space (``Discrete`` or ``Box`` actions).
+
+    Example:
+        >>> from mpe2 import simple_spread_v3
+        >>> from rlcollect import Collector
+        >>> env = PettingZooEnv(simple_spread_v3.parallel_env(N=3, max_cycles=5))
+        >>> c = Collector(env, frames_per_batch=8)
+        >>> batch = next(iter(c))
+        >>> batch["next", "agents", "reward"].shape, batch["agents", "action"].dtype
+        (torch.Size([8, 3, 1]), torch.int64)
+        >>> c.shutdown()
+    """
+
+    batch_size = torch.Size([])
+    device = torch.device("cpu")
+    action_keys = [(AGENTS, "action")]
+    reward_keys = [(AGENTS, "reward")]
+    done_keys = list(_FLAGS)
+
+    def __init__(self, env: Any):
+        if not is_parallel_env(env):
+            raise TypeError(f"PettingZooEnv takes a PettingZoo ParallelEnv (possible_agents, observation_space(agent), "
+                            f"step), got {type(env).__name__}")
+        self.env = env
+        self.agents = list(env.possible_agents)
+        self.name = getattr(getattr(env, "metadata", None) or {}, "get", lambda *_: None)("name") or type(env).__name__
+        spaces = {(repr(env.observation_space(a)), repr(env.action_space(a))) for a in self.agents}
+        if len(spaces) > 1:
+            raise TypeError(f"env {self.name}: its agents {self.agents} have different observation or action spaces; "
+                            "PettingZooEnv stacks them in one group and needs them equal (pad them in a wrapper)")
+        obs_space, act_space = env.observation_space(self.agents[0]), env.action_space(self.agents[0])
+        self._masked = hasattr(obs_space, "spaces") and "action_mask" in obs_space.spaces
+        if self._masked:
+            obs_space = obs_space.spaces["observation"]
+        self._obs_shape, self._obs_dtype = tuple(obs_space.shape), torch_dtype(np.dtype(obs_space.dtype))
+        self._discrete = hasattr(act_space, "n")
+        self._n_actions = int(act_space.n) if self._discrete else None
+        self._action = ((), torch.int64) if self._discrete else (tuple(act_space.shape), torch.float32)
+        self._info_masks = False  # learnt at the first reset: infos carry action masks
+        self._max_steps: int | None = None
+        self._steps = 0
+        self._seed: int | None = None
+        self._live = torch.zeros(len(self.agents), dtype=torch.bool)
+        self._probed = False
+
+    # -- the grouped-env interface -------------------------------------------------------------
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        """The next reset uses ``seed`` (PettingZoo seeds at reset); returns ``seed + 1``."""
+        self._seed = int(seed)
+        return int(seed) if static_seed else int(seed) + 1
+
+    def limit_steps(self, max_steps: int) -> None:
+        """Truncate every episode after ``max_steps`` steps (``max_frames_per_traj``)."""
+        self._max_steps = int(max_steps)
+
+    def fake_tensordict(self):
+        """Zeros in the layout of one step (root and ``"next"``). The first call of an env with
+        discrete actions resets it, to learn whether its infos carry action masks."""
+        if self._discrete and not self._masked and not self._probed:
+            self.reset()
+        td = self._root(self._zeros_obs(), torch.zeros(len(self.agents), dtype=torch.bool), None)
+        td.set(self.action_keys[0], torch.zeros(len(self.agents), *self._action[0], dtype=self._action[1]))
+        td.set("next", self._next(self._zeros_obs(), torch.zeros(len(self.agents), 1), *(
+            torch.zeros(len(self.agents), 1, dtype=torch.bool) for _ in range(2)), self._live.clone(), False, False,
+            None))
+        return td
+
+    def reset(self, td: Any = None):
+        kwargs = {} if self._seed is None else {"seed": self._seed}
+        self._seed = None
+        obs, infos = self.env.reset(**kwargs)
+        self._steps = 0
+        observation, masks = self._read(obs, infos, first=True)
+        self._live = torch.tensor([a in obs for a in self.agents])
+        return self._root(observation, self._live.clone(), masks)
+
+    def rand_action(self, td: Any = None):
+        """A uniformly random action per agent (within its action mask), drawn from torch's
+        random stream."""
+        if td is None:
+            td = self.reset()
+        n = len(self.agents)
+        if self._discrete:
+            mask = td.get((AGENTS, "action_mask"), None)
+            weights = torch.ones(n, self._n_actions) if mask is None else mask.float()
+            weights[weights.sum(-1) == 0] = 1.0  # (an agent out of the episode, or with nothing allowed)
+            action = torch.multinomial(weights, 1).squeeze(-1)
+        else:
+            space = self.env.action_space(self.agents[0])
+            low = torch.as_tensor(space.low, dtype=torch.float32)
+            high = torch.as_tensor(space.high, dtype=torch.float32)
+            action = low + (high - low) * torch.rand(n, *self._action[0])
+        td.set(self.action_keys[0], action)
+        return td
+
+    def step(self, td: Any):
+        action = td.get(self.action_keys[0])
+        acting = self._live.clone()
+        sent = {a: self._to_env(action[i]) for i, a in enumerate(self.agents) if acting[i]}
+        obs, rewards, terms, truncs, infos = self.env.step(sent)
+        self._steps += 1
+        observation, masks = self._read(obs, infos, first=False)
+        reward = torch.tensor([[float(rewards.get(a, 0.0))] for a in self.agents], dtype=torch.float32)
+        term = torch.tensor([[bool(terms.get(a, False))] for a in self.agents]) & acting[:, None]
+        trunc = torch.tensor([[bool(truncs.get(a, False))] for a in self.agents]) & acting[:, None]
+        live = torch.tensor([a in getattr(self.env, "agents", obs) for a in self.agents]) & acting
+        limit = self._max_steps is not None and self._steps >= self._max_steps and bool(live.any())
+        if limit:  # max_frames_per_traj: every agent still in the episode is truncated
+            trunc |= live[:, None]
+            live = torch.zeros_like(live)
+        episode_over = not bool(live.any())
+        all_terminated = episode_over and not limit and bool(term[acting].all())
+        self._live = live
+        nxt = self._next(observation, reward, term, trunc, acting, all_terminated, episode_over and not all_terminated,
+                         masks)
+        td.set("next", nxt)
+        return td
+
+    def step_and_maybe_reset(self, td: Any):
+        td = self.step(td)
+        nxt = td.get("next")
+        if bool(nxt.get("done").any()):
+            return td, self.reset()
+        root = nxt.exclude((AGENTS, "reward"), (AGENTS, "done"), (AGENTS, "terminated"), (AGENTS, "truncated"))
+        root.set((AGENTS, "mask"), self._live.clone())
+        gone = ~self._live
+        if bool(gone.any()):  # (an agent that left has its real last observation under "next" only)
+            root.set((AGENTS, "observation"), root.get((AGENTS, "observation")).masked_fill(
+                gone.reshape(-1, *([1] * len(self._obs_shape))), 0))
+        return td, root
+
+    def close(self) -> None:
+        self.env.close()
+
+    def __repr__(self) -> str:
+        return f"PettingZooEnv({self.name})"
+
+    # -- building TensorDicts --------------------------------------------------------------------
+    def _zeros_obs(self) -> torch.Tensor:
+        return torch.zeros(len(self.agents), *self._obs_shape, dtype=self._obs_dtype)
+
+    def _has_masks(self) -> bool:
+        return self._masked or self._info_masks
+
+    def _root(self, observation: torch.Tensor, mask: torch.Tensor, masks: torch.Tensor | None):
+        from tensordict import TensorDict
+
+        group = {"observation": observation, "mask": mask}
+        if self._has_masks():
+            group["action_mask"] = masks if masks is not None else torch.zeros(len(self.agents), self._n_actions,
+                                                                               dtype=torch.bool)
+        td = TensorDict({AGENTS: TensorDict(group, batch_size=[len(self.agents)])}, batch_size=[])
+        for key in _FLAGS:
+            td.set(key, torch.zeros(1, dtype=torch.bool))
+        return td
+
+    def _next(self, observation, reward, term, trunc, acting, terminated: bool, truncated: bool, masks):
+        td = self._root(observation, acting, masks)
+        group = td.get(AGENTS)
+        group.set("reward", reward)
+        group.set("terminated", term)
+        group.set("truncated", trunc)
+        group.set("done", term | trunc)
+        td.set("terminated", torch.tensor([terminated]))
+        td.set("truncated", torch.tensor([truncated]))
+        td.set("done", torch.tensor([terminated or truncated]))
+        return td
+
+    def _read(self, obs: dict, infos: dict, first: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The stacked observations (zeros for agents not in ``obs``) and action masks."""
+        out = self._zeros_obs()
+        if first and not self._masked and self._discrete and not self._probed:
+            self._probed = True
+            self._info_masks = any(isinstance(i, dict) and "action_mask" in i for i in (infos or {}).values())
+        masks = torch.zeros(len(self.agents), self._n_actions, dtype=torch.bool) if self._has_masks() else None
+        for i, agent in enumerate(self.agents):
+            if agent not in obs:
+                continue
+            value = obs[agent]
+            mask = None
+            if self._masked:
+                value, mask = value["observation"], value.get("action_mask")
+            elif self._info_masks:
+                mask = (infos.get(agent) or {}).get("action_mask")
+            if masks is not None and mask is None and agent in getattr(self.env, "agents", obs):
+                raise ValueError(
+                    f"env {self.name}: agent {agent!r} has no action mask at step {self._steps} of the episode, but "
+                    "the env gave action masks at its reset; a masked env must give one for every agent still in "
+                    "the episode")
+            array = np.asarray(value)
+            if array.shape != self._obs_shape:
+                raise ValueError(f"env {self.name}: agent {agent!r}'s observation has shape {array.shape} at step "
+                                 f"{self._steps}, its space says {self._obs_shape}")
+            out[i] = torch.from_numpy(np.ascontiguousarray(array, dtype=numpy_dtype(self._obs_dtype)))
+            if mask is not None:
+                masks[i] = torch.from_numpy(np.asarray(mask, dtype=np.bool_))
+        return out, masks
+
+    def _to_env(self, action: torch.Tensor) -> Any:
+        return int(action) if self._discrete else action.detach().cpu().numpy()
