@@ -395,3 +395,30 @@ def test_a_replacement_seed_is_derived_in_one_place_for_both_wings():
     assert strides == ["rlcollect.members"]
     for wing in ("rlcollect.multiprocess.recovery", "rlcollect.distributed.recovery"):
         assert ("rlcollect.members", "replacement_seed") in _imports(wing), wing
+
+
+def _stats_writes(module: str) -> list[str]:
+    """Attribute stores (``=``, ``+=``, ``setattr``) on an object reached through a ``stats`` or
+    ``_stats`` attribute (``self.stats.frames += n``, ``setattr(self._stats, "frames", n)``)."""
+    found = []
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "setattr" and node.args:
+            owners = [node.args[0]]
+        elif isinstance(node, (ast.Assign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            owners = [t.value for t in targets if isinstance(t, ast.Attribute)]
+        else:
+            continue
+        found += [f"{module}:{node.lineno} {ast.unparse(node)}" for owner in owners
+                  if isinstance(owner, ast.Attribute) and owner.attr in ("stats", "_stats")]
+    return found
+
+
+def test_the_multiprocess_gathers_report_to_the_statistics_and_do_not_write_them():
+    """``WorkerStats`` (multiprocess/stats.py) owns its counters: the gathers and free running
+    report a batch (``note_batch``, ...), they do not write its fields. (The face's ``_frames``
+    and ``_iter`` still proxy two of them: issue 37's ``Members`` step.)"""
+    assert _stats_writes("rlcollect.multiprocess.collector")  # the scan sees a write
+    parts = [m for m in MODULES if m.startswith("rlcollect.multiprocess.")
+             and m not in ("rlcollect.multiprocess.stats", "rlcollect.multiprocess.collector")]
+    assert [w for m in parts for w in _stats_writes(m)] == []

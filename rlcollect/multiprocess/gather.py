@@ -134,20 +134,12 @@ class SyncGather(_Gather):
         infos = self.collect_all(self.random_now())
         waited = time.perf_counter() - started
         if self.config.workers_write:  # the workers put their parts into the replay buffer
-            self._account(infos, version, waited)
-            self.stats.last_batch_s = time.perf_counter() - started
+            self.stats.note_batch(list(enumerate(infos)), version, waited, started=started)
             return None, {}
-        batch = self._gather(infos, version, waited)
-        self.stats.last_batch_s = time.perf_counter() - started
+        batch, kept = self._gather(infos)
+        self.stats.note_batch(list(enumerate(infos)), version, waited, started=started, kept=kept)
         return batch, {"storing_device": self.config.storing_devices[0],
                        "stacked_workers": self.config.cat_results == "stack"}
-
-    def _account(self, infos: list[dict], version: int, waited: float) -> int:
-        valid = sum(info["frames"] for info in infos)
-        self.stats.note_batch(list(enumerate(infos)), version, waited)
-        self.stats.frames += valid
-        self.stats.last_batch_frames = valid
-        return valid
 
     def _reattach(self) -> None:
         """Hand every worker its part of the reserve slot just made."""
@@ -228,29 +220,24 @@ class SyncGather(_Gather):
                     self.stops[i][0] = 1
         return infos
 
-    def _gather(self, infos: list[dict], version: int, waited: float) -> TensorDict:
-        valid = self._account(infos, version, waited)
-        cat_results = self.config.cat_results
+    def _gather(self, infos: list[dict]) -> tuple[TensorDict, list[int] | None]:
+        """The batch of the workers' parts ``infos``, and the frames of each part it delivers
+        when fewer than collected (None: all of them)."""
         if self.stacked:  # the batch is a view of the stacked slot the workers wrote (named)
-            return self.slots.batch()
+            return self.slots.batch(), None
         tds = [self.slots.buffer(i, 0).td for i in range(self.num_workers)]
-        if cat_results == "stack":
-            return _name_time(torch.stack(tds, 0))
+        if self.config.cat_results == "stack":
+            return _name_time(torch.stack(tds, 0)), None
+        kept = None
         if self.config.preemptive_threshold is not None:
             steps = [int(info["frames"] // max(1, lay.rows)) for info, lay in zip(infos, self.layouts)]
-            if self.cat_dim != -1:
+            if self.cat_dim != -1:  # cut to the shortest part: the first `keep` steps of each worker
                 keep = min(steps)
-                dropped = valid - sum(keep * lay.rows for lay in self.layouts)
-                self.stats.dropped += dropped  # counted out: only delivered frames count
-                self.stats.frames -= dropped
-                self.stats.last_batch_frames -= dropped
                 steps = [keep] * len(steps)
-                # the lag over the frames delivered: the first `keep` steps of each worker
-                self.stats.lag = policy_lag(version, [{**info["meta"], "frames": keep * lay.rows}
-                                                      for info, lay in zip(infos, self.layouts)])
+                kept = [keep * lay.rows for lay in self.layouts]
             tds = [td[..., :s] for td, s in zip(tds, steps)]
             tds = [td.exclude(MASK) for td in tds]
-        return _name_time(torch.cat(tds, self.cat_dim))
+        return _name_time(torch.cat(tds, self.cat_dim)), kept
 
     # -- nesting: a MultiSyncCollector running inside another collector's worker ------------------
     def layout(self) -> BatchLayout:
@@ -267,10 +254,8 @@ class SyncGather(_Gather):
         for i in range(self.num_workers):
             for key, tensor in self.slots.buffer(i, self.current).tensors.items():
                 buf.tensors[key][i * rows:(i + 1) * rows].copy_(tensor)
-        valid = sum(info["frames"] for info in infos)
         self.stats.note_batch(list(enumerate(infos)), version)
-        self.stats.frames += valid
-        return valid
+        return sum(info["frames"] for info in infos)
 
 
 class AsyncGather(_Gather):
@@ -479,8 +464,7 @@ class AsyncGather(_Gather):
             batch = batch.clone()
         batch.set(WORKER_ID, torch.full(batch.shape, index, dtype=torch.int64))
         if self.bound is not None:
-            batch.set(LAG_DROPPED, torch.full(batch.shape, self.stats.lag_dropped_since, dtype=torch.int64))
-            self.stats.lag_dropped_since = 0
+            batch.set(LAG_DROPPED, torch.full(batch.shape, self.stats.take_lag_dropped(), dtype=torch.int64))
         _name_time(batch)
         self._account(index, info, started, version)
         if self.config.update_at_each_batch:
@@ -507,11 +491,8 @@ class AsyncGather(_Gather):
             self.schedule.close()
 
     def _account(self, index: int, info: dict, started: float, version: int) -> None:
-        self.stats.frames += info["frames"]
-        self.stats.note_batch([(index, info)], version, self.waited)
+        self.stats.note_batch([(index, info)], version, self.waited, started=started)
         self.waited = 0.0
-        self.stats.last_batch_frames = info["frames"]
-        self.stats.last_batch_s = time.perf_counter() - started
 
     def _poll(self, random: bool | None) -> None:
         """Read every reply that is waiting (workers in rotating order, for fairness), so that

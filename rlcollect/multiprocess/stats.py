@@ -40,10 +40,15 @@ class WorkerStats:
         self.last_batch_frames = 0
         self.first_batch: tuple[int, float] | None = None  # (frames, seconds since started_at): fps_steady
 
-    def note_batch(self, parts: list[tuple[int, dict]], version: int, waited: float | None = None) -> None:
-        """Account for the worker replies ``(worker, info)`` one batch is made of: per-worker
-        frames, versions and env-step latency, the batch's policy lag behind ``version``, and
-        ``waited``: the seconds the main process waited for it (None: not counted)."""
+    def note_batch(self, parts: list[tuple[int, dict]], version: int, waited: float | None = None, *,
+                   started: float | None = None, kept: list[int] | None = None) -> None:
+        """Account for the worker replies ``(worker, info)`` one batch is made of: the frames
+        collected and delivered, per-worker frames, versions and env-step latency, the batch's
+        policy lag behind ``version``, and ``waited``: the seconds the main process waited for
+        it (None: not counted). ``started``: when the main process began the batch (its
+        seconds, for ``fps_recent``; None: not timed). ``kept``: the frames of each part
+        delivered when fewer than collected (``preemptive_threshold`` cut the batch): the rest
+        count as dropped, and the lag is over the frames kept."""
         metas = []
         for i, info in parts:
             self.note_worker(i, info)
@@ -51,9 +56,16 @@ class WorkerStats:
         if waited is not None:
             self.wait.add(waited)
         self.last_meta = merge_meta(metas)
-        self.lag = policy_lag(version, metas)
+        self.lag = policy_lag(version, metas if kept is None else [{**m, "frames": k} for m, k in zip(metas, kept)])
+        collected = sum(info["frames"] for _, info in parts)
+        delivered = collected if kept is None else sum(kept)
+        self.dropped += collected - delivered  # counted out: only delivered frames count
+        self.frames += delivered
+        self.last_batch_frames = delivered
         if self.first_batch is None:
-            self.first_batch = (sum(info["frames"] for _, info in parts), time.perf_counter() - self.started_at)
+            self.first_batch = (collected, time.perf_counter() - self.started_at)
+        if started is not None:
+            self.last_batch_s = time.perf_counter() - started
 
     def note_worker(self, index: int, info: dict) -> None:
         """A reply of worker ``index`` (a batch, or what it wrote while running free)."""
@@ -70,6 +82,11 @@ class WorkerStats:
         """Worker ``index``'s batch ``info`` was dropped: too far behind the trainer."""
         self.lag_dropped[index] += info["frames"]
         self.lag_dropped_since += info["frames"]
+
+    def take_lag_dropped(self) -> int:
+        """The frames dropped for lag since the last call (what the batch delivered now reports)."""
+        dropped, self.lag_dropped_since = self.lag_dropped_since, 0
+        return dropped
 
     def note_lost(self, index: int, batches: int) -> None:
         """Worker ``index`` failed while filling ``batches`` batches."""
