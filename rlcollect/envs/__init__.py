@@ -25,6 +25,7 @@ _EXPORTS = {
     "SleepEnv": "rlcollect.envs.testing",
     "TensorDictEnvAdapter": "rlcollect.envs.adapter",
     "VectorEnv": "rlcollect.envs.vector",
+    "VmasEnv": "rlcollect.envs.vmas",
     "as_env": "rlcollect.envs.adapter",
     "make_env": "rlcollect.envs.adapter",
 }
@@ -55,3 +56,4 @@ if TYPE_CHECKING:  # pragma: no cover
     from rlcollect.envs.serial import SerialEnv
     from rlcollect.envs.testing import BusyEnv, CountingEnv, FaultyEnv, InjectedFault, SleepEnv
     from rlcollect.envs.vector import VectorEnv
+    from rlcollect.envs.vmas import VmasEnv
