@@ -1,0 +1,31 @@
+"""The main-process hops of one distributed batch (docs/architecture.md's row, made by
+``python -m bench.hops --collector distributed``): the files the trainer's thread passes through
+for one sync batch of two local nodes stay these. The hop count varies with the polls a batch
+waits through (97-102 measured), so the files are pinned, and the count is bounded."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.hops import count_hops
+from rlcollect import DistributedCollector
+
+pytestmark = pytest.mark.timeout(120)
+
+#: The package files of one sync batch (docs/architecture.md's distributed row: 14 files).
+FILES = {
+    "base.py", "data.py", "metrics.py",
+    "distributed/collector.py", "distributed/gather.py", "distributed/pool.py", "distributed/nodes.py",
+    "distributed/recovery.py", "distributed/node_weights.py",
+    "distributed/control/channel.py", "distributed/control/messages.py", "distributed/control/wire.py",
+    "distributed/control/auth.py", "distributed/control/transport.py",
+}
+
+
+def test_one_distributed_batch_passes_these_files_in_the_main_process():
+    walk: list[tuple[str, bool]] = []
+    sequence = count_hops(DistributedCollector, returns=walk)
+    assert set(sequence) == FILES, " > ".join(sequence)
+    assert sequence[0] == "base.py" and sequence[-3:] == ["base.py", "data.py", "base.py"]  # delivered by the base
+    assert len(sequence) - 1 <= 120, " > ".join(sequence)  # 97-102 measured (2026-12-07)
+    assert [name for name, _ in walk][0] == "base.py" and len(walk) >= len(sequence)
