@@ -95,8 +95,13 @@ class NodePool:
         self.handshake = Handshake(self.store, self.keys, self.run, self.world_size, self.channel)
         self.launcher = make_launcher(cfg.launcher, cfg.launcher_options, self.secret, self.secret_file,
                                       cfg.rank0_timeout)
+        # One INFO line per phase: a start that takes a minute on a busy machine is never silent.
+        began = time.monotonic()
+        logger.info("rlcollect: starting %d node(s) (launcher=%r), rank 0 at %s:%s", len(self.handles), cfg.launcher,
+                    addr, port)
         self.launcher.start(addr, port, self.world_size, cfg.timeout, start_timeout=cfg.start_timeout)
         self._rendezvous(time.monotonic() + cfg.start_timeout)
+        logger.info("rlcollect: connecting the %d node(s)' process groups", len(self.handles))
         try:
             self._connect_pairs(self.handles)
         except RuntimeError as err:
@@ -107,19 +112,26 @@ class NodePool:
         for h in self.handles:
             h.state, h.recv = NodeState.SERVING, transport.FlatBatch(h.info["layout"])
         self.layouts = [h.info["layout"] for h in self.handles]
+        logger.info("rlcollect: %d node(s) serving, %.1f s after the launch", len(self.handles),
+                    time.monotonic() - began)
 
     def _rendezvous(self, deadline: float) -> None:
         """Hello -> configuration -> started, for every node, before ``deadline``."""
         cfg, shake = self.config, self.handshake
         started: set[int] = set()
-        while len(started) < len(self.handles):
+        attached, n = 0, len(self.handles)
+        while len(started) < n:
             self.channel.pump()
             for h in self.handles:
                 if not h.configured:
-                    self._poll_hello(h, cfg.payloads[h.index])
+                    if self._poll_hello(h, cfg.payloads[h.index]):
+                        attached += 1
+                        logger.info("rlcollect: %d/%d node(s) reached rank 0 (node %d, rank %d)", attached, n, h.index,
+                                    h.rank)
                 elif h.rank not in started and (info := shake.poll_started(h)) is not None:
                     h.info = info
                     started.add(h.rank)
+                    logger.info("rlcollect: %d/%d node(s) built their collector (node %d)", len(started), n, h.index)
             self.check_alive()
             if time.monotonic() > deadline:
                 missing = [h for h in self.handles if h.rank not in started]
