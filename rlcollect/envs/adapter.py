@@ -113,7 +113,7 @@ class TensorDictEnvAdapter(EnvBase):
     def _read_rows(self, td: TensorDict, rows, obs_out) -> None:
         n = self.num_rows
         for key, out in obs_out.items():
-            value = td.get(key).detach().cpu().numpy().reshape(n, *out.shape[1:])
+            value = _array(td.get(key)).reshape(n, *out.shape[1:])
             if rows is None:
                 out[:] = value
             else:
@@ -139,16 +139,19 @@ class TensorDictEnvAdapter(EnvBase):
             self._check_td(td, "reset() observation", self.obs_layout.items())
             self._check_reset = False
         self._read_rows(td, rows, obs_out)
+        reset = torch.from_numpy(mask).reshape(self.batch_size)
         for key in self.obs_layout:
-            self._root.get(key)[torch.from_numpy(mask).reshape(self.batch_size)] = td.get(key)[
-                torch.from_numpy(mask).reshape(self.batch_size)
-            ]
+            # A new tensor, not an in-place write: the root's entries may be the step's own
+            # tensors (they are not copied after each step), which the env may still hold.
+            value = self._root.get(key).clone()
+            value[reset] = td.get(key)[reset]
+            self._root.set(key, value)
 
     def step_rows(self, action, obs_out, reward, terminated, truncated) -> None:
         self._probe_unused = False
         td = self._root
         batched = torch.from_numpy(action).reshape((*self.batch_size, *self.action_layout.shape))
-        td.set("action", batched.to(self.device))
+        td.set("action", batched if self.device.type == "cpu" else batched.to(self.device))
         td = self.env.step(td)
         nxt = td.get("next")
         if self._check_step:
@@ -158,13 +161,15 @@ class TensorDictEnvAdapter(EnvBase):
             self._check_step = False
         self._read_rows(nxt, None, obs_out)
         n = self.num_rows
-        reward[:] = nxt.get("reward").detach().cpu().numpy().reshape(n)
-        done = nxt.get("done").detach().cpu().numpy().reshape(n)
+        reward[:] = _array(nxt.get("reward")).reshape(n)
+        done = _array(nxt.get("done")).reshape(n)
         term = nxt.get("terminated", None)
-        terminated[:] = done if term is None else term.detach().cpu().numpy().reshape(n)
+        terminated[:] = done if term is None else _array(term).reshape(n)
         trunc = nxt.get("truncated", None)
-        truncated[:] = False if trunc is None else trunc.detach().cpu().numpy().reshape(n)
-        self._root = nxt.exclude("reward", *DONE_KEYS).clone()
+        truncated[:] = False if trunc is None else _array(trunc).reshape(n)
+        # The next root shares the step's tensors (torchrl's step_mdp does the same): they were
+        # copied into the batch above, and a partial reset replaces entries (reset_rows).
+        self._root = nxt.exclude("reward", *DONE_KEYS)
 
     def sample_actions(self, out) -> None:
         out[:] = self._rand_action_tensor().detach().cpu().numpy().reshape(out.shape)
@@ -229,6 +234,13 @@ class TensorDictEnvAdapter(EnvBase):
         close = getattr(self.env, "close", None)
         if close is not None:
             close()
+
+
+def _array(value: torch.Tensor) -> np.ndarray:
+    """``value`` as a numpy array: a CPU tensor that needs no grad as is (no detach, no move)."""
+    if value.device.type == "cpu" and not value.requires_grad:
+        return value.numpy()
+    return value.detach().cpu().numpy()
 
 
 def _snapshot(value: Any) -> Any:
