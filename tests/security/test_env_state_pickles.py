@@ -117,3 +117,19 @@ def test_pickled_env_state_a_node_sends_is_left_out(tmp_path, kind):
                                        "group": {"envs": [{"envs": _planted(kind, b"\x80"), "rng": 2}]}}))
     assert env_state.find(reply) == ["['env']['envs']", "['group']['envs'][0]['envs']"]
     assert env_state.strip(reply) == {"env": {"rng": 1}, "group": {"envs": [{"rng": 2}]}}
+
+
+def test_strip_leaves_what_holds_no_pickled_env_state_as_it_is():
+    # A torchrl env's state keeps its last root TensorDict (a Mapping); strip() rebuilt every
+    # mapping as a dict, and the node then refused its own state ("_rlcollect_root must be a
+    # TensorDict"): tests/torchrl/test_torchrl_014.py's distributed state_dict test.
+    from collections import OrderedDict
+
+    from tensordict import TensorDict
+
+    root = TensorDict({"observation": np.zeros(4, np.float32), "step_count": np.array([2])}, batch_size=[])
+    policy = OrderedDict(w=1)
+    state = {"env": {"_rlcollect_root": root, "envs": (b"\x80",)}, "policy": policy, "frames": 3}
+    out = env_state.strip(state)
+    assert out == {"env": {"_rlcollect_root": root}, "policy": policy, "frames": 3}
+    assert out["env"]["_rlcollect_root"] is root and out["policy"] is policy

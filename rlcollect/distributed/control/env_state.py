@@ -48,12 +48,19 @@ def find(state: Any, path: str = "") -> list[str]:
 
 
 def strip(state: Any) -> Any:
-    """``state`` without its pickled env state (dicts rebuilt as plain dicts, tuples kept).
+    """``state`` without its pickled env state. Only the containers on a path to such an entry
+    are rebuilt (mappings as plain dicts, tuples kept); every other value is returned as it is,
+    the same object (a TensorDict stays a TensorDict, a torch state dict keeps its metadata).
 
     Example:
         >>> strip({"env": {"envs": [bytearray(b"\\x80")], "pending_seeds": [None]}, "frames": 3})
         {'env': {'pending_seeds': [None]}, 'frames': 3}
+        >>> kept = {"policy": {"w": 1}}
+        >>> strip(kept) is kept
+        True
     """
+    if not find(state):
+        return state
     if isinstance(state, Mapping):
         return {key: strip(value) for key, value in state.items() if not (key == ENVS and not _is_group(value))}
     if isinstance(state, (list, tuple)):
