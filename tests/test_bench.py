@@ -171,12 +171,19 @@ def test_multi_process_configs_also_measure_bare_loops_at_once():
     assert cells[5:7] == ["1,000", "0.90"]
 
 
+def _fixed_loop(fps: float, seconds: float) -> Rate:
+    return Rate(fps, "a loop that reports a fixed rate", cpu_per_kframe=2.0)
+
+
 def test_bare_loops_at_once_add_up():
-    from bench.measure import at_once, timed_loop
+    # What at_once adds up, without timing anything (speed is measured by bench, not asserted):
+    # each forked loop's rate summed, CPU per 1,000 frames weighted by each loop's frames.
+    from bench.measure import at_once
     import functools
 
-    rate = at_once(functools.partial(timed_loop, 1e-3, False), 2, 0.3)
-    assert 1000 < rate.frames_per_s <= 2000
+    rate = at_once(functools.partial(_fixed_loop, 500.0), 2, 0.3)
+    assert rate.frames_per_s == 1000.0 and rate.how == "2 bare loops at once"
+    assert rate.cpu_per_kframe == pytest.approx(2.0)
 
 
 def test_timed_multi_configs_also_measure_workers_times_one_bare_loop():
