@@ -1,6 +1,9 @@
 """Multi-agent rows: VMAS ``navigation`` (4 agents) with 1,024 and 4,096 instances, rlcollect's
 ``Collector`` + ``rlcollect.envs.VmasEnv`` against torchrl 0.14's ``Collector`` + torchrl's
-``VmasEnv``, the same scenario, seed and random policy, in one process each, alternated.
+``VmasEnv``; and PettingZoo's ``simple_spread_v3`` (mpe2, 3 agents, one env), rlcollect's
+``Collector`` on the raw ``ParallelEnv`` against torchrl's ``Collector`` +
+``PettingZooWrapper(use_mask=True)``. The same scenario, seed and random policy, in one process
+each, alternated.
 
 Run it where both are installed (the torchrl venv with ``vmas``)::
 
@@ -39,7 +42,26 @@ def _torchrl(instances: int, steps: int):
     return Collector(env, None, frames_per_batch=instances * steps)
 
 
-def measure(make, instances: int, seconds: float, steps: int = 25) -> tuple[float, float]:
+def _spread():
+    from mpe2 import simple_spread_v3
+
+    return simple_spread_v3.parallel_env(N=3, max_cycles=25)
+
+
+def _ours_spread(instances: int, steps: int):
+    from rlcollect import Collector
+
+    return Collector(_spread(), None, frames_per_batch=steps)
+
+
+def _torchrl_spread(instances: int, steps: int):
+    from torchrl.collectors import Collector
+    from torchrl.envs.libs.pettingzoo import PettingZooWrapper
+
+    return Collector(PettingZooWrapper(_spread(), use_mask=True), None, frames_per_batch=steps)
+
+
+def measure(make, instances: int, seconds: float, steps: int = 25, agents: int = AGENTS) -> tuple[float, float]:
     """(frames/s, CPU-seconds per 1,000 agent-steps) over batches of ``steps`` steps, after one
     warm-up batch, until ``seconds`` have passed."""
     collector = make(instances, steps)
@@ -53,16 +75,22 @@ def measure(make, instances: int, seconds: float, steps: int = 25) -> tuple[floa
     finally:
         collector.shutdown()
     cpu = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
-    return frames / wall, cpu / (frames * AGENTS / 1000)
+    return frames / wall, cpu / (frames * agents / 1000)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--instances", type=int, nargs="+", default=[1024, 4096])
+    parser.add_argument("--instances", type=int, nargs="*", default=[1024, 4096],
+                        help="VMAS rows (none: only PettingZoo)")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    for r in range(args.rounds):
+        for name, make in (("rlcollect", _ours_spread), ("torchrl", _torchrl_spread)):
+            fps, cpu = measure(make, 1, args.seconds, steps=250, agents=3)
+            print(f"pettingzoo-simple_spread round={r} {name}: {fps:,.0f} frames/s, "
+                  f"{cpu:.4f} CPU-s per 1,000 agent-steps", flush=True)
     for instances in args.instances:
         for r in range(args.rounds):
             for name, make in (("rlcollect", _ours), ("torchrl", _torchrl)):
