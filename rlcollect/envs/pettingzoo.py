@@ -23,6 +23,7 @@ id covers a whole episode; the agents' flags are data.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import numpy as np
@@ -36,9 +37,13 @@ _FLAGS = ("done", "terminated", "truncated")
 
 def is_parallel_env(env: Any) -> bool:
     """Whether ``env`` looks like a PettingZoo ``ParallelEnv`` (duck typing: PettingZoo is
-    imported only where one is used)."""
-    return (hasattr(env, "possible_agents") and callable(getattr(env, "observation_space", None))
-            and hasattr(env, "step") and not hasattr(env, "agent_selection"))
+    imported only where one is used). Attributes are looked up statically (the instance's and
+    its class's, as ``inspect.getattr_static`` does): a ``__getattr__`` is never run, e.g.
+    torchrl's ``SerialEnv``, whose ``__getattr__`` recurses without end before it has started."""
+    def has(name: str) -> bool:
+        return inspect.getattr_static(env, name, None) is not None
+
+    return has("possible_agents") and has("observation_space") and has("step") and not has("agent_selection")
 
 
 class PettingZooEnv:
