@@ -385,7 +385,7 @@ def test_no_inference_branch_outside_its_role():
 
 
 def test_no_module_is_past_600_lines():
-    assert {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > 620} == {}
+    assert {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > 600} == {}
 
 
 def test_a_replacement_seed_is_derived_in_one_place_for_both_wings():

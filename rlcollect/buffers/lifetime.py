@@ -1,6 +1,6 @@
 """Lifetime helpers of a replay buffer's storage: where shared storage lives, the reaper that
-removes it when its owner dies, the finalizer that unmaps (and, in the owner, removes) it, and
-the ring slots of a write (whether a writer's process still runs: ``rlcollect._pids``).
+removes it when its owner dies, the finalizer that unmaps (and, in the owner, removes) it.  (Which
+ring slots a write takes, and whether their writer still runs, is seqlock.py's.)
 
 The reaper: the process that creates a storage directory (/dev/shm, or a temporary memmap
 directory) starts one tiny process per buffer, *before* the directory exists, and keeps the
@@ -9,7 +9,7 @@ garbage collection, exit, an exception, SIGKILL, the OOM killer) the kernel clos
 end; the reaper then reads EOF, removes the directory (a no-op after a clean close) and exits.
 Forked children close their copies of the write end at the fork, so that only the owner's
 death counts.  Writers never own storage: their death leaves nothing behind (the kernel
-releases the lock they may hold; their slots are taken over, see replay.py).
+releases the lock they may hold; their slots are taken over, see seqlock.py).
 """
 
 from __future__ import annotations
@@ -21,9 +21,6 @@ import subprocess
 import sys
 import tempfile
 
-import numpy as np
-
-from rlcollect._pids import pid_alive
 from rlcollect.buffers.storage import Region
 
 #: How long ``close()`` waits for the reaper to exit once told (it exits in milliseconds).
@@ -145,33 +142,3 @@ def release(region: Region, remove: str | None, owner_pid: int, reaper: Reaper |
         shutil.rmtree(remove, ignore_errors=True)
         if reaper is not None:
             reaper.stop()
-
-
-def ring_segments(first: int, count: int, capacity: int) -> list[tuple[int, int]]:
-    """The ring slots ``first, first+1, ... (count of them)`` as at most two slices.
-
-    Example:
-        >>> ring_segments(6, 4, capacity=8), ring_segments(0, 3, capacity=8)
-        ([(6, 8), (0, 2)], [(0, 3)])
-    """
-    end = first + count
-    if end <= capacity:
-        return [(first, end)]
-    return [(first, capacity), (0, end - capacity)]
-
-
-def slot_writers(region: Region, segs: list[tuple[int, int]]) -> set[int]:
-    """Live processes still writing into the given slots (whose seq is odd)."""
-    pids: set[int] = set()
-    for a, b in segs:
-        busy = (region.seq[a:b] & 1).astype(bool)
-        if busy.any():
-            pids.update(int(p) for p in np.unique(region.owner[a:b][busy]))
-    return {p for p in pids if pid_alive(p)}
-
-
-def check_not_abandoned(region: Region, slots) -> None:
-    """Raise RuntimeError for a slot (of ``slots``, a LongTensor) whose writer died mid-write."""
-    for slot in slots.tolist():
-        if region.seq[slot] & 1 and not pid_alive(int(region.owner[slot])):
-            raise RuntimeError(f"ReplayBuffer slot {slot} holds no complete frame: the write into it failed")

@@ -26,13 +26,10 @@ The contract a collector may rely on:
   owner dies without closing (even by SIGKILL), its reaper process removes the storage
   (``lifetime.Reaper``).  Lock waits are bounded by ``lock_timeout`` (``LockTimeout``).
 
-How concurrent writers stay exact (see :meth:`ReplayBuffer.extend`): a writer takes the
-cross-process lock only to reserve its slots (advance the cursor and the counters, mark the slots
-odd in their sequence numbers) and again to commit them (make them even); the copying itself
-happens outside the lock, so writers copy in parallel.  A reader checks each sampled slot's
-sequence number before and after copying it (a seqlock) and redraws slots that were odd or
-changed.  A writer never reserves a slot that another live writer has not yet committed (it
-waits), so two writes never interleave in one slot even when the ring laps itself.
+How concurrent writers stay exact (a seqlock over the ring slots: ``seqlock.py``): a writer
+takes the cross-process lock only to reserve its slots and again to commit them, and copies
+outside it, so writers copy in parallel; a reader redraws slots that were being written.  Two
+writes never interleave in one slot, even when the ring laps itself.
 
 Cost (measured on a 2-core x86-64 VM with CartPole-like frames, 11 keys, 1000 frames per call):
 about 0.2 ms of CPU per call, i.e. ~5 M frames per CPU-second into /dev/shm (~2.7 M into a
@@ -44,9 +41,9 @@ Limits, chosen knowingly:
 
 - ``write_count`` counts a frame when its slot is reserved; a write that fails midway (an
   exception, a killed worker) leaves its slots counted but empty until the ring overwrites them.
-- A writer that holds slots for more than ``STALL_TIMEOUT_S`` while alive is overtaken (with a
+- A writer that holds slots for more than ``seqlock.STALL_TIMEOUT_S`` while alive is overtaken (with a
   logged warning); liveness is judged by pid, so writers must share the owner's pid namespace.
-- The seqlock relies on x86-64's store ordering (see ``_read``); on weakly ordered CPUs a torn
+- The seqlock relies on x86-64's store ordering (see ``seqlock.read``); on weakly ordered CPUs a torn
   frame is possible in principle.
 - ``state_dict()`` should be taken while writers are paused; ``close()`` must not race with other
   calls on the same object (other processes' handles are unaffected).
@@ -55,12 +52,10 @@ Limits, chosen knowingly:
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import shutil
 import threading
-import time
 import weakref
 from typing import TYPE_CHECKING
 
@@ -69,15 +64,8 @@ import torch
 
 from rlcollect.buffers.checkpoint import Checkpointing
 from rlcollect.buffers.frames import frames_of, to_tensordict
-from rlcollect.buffers.lifetime import (
-    Reaper,
-    check_not_abandoned,
-    make_storage_dir,
-    release,
-    ring_segments,
-    shm_root,
-    slot_writers,
-)
+from rlcollect.buffers.lifetime import Reaper, make_storage_dir, release, shm_root
+from rlcollect.buffers.seqlock import finish, read, reserve
 from rlcollect.buffers.storage import (
     ALLOCATED,
     DEFAULT_LOCK_TIMEOUT_S,
@@ -93,13 +81,7 @@ from rlcollect.buffers.storage import (
 if TYPE_CHECKING:  # tensordict is imported where a TensorDict is built: workers stay light
     from tensordict import TensorDictBase
 
-logger = logging.getLogger("rlcollect")
-
 STORAGES = ("memory", "memmap")
-#: A writer waits this long for a live process to commit slots it wants before taking them over.
-STALL_TIMEOUT_S = 30.0
-#: sample() gives up if it cannot read a complete frame for this long (every slot in flight).
-SAMPLE_TIMEOUT_S = 30.0
 
 
 class ReplayBuffer(Checkpointing):
@@ -414,7 +396,7 @@ class ReplayBuffer(Checkpointing):
         if count == 0:
             return torch.empty(0, dtype=torch.long)
         region = self._writable_region(frames)
-        start, slots = self._reserve(region, count)
+        start, slots = reserve(region, count)
         try:
             pos = count - sum(b - a for a, b, _ in slots)  # frames that the call overwrites itself
             for a, b, _ in slots:
@@ -424,9 +406,9 @@ class ReplayBuffer(Checkpointing):
                     dst[a:b].copy_(src if whole else src[pos : pos + b - a])
                 pos += b - a
         except BaseException:
-            self._finish(region, slots, committed=False)
+            finish(region, slots, committed=False)
             raise
-        self._finish(region, slots, committed=True)
+        finish(region, slots, committed=True)
         return (start + torch.arange(count)) % self._capacity
 
     def _writable_region(self, frames: dict[NestedKey, torch.Tensor]) -> Region:
@@ -444,62 +426,6 @@ class ReplayBuffer(Checkpointing):
             problem = region.layout.difference(Layout.of(frames, self._capacity))
             raise ValueError(f"extend(): the batch does not match the layout set by the first batch: {problem}")
         return region
-
-    def _reserve(self, region: Region, count: int) -> tuple[int, list]:
-        """Advance the cursor and counters by ``count``; mark the slots to write as in flight.
-
-        Returns the first slot of the call and ``[(a, b, reserved_seq)]`` for the slices actually
-        written (the last ``capacity`` frames when ``count`` exceeds it).
-        """
-        cap, pid = self._capacity, os.getpid()
-        written = min(count, cap)
-        waiting_since = None
-        while True:
-            with region.lock():
-                header, seq, owner = region.header, region.seq, region.owner
-                start = int(header[CURSOR])
-                segs = ring_segments((start + count - written) % cap, written, cap)
-                blockers = slot_writers(region, segs)
-                if blockers and waiting_since is None:
-                    waiting_since = time.monotonic()
-                if not blockers or time.monotonic() - waiting_since > STALL_TIMEOUT_S:
-                    if blockers:
-                        logger.warning(
-                            "ReplayBuffer: process(es) %s held slots for over %.0f s without finishing "
-                            "their write; taking the slots over",
-                            sorted(blockers),
-                            STALL_TIMEOUT_S,
-                        )
-                    slots = []
-                    for a, b in segs:
-                        s = seq[a:b]
-                        s += 1 + (s & 1)  # odd: in flight (odd already: abandoned -> next odd)
-                        owner[a:b] = pid
-                        slots.append((a, b, s.copy()))
-                    header[CURSOR] = (start + count) % cap
-                    header[SIZE] = min(int(header[SIZE]) + count, cap)
-                    header[WRITE_COUNT] += count
-                    return start, slots
-            time.sleep(0.0005)
-
-    def _finish(self, region: Region, slots: list, committed: bool) -> None:
-        """Commit (seq -> even) or abandon (owner -> 0) the slots this call reserved.
-
-        Under the lock so that it is atomic against a writer taking over a stalled slot: only
-        slots whose sequence number is still ours change.
-        """
-        with region.lock():
-            for a, b, reserved in slots:
-                s = region.seq[a:b]
-                ours = s == reserved
-                all_ours = bool(ours.all())
-                if committed:
-                    if all_ours:
-                        s += 1
-                    else:
-                        s[ours] += 1
-                else:
-                    region.owner[a:b][ours] = 0
 
     # -- reading ---------------------------------------------------------------------------------
     def sample(self, batch_size: int) -> TensorDictBase:
@@ -526,7 +452,7 @@ class ReplayBuffer(Checkpointing):
         if size == 0 or not region.attached:
             raise RuntimeError("sample() on an empty ReplayBuffer: nothing has been written yet (len == 0)")
         idx = torch.randint(size, (int(batch_size),))
-        return to_tensordict(self._read(region, idx, redraw_below=size), [int(batch_size)])
+        return to_tensordict(read(region, idx, redraw_below=size), [int(batch_size)])
 
     def __getitem__(self, index: int | slice | torch.Tensor | list) -> TensorDictBase:
         """The frames in the given ring slots (as returned by :meth:`extend`), in that order.
@@ -548,50 +474,8 @@ class ReplayBuffer(Checkpointing):
         size = int(region.header[SIZE]) if region.attached else 0
         idx = torch.arange(size)[index]
         flat = idx.reshape(-1)
-        out = self._read(region, flat, redraw_below=None)
+        out = read(region, flat, redraw_below=None)
         return to_tensordict(out, [flat.numel()]).reshape(idx.shape)
-
-    def _read(self, region: Region, idx: torch.Tensor, redraw_below: int | None) -> dict[NestedKey, torch.Tensor]:
-        """Copy the frames in slots ``idx``, none of them torn.
-
-        Seqlock read: a slot is good if its sequence number was even before the copy and
-        unchanged after it; bad ones are copied again, from a fresh random slot below
-        ``redraw_below`` (sampling) or from the same slot (indexing).  On x86-64 stores become
-        visible in program order and loads are not reordered with loads, so a writer's data
-        stores cannot show after its commit; the numpy and torch calls are opaque to the
-        compiler, so nothing is reordered across them either.
-        """
-        n = idx.numel()
-        seq = torch.from_numpy(region.seq)
-        before = seq[idx]
-        out = {key: tensor.index_select(0, idx) for key, tensor in region.tensors.items()}
-        bad = ((before & 1) == 1) | (seq[idx] != before)
-        deadline = None
-        while bool(bad.any()):
-            deadline = deadline or time.monotonic() + SAMPLE_TIMEOUT_S
-            pos = bad.nonzero().squeeze(1)
-            if redraw_below is not None:
-                # Redraw rather than retry: a slot a dead writer abandoned must not stall us, and
-                # rejection keeps the draw uniform over the complete frames.
-                idx = idx.clone()
-                idx[pos] = torch.randint(redraw_below, (pos.numel(),))
-            else:
-                check_not_abandoned(region, idx[pos])
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"ReplayBuffer: no complete frame could be read for {SAMPLE_TIMEOUT_S:.0f} s "
-                    "(every slot tried was being written or was abandoned by a failed write)"
-                )
-            sub = idx[pos]
-            before = seq[sub]
-            for key, tensor in region.tensors.items():
-                out[key][pos] = tensor.index_select(0, sub)
-            still = ((before & 1) == 1) | (seq[sub] != before)
-            bad = torch.zeros(n, dtype=torch.bool)
-            bad[pos] = still
-            if bool(still.all()):
-                time.sleep(0.0001)
-        return out
 
     def empty(self) -> None:
         """Drop every frame (``len`` becomes 0); the storage and ``write_count`` are kept.

@@ -4,7 +4,8 @@
 - ``protocol.py``: the command/reply protocol and how exceptions travel back;
 - ``shm.py``: the shared-memory batch slots, where a batch crosses the process boundary;
 - ``pool.py``, ``handle.py``, ``reaper.py``, ``start.py``: supervision (start-up, each worker's
-  state, liveness, timeouts, shutdown);
+  state, liveness, timeouts, shutdown); ``lifecycle.py``: a collector's workers started (start
+  method, torch threads, acting, pool) and stopped, in reverse;
 - ``collector.py``: the public collector classes (``MultiSyncCollector``,
   ``MultiAsyncCollector``, ``MultiCollector``), thin faces that wire the parts below in one
   place, as ``distributed/collector.py`` does for nodes;

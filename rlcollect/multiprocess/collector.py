@@ -3,7 +3,8 @@ multi-process wing in one place (``_build``), each part handed its dependencies 
 none of the others but through them: ``WorkerPool`` (pool.py: processes, pipes, liveness), the
 slots (slots.py: written by the workers, lent to the user), the gather (gather.py: sync or
 async), where the policy acts (acting.py: in the workers, or central), ``WorkerRestarts``
-(recovery.py), free running (freerun.py) and ``WorkerStats`` (stats.py: counters, statistics).
+(recovery.py), free running (freerun.py) and ``WorkerStats`` (stats.py: counters, statistics);
+the workers are started and stopped by lifecycle.py (start method, torch threads, acting, pool).
 Options are read from ``self.config`` (config.py); torchrl's face (``shutdown``, ``set_seed``,
 ``update_policy_weights_``, ...) is ``CollectorBase``'s (rlcollect/base.py).
 """
@@ -17,8 +18,6 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import cloudpickle
-import torch
 from tensordict import TensorDict
 
 from rlcollect import torchrl_args
@@ -28,10 +27,9 @@ from rlcollect.config import bound_arguments
 from rlcollect.data import BatchLayout
 from rlcollect.multiprocess import config as mpconfig
 from rlcollect.multiprocess import protocol as P
-from rlcollect.multiprocess import start
-from rlcollect.multiprocess.acting import acting_for
 from rlcollect.multiprocess.freerun import free_running
 from rlcollect.multiprocess.gather import AsyncGather, SyncGather
+from rlcollect.multiprocess.lifecycle import start_workers, stop_workers
 from rlcollect.multiprocess.pool import DEFAULT_START_TIMEOUT_S, Attach, WorkerPool
 from rlcollect.multiprocess.recovery import RestartPolicy, WorkerRestarts
 from rlcollect.multiprocess.schedule import schedule_for
@@ -129,24 +127,8 @@ class MultiCollectorBase(CollectorBase):
         self._stats = WorkerStats(n)
         self._version = 0
         self._iterator: Iterator | None = None
-        start.check_fork_is_safe(cfg.mp_start_method, [d for ds in cfg.devices.values() for d in ds], policy)
-        start.check_not_bootstrapping()
-        self._previous_threads = torch.get_num_threads()
-        torch.set_num_threads(num_threads or max(1, (os.cpu_count() or 1) - n))
-        acting = None
-        try:
-            acting = acting_for(cfg)
-            context = start.get_context(cfg.mp_start_method)
-            self._pool = WorkerPool(context, [cloudpickle.dumps(spec) for spec in cfg.specs], cfg.num_sub_threads,
-                                    cfg.worker_timeout, cfg.start_timeout, channels=acting.channels(context),
-                                    start_guard=acting.start_guard)
-        except BaseException:
-            torch.set_num_threads(self._previous_threads)  # no shutdown() will run to restore it
-            if acting is not None:
-                acting.close()
-            raise
-        self._acting = acting
-        self._finalizer = weakref.finalize(self, _shutdown, self._pool, self._previous_threads, acting)
+        self._pool, self._acting, self._previous_threads = start_workers(cfg, policy, num_threads)
+        self._finalizer = weakref.finalize(self, stop_workers, self._pool, self._previous_threads, self._acting)
         self._closed = False
         try:
             self._build()
@@ -576,7 +558,7 @@ class MultiCollectorBase(CollectorBase):
         acting, self._acting = self._acting, None
         if pool is not None:
             self._finalizer.detach()
-            _shutdown(pool, self._previous_threads, acting, timeout)
+            stop_workers(pool, self._previous_threads, acting, timeout)
         if self._gather is not None:
             self._gather.close()
         # The parts hold the pool (its handles hold what they were attached with), the slots
@@ -588,13 +570,6 @@ class MultiCollectorBase(CollectorBase):
         self._iterator = None
         if free_error is not None:
             raise free_error
-
-
-def _shutdown(pool: WorkerPool, threads: int, acting: Any = None, timeout: float = 10.0) -> None:
-    if acting is not None:  # first: a worker waiting for its actions gets an error at once, and exits
-        acting.close()
-    pool.shutdown(timeout)
-    torch.set_num_threads(threads)
 
 
 class MultiSyncCollector(MultiCollectorBase):
