@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlcollect.collector import SingleCollector
 from rlcollect.collector_doc import COLLECTOR_DOC
@@ -41,12 +41,16 @@ _RESERVED_OPTIONS = ("backend_options", "num_collectors", "num_workers", "sync")
 class Collector(SingleCollector):
     __doc__ = COLLECTOR_DOC
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        """torchrl's front door: given ``backend``, ``num_collectors``, ``backend_options`` or
-        ``sync``, ``Collector(...)`` builds that backend's collector (``dispatch``)."""
-        if cls is Collector and not set(SELECTORS).isdisjoint(kwargs):
-            return dispatch(*args, **kwargs)
-        return super().__new__(cls)
+    # Hidden from type checkers: a __new__ defined below the inherited __init__ is what mypy
+    # checks a call against, and this one takes (*args, **kwargs); without it every argument of
+    # Collector(...) is checked against __init__'s annotations (tests/test_packaging.py, mypy).
+    if not TYPE_CHECKING:
+        def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+            """torchrl's front door: given ``backend``, ``num_collectors``, ``backend_options`` or
+            ``sync``, ``Collector(...)`` builds that backend's collector (``dispatch``)."""
+            if cls is Collector and not set(SELECTORS).isdisjoint(kwargs):
+                return dispatch(*args, **kwargs)
+            return super().__new__(cls)
 
 
 # help() and IDEs show __init__'s arguments and the front door's (__new__ takes *args, **kwargs).
