@@ -55,11 +55,11 @@ def floor(frames):
     return (time.perf_counter() - t) / frames * 1e6
 
 
-def ours(frames):
-    from rlcollect import Collector
-
+def _collector_us_per_frame(collector_cls, frames):
+    """Microseconds per frame of ``collector_cls`` (rlcollect's or torchrl's ``Collector``) on
+    the same env and actor, after one warm-up batch."""
     env, actor = make()
-    c = Collector(env, actor, frames_per_batch=200, total_frames=-1)
+    c = collector_cls(env, actor, frames_per_batch=200, total_frames=-1)
     it = iter(c)
     next(it)
     n = 0
@@ -69,22 +69,18 @@ def ours(frames):
     el = time.perf_counter() - t
     c.shutdown()
     return el / n * 1e6
+
+
+def ours(frames):
+    from rlcollect import Collector
+
+    return _collector_us_per_frame(Collector, frames)
 
 
 def theirs(frames):
     from torchrl.collectors import Collector
 
-    env, actor = make()
-    c = Collector(env, actor, frames_per_batch=200, total_frames=-1)
-    it = iter(c)
-    next(it)
-    n = 0
-    t = time.perf_counter()
-    while n < frames:
-        n += next(it).numel()
-    el = time.perf_counter() - t
-    c.shutdown()
-    return el / n * 1e6
+    return _collector_us_per_frame(Collector, frames)
 
 
 def _main():
