@@ -108,3 +108,16 @@ def own_tmpdir() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def end_processes(*procs) -> None:
+    """Kill each ``subprocess.Popen`` still running (None: skipped), reap it and close its pipes:
+    a test's ``finally`` for the processes it started."""
+    for p in procs:
+        if p is not None:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+            for f in (p.stdin, p.stdout, p.stderr):
+                if f is not None:
+                    f.close()

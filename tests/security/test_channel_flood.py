@@ -15,6 +15,7 @@ import sys
 import textwrap
 
 import pytest
+from procs import end_processes
 
 from test_dist_control_plane import HELPERS, _foreign
 
@@ -98,11 +99,4 @@ def test_junk_first_messages_from_a_stranger_leave_rank_0_bounded(tmp_path, limi
         assert rss_mib < 64  # at most MAX_PENDING first messages of 64 KiB are held
         assert rank0.wait(timeout=60) == 0, rank0.stderr.read().decode()[-3000:]
     finally:
-        for p in (flood, rank0):
-            if p is not None:
-                if p.poll() is None:
-                    p.kill()
-                p.wait()
-                for f in (p.stdin, p.stdout, p.stderr):
-                    if f is not None:
-                        f.close()
+        end_processes(flood, rank0)

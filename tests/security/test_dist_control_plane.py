@@ -18,6 +18,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from procs import end_processes
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
@@ -159,14 +160,7 @@ def test_thousands_of_idle_foreign_connections_do_not_starve_a_relaunch(tmp_path
         assert line.split()[1:] == ["1", "collecting"]
         assert rank0.wait(timeout=60) == 0, rank0.stderr.read().decode()[-3000:]
     finally:
-        for p in (holder, rank0):
-            if p is not None:
-                if p.poll() is None:
-                    p.kill()
-                p.wait()
-                for f in (p.stdin, p.stdout, p.stderr):
-                    if f is not None:
-                        f.close()
+        end_processes(holder, rank0)
 
 
 def test_a_100_mb_policy_state_dict_and_load_state_dict_travel_on_the_channel():
