@@ -165,7 +165,22 @@ def layout_to_json(layout: Any) -> dict:
                    for k, s in layout.fields.items()],
         "batch_size": list(layout.batch_size),
         "time": layout.time,
+        # a grouped env's sub-TensorDict batch dims (an agent dim): without them rank 0's
+        # batches would give ("agents",) the batch size (n, T) instead of torchrl's (n, T, agents)
+        "groups": [[list(_parts(k)), list(dims)] for k, dims in layout.groups],
     }
+
+
+def _parts(key: Any) -> tuple:
+    return (key,) if isinstance(key, str) else tuple(key)
+
+
+def _field_key(key: Any) -> Any:
+    if isinstance(key, list) and key and all(isinstance(k, str) for k in key):
+        return tuple(key)
+    if not isinstance(key, str):
+        raise ProtocolError(f"a field key must be a string or a list of strings, got {key!r}")
+    return key
 
 
 def layout_from_json(data: dict) -> Any:
@@ -175,15 +190,12 @@ def layout_from_json(data: dict) -> Any:
     try:
         fields = {}
         for key, shape, dtype in data["fields"]:
-            if isinstance(key, list) and key and all(isinstance(k, str) for k in key):
-                key = tuple(key)
-            elif not isinstance(key, str):
-                raise ProtocolError(f"a field key must be a string or a list of strings, got {key!r}")
-            fields[key] = ArraySpec(_shape(shape), _dtype(dtype))
+            fields[_field_key(key)] = ArraySpec(_shape(shape), _dtype(dtype))
         time = data["time"]
         if not _is(time, int) or time < 1:
             raise ProtocolError(f"layout time must be a positive int, got {time!r}")
-        return BatchLayout(fields, torch.Size(_shape(data["batch_size"])), time)
+        groups = tuple((_parts(_field_key(key)), _shape(dims)) for key, dims in data.get("groups", []))
+        return BatchLayout(fields, torch.Size(_shape(data["batch_size"])), time, groups)
     except (KeyError, TypeError, ValueError) as err:
         if isinstance(err, ProtocolError):
             raise
