@@ -18,6 +18,10 @@ run's secret.  What this module adds to the other launchers:
   resolves with ``RayActorError`` (process killed, its Ray node lost, out of memory), which
   ``dead()`` reports with Ray's cause.  ``relaunch`` creates a fresh actor (a new incarnation;
   Ray's own ``max_restarts`` stays 0, a restarted actor would not know it must rejoin).
+- Ray's own failures (``ray_health.RayHealth``): this host's raylet or the GCS gone, or this
+  driver's Ray node declared dead, for ``health_timeout`` seconds raises a ``WorkerError``
+  naming it, whatever ``on_node_failure`` says (no relaunch can help); a replacement actor Ray
+  has not started within ``schedule_timeout`` seconds raises one naming Ray's state.
 
 Ray is imported only here, and this module only when ``launcher="ray"`` is used.
 """
@@ -34,16 +38,25 @@ import time
 from typing import Any
 
 from rlcollect.distributed.launch.node_args import LOG_LEVEL_ENV
+from rlcollect.distributed.launch.ray_health import RayHealth
+from rlcollect.errors import WorkerError
 
 logger = logging.getLogger("rlcollect")
 
 #: The keys ``ray_options`` accepts.
 RAY_OPTION_KEYS = ("address", "init_kwargs", "num_cpus", "num_gpus", "memory", "resources", "runtime_env",
-                   "scheduling_strategy", "placement_group")
+                   "scheduling_strategy", "placement_group", "health_timeout", "schedule_timeout")
 #: Placement group strategies (``ray_options["placement_group"]``).
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 #: Seconds a killed actor is given to be reported dead by Ray.
 KILL_WAIT_S = 10.0
+#: Default ``ray_options["health_timeout"]``: seconds Ray may look dead (this host's raylet
+#: refusing connections, the GCS not answering) before the collector raises.  Ray ends a driver
+#: 60 s after losing its GCS: this leaves the trainer most of that time to save its state.
+HEALTH_TIMEOUT_S = 5.0
+#: Default ``ray_options["schedule_timeout"]``: seconds Ray may take to start a replacement
+#: actor (a worker process importing Ray: 1-10 s on a loaded 2-core machine).
+SCHEDULE_TIMEOUT_S = 30.0
 
 
 def require_ray() -> Any:
@@ -75,7 +88,8 @@ def check_ray_options(value: Any, node_workers: list[int]) -> dict:
         >>> check_ray_options({"cpus": 2}, [1])
         Traceback (most recent call last):
         ValueError: ray_options has unknown key(s) ['cpus']; accepted: ('address', 'init_kwargs', 'num_cpus', \
-'num_gpus', 'memory', 'resources', 'runtime_env', 'scheduling_strategy', 'placement_group')
+'num_gpus', 'memory', 'resources', 'runtime_env', 'scheduling_strategy', 'placement_group', 'health_timeout', \
+'schedule_timeout')
     """
     if value is None:
         value = {}
@@ -90,6 +104,10 @@ def check_ray_options(value: Any, node_workers: list[int]) -> dict:
     out["num_gpus"] = _number("num_gpus", out.get("num_gpus", 0))
     if out.get("memory") is not None:
         _number("memory", out["memory"], integer=True)
+    for key, default in (("health_timeout", HEALTH_TIMEOUT_S), ("schedule_timeout", SCHEDULE_TIMEOUT_S)):
+        out[key] = _number(key, out.get(key, default))
+        if not out[key]:
+            raise ValueError(f"ray_options[{key!r}] must be a positive number of seconds, got {out[key]!r}")
     resources = out.get("resources") or {}
     if not isinstance(resources, dict) or not all(isinstance(k, str) for k in resources):
         raise ValueError(f"ray_options['resources'] must be a dict of custom resource names to amounts, got "
@@ -179,6 +197,11 @@ class RaySession:
                 ray.shutdown()
 
 
+#: What a ``WorkerError`` about Ray's own failure tells the user to do.
+_NO_RAY_HINT = ("The collector cannot go on without Ray: save what you need and shut it down (docs/ray.md, "
+                "\"Failures\", says what each Ray process's death does)")
+
+
 def describe_death(err: BaseException) -> str:
     """Ray's cause of an actor's death, in one line."""
     text = getattr(err, "error_msg", None) or str(err)
@@ -210,6 +233,8 @@ class RayLauncher:
         self.ended: dict[int, str] = {}  # rank -> how its current actor ended (cached)
         self.retired: list[tuple[Any, Any]] = []  # (actor, run reference) of killed incarnations
         self.group: Any = None  # the placement group this launcher created
+        self.health: RayHealth | None = None
+        self.scheduling: dict[int, float] = {}  # rank -> when its replacement actor was created
         self._launch: tuple | None = None
         self._session = False
 
@@ -222,6 +247,7 @@ class RayLauncher:
         self.ray = ray = RaySession.acquire(self.options, sum(cpus))
         self._session = True
         self.actor_class = ray.remote(RayNode)
+        self.health = RayHealth(ray).start()
         parent = (os.getpid(), socket.gethostname(), ray.get_runtime_context().get_node_id())
         self._launch = (master_addr, master_port, world_size, timeout, parent)
         self._check_resources(cpus)
@@ -282,8 +308,13 @@ class RayLauncher:
         return out
 
     def relaunch(self, rank: int) -> None:
-        """A fresh actor for node ``rank`` (the first, or a new incarnation after ``kill``)."""
+        """A fresh actor for node ``rank`` (the first, or a new incarnation after ``kill``);
+        a replacement only onto a Ray that looks alive (else a ``WorkerError`` naming what is
+        gone), and watched until Ray starts it (``schedule_timeout``)."""
         master_addr, master_port, world_size, timeout, parent = self._launch
+        replacing = rank in self.actors
+        if replacing and self.health is not None and (found := self.health.probe()) is not None:
+            raise WorkerError(f"node {rank - 1} cannot be relaunched: {found}. {_NO_RAY_HINT}", rank - 1)
         level = os.environ.get(LOG_LEVEL_ENV, "WARNING")
         actor = self.actor_class.options(**self._actor_options(rank)).remote(self.secret, list(sys.path), level)
         self.actors[rank] = actor
@@ -291,6 +322,8 @@ class RayLauncher:
         self.where[rank] = actor.where.remote()
         self.runs[rank] = actor.run.remote(master_addr, master_port, rank, world_size, timeout,
                                            self.rank0_timeout, parent)
+        if replacing:
+            self.scheduling[rank] = time.monotonic()
 
     # -- watching --------------------------------------------------------------------------------------
     def _outcome(self, rank: int) -> str:
@@ -306,9 +339,35 @@ class RayLauncher:
             return f"{who} failed: {type(err).__name__}: {str(err).strip().splitlines()[-1]}"
         return f"{who} ended its node loop with exit code {code}"
 
+    def check_ray(self) -> None:
+        """Raise a ``WorkerError`` (not a node's failure: no relaunch can repair it) when Ray
+        itself has been unhealthy for ``health_timeout`` s, or has not started a replacement
+        actor within ``schedule_timeout`` s."""
+        if self.health is None:
+            return
+        found = self.health.problem(self.options["health_timeout"])
+        if found is not None:
+            raise WorkerError(f"launcher='ray': Ray itself failed: {found}; health_timeout="
+                              f"{self.options['health_timeout']:g} s. {_NO_RAY_HINT}")
+        limit = self.options["schedule_timeout"]
+        for rank, since in list(self.scheduling.items()):
+            if self._where_ready(rank):
+                del self.scheduling[rank]
+            elif rank not in self.ended and time.monotonic() - since > limit:
+                state = self.health.describe(self.actors.get(rank))
+                raise WorkerError(f"node {rank - 1}'s replacement Ray actor was not started within schedule_timeout="
+                                  f"{limit:g} s (ray_options): {state}. {_NO_RAY_HINT}", rank - 1)
+
+    def _where_ready(self, rank: int) -> bool:
+        ref = self.where.get(rank)
+        with contextlib.suppress(Exception):
+            return ref is not None and bool(self.ray.wait([ref], timeout=0, fetch_local=False)[0])
+        return False
+
     def dead(self) -> dict[int, str]:
         if self.ray is None or not self.runs:
             return {}
+        self.check_ray()
         pending = [rank for rank in self.runs if rank not in self.ended]
         if pending:
             refs = [self.runs[rank] for rank in pending]
@@ -369,6 +428,7 @@ class RayLauncher:
         actor = self.actors.get(rank)
         if actor is None or self.ray is None:
             return
+        self.scheduling.pop(rank, None)
         self._kill_and_wait([(actor, self.runs[rank])], max(timeout, KILL_WAIT_S))
         self.ended.setdefault(rank, "was killed (ray.kill) by rank 0")
         self.retired.append((actor, self.runs[rank]))
@@ -390,7 +450,10 @@ class RayLauncher:
                     with contextlib.suppress(Exception):
                         remove_placement_group(self.group)
         finally:
-            self.group = None
+            if self.health is not None:
+                self.health.stop()
+            self.group = self.health = None
+            self.scheduling.clear()
             self.actors.clear()
             self.runs.clear()
             self.where.clear()
