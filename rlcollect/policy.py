@@ -136,6 +136,7 @@ class TensorDictRunner:
 
     is_random = False
     reports_version = False
+    require_action = True  # False for a grouped env's policy (central inference's server sets it)
 
     def __init__(self, module: Any, batch_size: torch.Size, device: torch.device | None):
         from tensordict import TensorDict
@@ -145,6 +146,9 @@ class TensorDictRunner:
         self.batch_size = batch_size
         self.device = device
         self.out_keys: list[NestedKey] = []
+        #: ``[(key, dims)]``: sub-TensorDicts given batch dims of their own past the rows (a grouped
+        #: env's agent dims), so that the policy sees the sub-TensorDicts the env gives
+        self.groups: list[tuple[NestedKey, tuple[int, ...]]] = []
         # One TensorDict reused for every step: only its entries are replaced.
         self._td = TensorDict({}, batch_size=batch_size, device=device)
 
@@ -152,6 +156,10 @@ class TensorDictRunner:
         td = self._td
         for key, value in obs.items():
             td.set(key, value if self.device is None else value.to(self.device, non_blocking=True))
+        for key, dims in self.groups:
+            sub = td.get(key, None)
+            if sub is not None and tuple(sub.batch_size) != (*self.batch_size, *dims):
+                sub.batch_size = (*self.batch_size, *dims)
         out = self.fn(td)
         if out is None:
             out = td
@@ -161,7 +169,7 @@ class TensorDictRunner:
                 for k in out.keys(include_nested=True, leaves_only=True)
                 if k not in obs and not any(p.startswith("_") for p in ((k,) if isinstance(k, str) else k))
             ]
-            if "action" not in self.out_keys:
+            if self.require_action and "action" not in self.out_keys:
                 raise TypeError(
                     f"policy {_describe(self.fn)} did not write 'action'; it wrote {self.out_keys} "
                     f"from the keys {list(obs)}"

@@ -64,12 +64,15 @@ class GroupedRollout:
         self._ids_used = True
         self.needs_reset = True
         self.step_seconds = [0.0] * time
+        self._versions = np.zeros(time, np.int64)  # each step's policy version (central inference's)
         self.version_range: tuple[int, float] = (0, 0.0)
         self.last_version = 0
         self._obs_version = 0
         self._root = None
         self.layout: BatchLayout | None = None
         self._out_keys: list[NestedKey] = []
+        self._in_keys: list[NestedKey] = []  # what a remote runner is sent (every leaf of the root)
+        self._renamed: dict[NestedKey, NestedKey] = {}  # a plain module's "action" -> the env's action key
         self._truncated = [k for k in env.done_keys if _parts(k)[-1] == "truncated"]
 
     # -- carry -------------------------------------------------------------------------------
@@ -93,8 +96,11 @@ class GroupedRollout:
     def _act(self, carrier: Any, discover: bool = False) -> dict[NestedKey, torch.Tensor]:
         """Call the policy as torchrl's collectors do: a TensorDict policy on the whole root
         TensorDict; a plain module with its matched observations, its output being the env's
-        one action."""
+        one action. With central inference (a remote runner) the policy acts in the main
+        process: it is sent every leaf of the root and the sub-TensorDicts' batch dims."""
         runner = self.runner
+        if getattr(runner, "remote", False):
+            return self._act_remote(carrier, discover)
         if not hasattr(runner, "batch_size"):  # a plain module or callable (policy.py's ModuleRunner)
             out = runner({k: carrier.get(k) for k in self.env.obs_layout})
             if len(self.env.action_keys) != 1:
@@ -109,6 +115,25 @@ class GroupedRollout:
             self._out_keys = [k for k in result.keys(include_nested=True, leaves_only=True)
                               if k not in given and not any(p.startswith("_") for p in _parts(k))]
         return {k: result.get(k) for k in self._out_keys}
+
+    def _act_remote(self, carrier: Any, discover: bool) -> dict[NestedKey, torch.Tensor]:
+        runner, env = self.runner, self.env
+        if discover:
+            self._in_keys = [k for k in carrier.keys(include_nested=True, leaves_only=True)
+                             if not any(p.startswith("_") for p in _parts(k))]
+            runner.group_dims = sorted(env.group_dims.items(), key=lambda kv: len(_parts(kv[0])))
+        out = runner({k: carrier.get(k) for k in self._in_keys})
+        if discover:
+            # (a plain module in the main process returns one "action": the env's one action key)
+            single = env.action_keys[0] if len(env.action_keys) == 1 else None
+            self._renamed = {k: single if k == "action" and single is not None else k for k in out}
+            self._out_keys = list(self._renamed.values())
+        return {new: out[old] for old, new in self._renamed.items()}
+
+    def policy_inputs(self) -> dict[NestedKey, ArraySpec]:
+        """What a remote runner sends the policy, per env row: every leaf of the step's root."""
+        nb, root = len(self.env.batch_size), self._root
+        return {k: ArraySpec(tuple(root.get(k).shape[nb:]), numpy_dtype(root.get(k).dtype)) for k in self._in_keys}
 
     # -- layout ------------------------------------------------------------------------------
     def discover_layout(self, extra: dict[NestedKey, ArraySpec] | None = None) -> BatchLayout:
@@ -169,6 +194,8 @@ class GroupedRollout:
             self._obs_version = version
         env, runner = self.env, self.runner
         random = random or runner.is_random
+        versioned = not random and getattr(runner, "reports_version", False)
+        versions = self._versions
         nb, n = len(env.batch_size), self.rows
         tensors = buf.tensors
         keys = [k for k in self.layout.fields if k not in (TRAJ_IDS, MASK) and _parts(k)[0] != "collector"
@@ -184,6 +211,8 @@ class GroupedRollout:
                 env.rand_action(carrier)
             else:
                 out = self._act(carrier)
+                if versioned:
+                    versions[t] = runner.version
                 for key in self._out_keys:
                     carrier.set(key, out[key])
             began = clock()
@@ -200,7 +229,7 @@ class GroupedRollout:
                 self._new_ids(ended)
         else:
             t = self.time
-        self._finish(buf, t, version)
+        self._finish(buf, t, version, versions[:t] if versioned and t else None)
         return t
 
     def _write(self, target: torch.Tensor, td: Any, key: NestedKey, t: int, n: int) -> None:
@@ -219,7 +248,9 @@ class GroupedRollout:
                 raise ValueError(f"env {self.env!r} returned a non-finite {('next', *_parts(key))!r} at step {t} of "
                                  f"the batch (check_finite={self.check_finite!r})")
 
-    def _finish(self, buf: BatchBuffer, steps: int, version: int) -> None:
+    def _finish(self, buf: BatchBuffer, steps: int, version: int, per_step: np.ndarray | None = None) -> None:
+        """Mark truncations, write the policy versions (``version``, or ``per_step``'s with
+        central inference), the mask, and the ids of the steps not collected."""
         tensors = buf.tensors
         if self.set_truncated and steps:
             for key in self._truncated:
@@ -229,13 +260,18 @@ class GroupedRollout:
                 if done in tensors:
                     tensors[done][:, steps - 1] = True
             self.needs_reset = True
+        acted = torch.full((steps,), version, dtype=torch.int64) if per_step is None else torch.from_numpy(per_step)
         if POLICY_VERSION in tensors and steps:
-            tensors[POLICY_VERSION][:, :steps] = version
-            tensors[("next", "policy_version")][:, :steps] = version
+            tensors[POLICY_VERSION][:, :steps] = acted
+            tensors[("next", "policy_version")][:, :steps] = acted
+            # torchrl's root entry: the version when the step's observation came (the step before's)
             tensors["policy_version"][:, 0] = self._obs_version
-            tensors["policy_version"][:, 1:steps] = version
-            self._obs_version = version
-        self.version_range, self.last_version = (version, float(version)), version
+            tensors["policy_version"][:, 1:steps] = acted[:-1]
+            self._obs_version = int(acted[-1])
+        if per_step is None:
+            self.version_range, self.last_version = (version, float(version)), version
+        else:
+            self.version_range, self.last_version = (int(acted.min()), float(acted.double().mean())), int(acted[-1])
         mask = tensors.get(MASK)
         if mask is not None:
             mask[:, :steps] = True

@@ -66,6 +66,10 @@ class RemoteRunner:
     is_random = False
     module = None
     reports_version = True  # the rollout records each step's version (the main process's may move)
+    remote = True  # a grouped env's rollout sends it every leaf of the step (rollout_grouped.py)
+    #: a grouped env's sub-TensorDict batch dims, ``[(key, dims)]`` (its rollout sets them before
+    #: the dry run); None for an env stepped through the array interface
+    group_dims: list | None = None
 
     def __init__(self, conn: Any, batch_size: torch.Size):
         self.conn = conn
@@ -113,7 +117,7 @@ class RemoteRunner:
         inputs = {k: v.detach().cpu().numpy().reshape(self.rows, *v.shape[len(self.batch_size):])
                   for k, v in obs.items()}
         try:
-            self.conn.send_bytes(DISCOVER + pickle.dumps({"inputs": inputs}))
+            self.conn.send_bytes(DISCOVER + pickle.dumps({"inputs": inputs, "groups": self.group_dims}))
             kind, value = pickle.loads(self.conn.recv_bytes())
         except (EOFError, OSError) as err:
             raise InferenceUnavailable(_GONE) from err

@@ -82,6 +82,7 @@ class InferenceServer:
         self._runners: dict[int, Any] = {}
         self._out_keys: list[NestedKey] | None = None
         self._env_keys: list[NestedKey] = []
+        self._groups: list | None = None  # a grouped env's sub-TensorDict batch dims (client.py)
         self._stage: dict[NestedKey, torch.Tensor] = {}
         self._ins: dict[NestedKey, torch.Tensor] = {}
         self._outs: dict[NestedKey, torch.Tensor] = {}
@@ -247,6 +248,9 @@ class InferenceServer:
                                  None, self.trust_policy)
             if self._out_keys is not None and hasattr(runner, "out_keys"):
                 runner.out_keys = list(self._out_keys)
+            if self._groups is not None and hasattr(runner, "groups"):
+                runner.groups = [(k, tuple(d)) for k, d in self._groups]
+                runner.require_action = False  # (a grouped env's actions lie under its groups)
             self._runners[rows] = runner
         return runner
 
@@ -260,7 +264,8 @@ class InferenceServer:
         try:
             if self.error is not None:
                 raise RuntimeError("the policy raised in an earlier forward") from self.error
-            inputs = pickle.loads(payload)["inputs"]
+            message = pickle.loads(payload)
+            inputs, self._groups = message["inputs"], message.get("groups")
             rows = len(next(iter(inputs.values())))
             self._env_keys = list(inputs)
             with self.lock:

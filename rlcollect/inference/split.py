@@ -129,7 +129,7 @@ class SplitRollout:
         first = layouts[0]
         if any(layout.fields != first.fields for layout in layouts[1:]):
             raise ValueError("env_splits: the policy writes different keys for different splits of the envs")
-        self.layout = BatchLayout(first.fields, self.batch_size, self.time)
+        self.layout = BatchLayout(first.fields, self.batch_size, self.time, first.groups)
         return self.layout
 
     def _views(self, buf: BatchBuffer) -> list[BatchBuffer]:
@@ -188,9 +188,12 @@ def remote_rollout(policy: Any, env: EnvBase, time: int, traj_id_start: int, opt
     """The rollout of a worker's collector whose policy is a ``RemotePolicy`` (client.py):
     one per split of ``env`` (a ``SplitEnvs`` when there are several), each with its runner;
     split ``i`` hands out trajectory ids from its own share of the worker's id block."""
+    cls = Rollout
+    if getattr(env, "grouped", False):  # action, reward or done under groups: envs/grouped.py
+        from rlcollect.rollout_grouped import GroupedRollout as cls  # noqa: N813
     if policy.splits == 1:
-        return Rollout(env, policy.runner(0, env.batch_size), time, traj_id_start=traj_id_start, **options)
+        return cls(env, policy.runner(0, env.batch_size), time, traj_id_start=traj_id_start, **options)
     share = TRAJ_ID_BLOCK // policy.splits
-    parts = [Rollout(part, policy.runner(i, part.batch_size), time, traj_id_start=traj_id_start + i * share,
+    parts = [cls(part, policy.runner(i, part.batch_size), time, traj_id_start=traj_id_start + i * share,
                      **options) for i, part in enumerate(env.parts)]
     return SplitRollout(parts, env.batch_size)

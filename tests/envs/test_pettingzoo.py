@@ -151,6 +151,45 @@ def test_multi_sync_collector_stacks_workers_batches_of_a_pettingzoo_env():
     assert batch["next", "done"][..., 0].sum(-1).tolist() == [2, 2]  # max_cycles=5
 
 
+class Biased(torch.nn.Module):
+    """Action ``bias`` for every agent: its weight says which version acted."""
+
+    def __init__(self):
+        super().__init__()
+        self.bias = torch.nn.Parameter(torch.tensor(1.0), requires_grad=False)
+
+    def forward(self, obs):
+        return torch.full(obs.shape[:-1], int(self.bias), dtype=torch.int64)
+
+
+def test_central_inference_acts_for_a_pettingzoo_env_in_this_process():
+    policy = TensorDictModule(Biased(), in_keys=[("agents", "observation")], out_keys=[("agents", "action")])
+    worker = MultiSyncCollector([spread, spread], policy, frames_per_batch=20, total_frames=20)
+    c = MultiSyncCollector([spread, spread], policy, frames_per_batch=20, total_frames=40, inference="central",
+                           env_splits=1, track_policy_version=True)
+    try:
+        worker.set_seed(0)
+        (expected,) = [b.clone() for b in worker]
+        c.set_seed(0)
+        first, second = None, None
+        for i, batch in enumerate(c):
+            if i == 0:
+                first = batch.clone()
+                with torch.no_grad():
+                    policy.module.bias.fill_(2.0)
+                c.update_policy_weights_()
+            else:
+                second = batch.clone()
+    finally:
+        worker.shutdown()
+        c.shutdown()
+    assert first["agents"].batch_size == (2, 10, 3)
+    for key in expected.keys(include_nested=True, leaves_only=True):
+        assert torch.equal(first[key], expected[key]), key
+    assert second["agents", "action"].unique().tolist() == [2]
+    assert second["collector", "policy_version"].unique().tolist() == [1]
+
+
 @pytest.mark.processes
 def test_pettingzoo_is_imported_only_when_used():
     code = ("import sys, rlcollect\nfrom rlcollect import Collector\nc = Collector('CartPole-v1', frames_per_batch=4)\n"

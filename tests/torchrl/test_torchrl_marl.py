@@ -15,12 +15,14 @@ import pytest
 pytest.importorskip("torchrl.collectors")
 
 import torch  # noqa: E402
-from tensordict.nn import TensorDictModule  # noqa: E402
+from tensordict.nn import TensorDictModule, TensorDictModuleBase  # noqa: E402
 from torch import nn  # noqa: E402
 from torchrl.collectors import Collector as TorchRLCollector  # noqa: E402
 from torchrl.collectors import MultiAsyncCollector as TorchRLMultiAsync  # noqa: E402
 from torchrl.collectors import MultiSyncCollector as TorchRLMultiSync  # noqa: E402
+from torchrl.data import LazyTensorStorage, ReplayBuffer  # noqa: E402
 from torchrl.envs import SerialEnv  # noqa: E402
+from torchrl.weight_update import MultiProcessWeightSyncScheme, SharedMemWeightSyncScheme  # noqa: E402
 from torchrl.testing.mocking_classes import (  # noqa: E402
     HeterogeneousCountingEnv,
     MultiAgentCountingEnv,
@@ -89,6 +91,41 @@ def multi_key_policy(env) -> MultiKeyCountingEnvPolicy:
     return MultiKeyCountingEnvPolicy(full_action_spec=env.full_action_spec)
 
 
+def multi_key_counting_policy(env=None) -> MultiKeyCountingEnvPolicy:
+    """Deterministic (the multi-process collectors seed their workers' streams their own way)."""
+    return MultiKeyCountingEnvPolicy(full_action_spec=(env or multi_key()).full_action_spec, deterministic=True)
+
+
+class Level(nn.Module):
+    """Each agent acts 1 when its observation sums past ``level``: a policy with weights."""
+
+    def __init__(self):
+        super().__init__()
+        self.level = nn.Parameter(torch.tensor(6.0), requires_grad=False)
+
+    def forward(self, obs0, obs1):
+        return ((obs0.sum((-1, -2)) > self.level)[..., None].to(torch.int8),
+                (obs1.sum((-1, -2)) > self.level)[..., None].to(torch.int8))
+
+
+def level_policy(env=None) -> TensorDictModule:
+    keys = [("agents", f"agent_{i}") for i in range(2)]
+    return TensorDictModule(Level(), in_keys=[(*k, "observation") for k in keys],
+                            out_keys=[(*k, "action") for k in keys])
+
+
+class SeesTheAgentDim(TensorDictModuleBase):
+    """``nested_policy``, checking that its ``"data"`` sub-TensorDict has the agent dim (3)."""
+
+    in_keys = [("data", "states")]
+    out_keys = [("data", "action")]
+
+    def forward(self, td):
+        assert td.get("data").batch_size[-1:] == (3,), td.get("data").batch_size
+        td.set(("data", "action"), (td.get(("data", "states")) % 2).to(torch.int8))
+        return td
+
+
 ENVS = {
     "MultiAgentCountingEnv": (multi_agent, agents_policy),
     "SerialEnv(MultiAgentCountingEnv)": (multi_agent_serial, agents_policy),
@@ -122,7 +159,8 @@ def structure(td) -> dict:
 
 def assert_same(theirs: list, ours: list, same_ids: bool = True) -> None:
     """Equal batches; ``same_ids=False``: the trajectory ids may differ in value (ours are unique
-    across workers: docs/migrating-from-torchrl.md) but group the frames alike."""
+    across workers: docs/migrating-from-torchrl.md) but group the frames alike (the collected
+    ones: a split batch's padding carries id 0 in both, which may also be a real id)."""
     assert len(theirs) == len(ours)
     pairs = set()
     for a, b in zip(theirs, ours):
@@ -131,7 +169,9 @@ def assert_same(theirs: list, ours: list, same_ids: bool = True) -> None:
         assert structure(b) == structure(a)
         for key in a.keys(include_nested=True, leaves_only=True):
             if key == ("collector", "traj_ids") and not same_ids:
-                pairs |= set(zip(a[key].flatten().tolist(), b[key].flatten().tolist()))
+                valid = a.get(("collector", "mask"), torch.ones(a.shape, dtype=torch.bool))
+                assert torch.equal(a[key][~valid], b[key][~valid])
+                pairs |= set(zip(a[key][valid].tolist(), b[key][valid].tolist()))
                 continue
             assert torch.equal(a[key], b[key]), key
     assert len({x for x, _ in pairs}) == len({y for _, y in pairs}) == len(pairs)
@@ -290,6 +330,120 @@ def test_distributed_async_collector_gives_torchrls_batches_per_node_for_a_neste
     theirs, _ = torchrl_seeded(nested, nested_policy, 20, 2, 3)
     first = [b.exclude(*OURS_ONLY) for b in ours if int(b["collector", "node_id"][0]) == 0]
     assert_same(theirs[: len(first)], first)
+
+
+# -- central inference (torchrl has none: compared with its MultiSyncCollector, whose batches ours give) -----
+def test_central_inference_gives_torchrls_batches_for_a_multi_agent_env():
+    theirs = multi_batches(TorchRLMultiSync, multi_agent, agents_policy)
+    ours = multi_batches(MultiSyncCollector, multi_agent, agents_policy, inference="central", env_splits=1)
+    assert_same(theirs, ours, same_ids=False)
+
+
+def test_central_inference_on_the_nested_env_gives_the_worker_inference_batches():
+    # (torchrl's MultiSyncCollector fails on this env: compared with ours, whose workers' batches
+    # are our single-process Collector's, test_multi_sync_collector_collects_the_nested_env_torchrls_fails_on)
+    central = multi_batches(MultiSyncCollector, nested, nested_policy, inference="central", env_splits=1)
+    assert_same(multi_batches(MultiSyncCollector, nested, nested_policy), central)
+    # two env splits per worker (the default): the envs side by side, the policy (in this
+    # process) sees the agent dim as torchrl's collector gives it to a policy
+    split = multi_batches(MultiSyncCollector, nested, lambda: SeesTheAgentDim(), inference="central")
+    assert split[0].batch_size == (2, 2, 5)
+    assert split[0]["data"].batch_size == split[0]["next", "data"].batch_size == (2, 2, 5, 3)
+
+
+# -- replay buffers, free running ---------------------------------------------------------------------------
+def buffered(cls, env_fn, policy_fn, frames=10, n=3, **kwargs) -> ReplayBuffer:
+    torch.manual_seed(0)
+    env = env_fn()
+    rb = ReplayBuffer(storage=LazyTensorStorage(100))
+    c = cls(env, policy_fn(env), frames_per_batch=frames, total_frames=n * frames, replay_buffer=rb, **kwargs)
+    try:
+        assert set(map(type, c)) == {type(None)}
+    finally:
+        c.shutdown()
+    return rb
+
+
+@pytest.mark.parametrize("name", ["MultiAgentCountingEnv", "NestedCountingEnv[2]", "MultiKeyCountingEnv"])
+def test_a_torchrl_replay_buffer_gets_torchrls_frames_from_grouped_envs(name):
+    env_fn, policy_fn = ENVS[name]
+    theirs, ours = buffered(TorchRLCollector, env_fn, policy_fn), buffered(Collector, env_fn, policy_fn)
+    assert len(ours) == len(theirs) > 0
+    assert_same([theirs[: len(theirs)]], [ours[: len(ours)]])
+
+
+def test_free_running_into_a_replay_buffer_writes_torchrls_frames():
+    theirs = buffered(TorchRLCollector, multi_agent, agents_policy)
+    torch.manual_seed(0)
+    rb = ReplayBuffer(storage=LazyTensorStorage(1000))
+    c = Collector(multi_agent(), agents_policy(), frames_per_batch=10, total_frames=-1, replay_buffer=rb)
+    try:
+        c.start()
+        while len(rb) < len(theirs):
+            with c.pause():
+                pass
+        with c.pause():
+            ours = rb[: len(theirs)]
+    finally:
+        c.async_shutdown()
+    assert_same([theirs[: len(theirs)]], [ours])
+
+
+# -- trajs_per_batch, and the multi-process collectors' split_trajs, postproc, max_frames_per_traj --------
+@pytest.mark.parametrize("name", ["MultiAgentCountingEnv", "MultiKeyCountingEnv"])
+def test_trajs_per_batch_gives_torchrls_trajectories_for_grouped_envs(name):
+    env_fn, policy_fn = ENVS[name]
+    assert_same(batches(TorchRLCollector, env_fn, policy_fn, trajs_per_batch=2, traj_format="padded"),
+                batches(Collector, env_fn, policy_fn, trajs_per_batch=2, traj_format="padded"))
+
+
+def mark_seen(td):
+    td.set("seen", td.get(("next", "nested_1", "gift")).sum((-1, -2)))
+    return td
+
+
+def test_multi_sync_split_trajs_postproc_and_max_frames_per_traj_give_torchrls_batches():
+    kwargs = dict(split_trajs=True, postproc=mark_seen, max_frames_per_traj=2)
+    theirs = multi_batches(TorchRLMultiSync, multi_key, multi_key_counting_policy, **kwargs)
+    ours = multi_batches(MultiSyncCollector, multi_key, multi_key_counting_policy, **kwargs)
+    # (trajectory ids apart: torchrl's workers hand out the same ids, so two of its split rows
+    # may share one; ours are unique across workers, one per row)
+    ids = ("collector", "traj_ids")
+    assert_same([b.exclude(ids) for b in theirs], [b.exclude(ids) for b in ours])
+    for batch in ours:
+        valid = batch["collector", "mask"]
+        firsts = [int(row[m][0]) for row, m in zip(batch[ids], valid)]
+        assert all((row[m] == first).all() for row, m, first in zip(batch[ids], valid, firsts))
+        assert len(set(firsts)) == len(firsts)
+
+
+# -- torchrl's weight sync schemes -------------------------------------------------------------------------
+def updated_batches(cls, scheme) -> list:
+    policy = level_policy()
+    c = cls([multi_agent, multi_agent], policy, frames_per_batch=20, total_frames=60,
+            weight_sync_schemes={"policy": scheme})
+    try:
+        c.set_seed(3)
+        out = []
+        for batch in c:
+            out.append(batch.clone())
+            with torch.no_grad():
+                policy.module.level.add_(1.0)
+            c.update_policy_weights_()
+        return out
+    finally:
+        c.shutdown()
+
+
+@pytest.mark.parametrize("scheme", [SharedMemWeightSyncScheme, MultiProcessWeightSyncScheme])
+def test_torchrls_weight_sync_schemes_update_the_policy_on_a_multi_agent_env(scheme):
+    theirs = updated_batches(TorchRLMultiSync, scheme())
+    ours = updated_batches(MultiSyncCollector, scheme())
+    assert_same(theirs, ours, same_ids=False)
+    # (the update acted: the last batch's actions are the level-8 policy's, not the level-6 one's)
+    obs = ours[-1]["agents", "agent_0", "observation"].sum((-1, -2))
+    assert torch.equal(ours[-1]["agents", "agent_0", "action"][..., 0], (obs > 8).to(torch.int8))
+    assert not torch.equal((obs > 8), (obs > 6))
 
 
 # -- bad input: clear errors naming the env and the key ----------------------------------------------------
