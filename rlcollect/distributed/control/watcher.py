@@ -15,6 +15,12 @@ reads its orders (where rank 0 listens, the node's rank, pid and session, the ke
 as one JSON line on its standard input, which the node keeps open: end of file means the node
 process ended, however it ended (SIGKILL included), and the watcher says "gone" and exits.  It
 ignores SIGINT (a Ctrl-C reaches the whole process group; it ends with its node).
+
+It never outlives its node, whatever the launcher: it asks the kernel for a SIGKILL when the
+node process ends (``PR_SET_PDEATHSIG``), which reaches it even stopped (SIGSTOP to a suspended
+job's process group: end of file on a stopped process's input is never read, and a Ray actor
+or a submitit job killed by its launcher leaves no process group for rank 0 to kill).  A node
+that ends normally closes the watcher's input first, and the watcher says "gone" before it.
 """
 
 from __future__ import annotations
@@ -77,9 +83,30 @@ def stop(process: subprocess.Popen | None) -> None:
         process.wait()
 
 
+#: ``prctl`` option: the signal this process gets when its parent ends (linux/prctl.h).
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int) -> bool:
+    """Have the kernel SIGKILL this process when ``parent`` (its parent) ends; False where it
+    cannot (not Linux) or when ``parent`` has already ended."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    return os.getppid() == parent  # it may have ended before the call: no signal would come
+
+
 def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     orders: dict[str, Any] = json.loads(sys.stdin.readline())
+    if not die_with_parent(int(orders["pid"])) and os.getppid() != int(orders["pid"]):
+        return 0  # the node is gone already
     from rlcollect.distributed.control.messages import MASTER_RANK, Endpoint
     from rlcollect.distributed.control.wire import Wire, WireClosed
 
