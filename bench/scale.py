@@ -22,6 +22,7 @@ figures start from the same point, and prints, from that interpreter (rank 0):
 - ``RSS MB``: rank 0's resident memory then; ``fds``: the file descriptors rank 0 opened for
   the collection (counted after the first batch; ``--fds`` lists them by kind), and over N
   (``fds/node``; a few are fixed: the slope between two rows is the cost of one more node);
+  ``threads``: the threads rank 0 started for the collection;
 - ``fps``, ``bare fps``, ``of bare``: frames per second yielded, against the sum of the nodes'
   own rate (1 / each node's mean env-step latency, as reported in ``stats()``);
 - ``push p50/p99 ms``: ``--pushes`` times, ``update_policy_weights_()`` then batches until every
@@ -86,6 +87,7 @@ class Row:
     fds: int = 0
     fds_per_node: float = 0.0
     fds_by_kind: dict = field(default_factory=dict)
+    threads: int = 0
     batches_per_s: float = 0.0
     fps: float = 0.0
     bare_fps: float = 0.0
@@ -187,7 +189,7 @@ def measure_row(nodes: int, mode: str, size_name: str, seconds: float, pushes: i
     size = SIZES[size_name]
     row = Row(nodes, mode, size_name)
     env = functools.partial(SleepEnv, step_time=STEP_TIME, obs_dim=size.obs_dim)
-    fds_before = open_fds()
+    fds_before, threads_before = open_fds(), _threads()
     started = time.perf_counter()
     collector = DistributedCollector(
         [env] * nodes, _policy(size.obs_dim), frames_per_batch=size.frames * (nodes if mode == "sync" else 1),
@@ -203,6 +205,7 @@ def measure_row(nodes: int, mode: str, size_name: str, seconds: float, pushes: i
         new = {fd: target for fd, target in open_fds().items() if fd not in fds_before}
         row.fds, row.fds_per_node = len(new), len(new) / nodes
         row.fds_by_kind = classify_fds(new, collector.master_port, collector._pool.channel.port)
+        row.threads = _threads() - threads_before
         row.mb_per_batch = nbytes(batch) / 1e6
         # Warm up (every node has delivered, the receive buffers are touched), then the window.
         end = time.perf_counter() + min(1.0, seconds)
@@ -260,6 +263,10 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
 def _rss_mb() -> float:
     from bench.workloads import rss
 
@@ -268,8 +275,8 @@ def _rss_mb() -> float:
 
 # -- the table ----------------------------------------------------------------------------------------
 COLUMNS = ("nodes", "mode", "batch", "first batch s", "CPU ms/batch", "CPU s/MB", "MB/batch", "RSS MB",
-           "fds", "fds/node", "batches/s", "fps", "bare fps", "of bare", "push p50 ms", "push p99 ms", "replace s",
-           "load")
+           "fds", "fds/node", "threads", "batches/s", "fps", "bare fps", "of bare", "push p50 ms", "push p99 ms",
+           "replace s", "load")
 
 
 def header() -> str:
@@ -285,7 +292,7 @@ def format_row(row: Row) -> str:
         return f"| {row.nodes} | {row.mode} | {row.size} | failed: {row.error} |" + " |" * (len(COLUMNS) - 4)
     cells = [str(row.nodes), row.mode, row.size, _num(row.first_batch_s, 1), _num(row.cpu_ms_per_batch, 2),
              _num(row.cpu_s_per_mb, 3), _num(row.mb_per_batch, 3), _num(row.rss_mb, 0), str(row.fds),
-             _num(row.fds_per_node, 1),
+             _num(row.fds_per_node, 1), str(row.threads),
              _num(row.batches_per_s, 0), _num(row.fps, 0), _num(row.bare_fps, 0), _num(row.of_bare, 2),
              _num(row.push_p50_ms, 0), _num(row.push_p99_ms, 0), _num(row.replace_s, 1), _num(row.load, 1)]
     return "| " + " | ".join(cells) + " |"

@@ -25,7 +25,7 @@ def _cells(line: str) -> list[str]:
 def test_a_row_has_a_cell_per_column_and_a_failed_row_says_why():
     row = scale.Row(4, "async", "small", first_batch_s=20.0, cpu_ms_per_batch=1.2, cpu_s_per_mb=1.1,
                     mb_per_batch=0.001, rss_mb=400, fds=40, fds_per_node=10.0, batches_per_s=300, fps=3000,
-                    bare_fps=3600, push_p50_ms=40, push_p99_ms=90, replace_s=12.0, load=4.2)
+                    bare_fps=3600, threads=20, push_p50_ms=40, push_p99_ms=90, replace_s=12.0, load=4.2)
     header, rule = scale.header().splitlines()
     assert _cells(header) == list(scale.COLUMNS)
     assert len(_cells(rule)) == len(scale.COLUMNS)
@@ -78,3 +78,4 @@ def test_python_m_bench_scale_measures_every_column_of_a_two_node_row(tmp_path):
     assert row["push_p50_ms"] > 0 and row["replace_s"] > 0 and row["rss_mb"] > 0
     # Rank 0 opened descriptors for the nodes' store connections, channels and process groups.
     assert row["fds"] > 0 and {"store", "channel", "other tcp (gloo)"} <= set(row["fds_by_kind"])
+    assert row["threads"] > 0

@@ -293,11 +293,11 @@ def run_node(master_addr: str, master_port: int, rank: int, world_size: int, tim
                      master_port, timeout, _first_line(err))
         return EXIT_FAILED
 
-    def connect() -> Any:
-        return transport.connect_store(master_addr, master_port, 30.0)
-
     token = secrets.token_hex(16)  # this process's session
-    watch = NodeWatch(connect, rank, keys, token, rank0_timeout, _orphaned(rank), _parent_watch(parent)).start()
+    # The watch shares this store connection (the client serialises its calls): it reads the
+    # store only until the channel is attached, while this thread's calls never block long.  A
+    # connection of its own cost rank 0 one more socket per node for the whole run.
+    watch = NodeWatch(lambda: store, rank, keys, token, rank0_timeout, _orphaned(rank), _parent_watch(parent)).start()
     drops = DropLog(f"rlcollect node {rank}")
     node = commands = endpoint = watcher_process = None
     deadline = time.monotonic() + timeout

@@ -1,10 +1,12 @@
 """How node processes come to exist.
 
 - ``"mp"``: rank 0 starts each node as a local process (a small bootstrap, then the same entry
-  point as ``rlcollect node``) and watches it.  The node inherits a pipe from rank 0: rank 0
-  writes the run's secret into it, and the node's first thread, started before any heavy import,
-  waits for its end of file: rank 0's death in any phase ends the node at once.  The node
-  ignores SIGINT (a Ctrl-C reaches the whole process group; rank 0 shuts the nodes down).
+  point as ``rlcollect node``) and watches it.  The node reads the run's secret from its stdin (a
+  pipe rank 0 closes once written) and inherits the read end of the run's *lifeline*, a pipe whose
+  write end only rank 0 holds and never writes: the node's first thread, started before any
+  heavy import, waits for its end of file, so rank 0's death in any phase ends the node at once.
+  One lifeline serves every node, so rank 0 keeps two descriptors for it, not one per node.  The
+  node ignores SIGINT (a Ctrl-C reaches the whole process group; rank 0 shuts the nodes down).
 - ``"submitit"``: rank 0 submits one job per node through submitit (SLURM by default;
   ``slurm_kwargs={"executor": "local"}`` runs the same jobs as local processes).
 - ``"submitit_delayed"``: the jobs were submitted beforehand (``submit_nodes``) and wait for
@@ -32,15 +34,15 @@ from rlcollect.distributed.launch.node_args import LOG_LEVEL_ENV
 logger = logging.getLogger("rlcollect")
 
 LAUNCHERS = ("mp", "submitit", "submitit_delayed", "external", "ray")
-#: The "mp" launcher's node bootstrap (``python -c``; argv: the pipe's fd, then the node's
-#: options).  It ignores SIGINT, reads the secret line from the pipe and watches it for end of
-#: file before it imports anything heavy (torch takes seconds to import).  It ends with
+#: The "mp" launcher's node bootstrap (``python -c``; argv: the lifeline's fd, then the node's
+#: options).  It ignores SIGINT, reads the secret line from stdin and watches the lifeline for end
+#: of file before it imports anything heavy (torch takes seconds to import).  It ends with
 #: ``os._exit`` (no interpreter teardown), removing multiprocessing's temp folder first.
 BOOTSTRAP = """\
 import os, signal, sys, threading
 signal.signal(signal.SIGINT, signal.SIG_IGN)
+secret = sys.stdin.buffer.readline().strip()
 pipe = os.fdopen(int(sys.argv[1]), "rb", buffering=0)
-secret = pipe.readline().strip()
 def watch():
     while pipe.read(4096):
         pass
@@ -133,7 +135,8 @@ class MpLauncher(Launcher):
     def __init__(self, secret: bytes = b"", secret_file: Any = None, rank0_timeout: float = 60.0) -> None:
         super().__init__(secret, None, rank0_timeout)
         self.processes: dict[int, subprocess.Popen] = {}
-        self.pipes: dict[int, int] = {}  # rank -> the write end of its node's pipe (closed when it is gone)
+        # The lifeline (read end, write end): every node inherits the read end; closed at stop.
+        self.lifeline: tuple[int, int] | None = None
         self._launch: tuple | None = None
 
     def start(self, master_addr: str, master_port: int, world_size: int, timeout: float,
@@ -146,31 +149,37 @@ class MpLauncher(Launcher):
         # user's modules) import in the node as they do here.
         env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)
         self._launch = (master_addr, master_port, world_size, timeout, env)
+        if self.lifeline is None:
+            self.lifeline = os.pipe()  # both ends non-inheritable: only pass_fds hands the read end on
         for rank in range(1, world_size):
             self.relaunch(rank)
 
     def relaunch(self, rank: int) -> None:
         master_addr, master_port, world_size, timeout, env = self._launch
-        self._close_pipe(rank)
-        read, write = os.pipe()
+        read = self.lifeline[0]
+        command = [sys.executable, "-c", BOOTSTRAP, str(read), *node_command(
+            master_addr, master_port, rank, world_size, timeout, rank0_timeout=self.rank0_timeout)[2:]]
+        # A process group of its own (nodes ignore SIGINT: a Ctrl-C is rank 0's to handle), so
+        # that a node is killed with what it started: its watcher, its envs' processes.
+        process = self.processes[rank] = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, pass_fds=(read,),
+                                                          start_new_session=True)
+        # The secret fits the pipe's buffer: written at once, even if the node has not started
+        # reading (or died: then the write fails, and the node is reported dead as any other).
         try:
-            command = [sys.executable, "-c", BOOTSTRAP, str(read), *node_command(
-                master_addr, master_port, rank, world_size, timeout, rank0_timeout=self.rank0_timeout)[2:]]
-            # A process group of its own (nodes ignore SIGINT: a Ctrl-C is rank 0's to handle), so
-            # that a node is killed with what it started: its watcher, its envs' processes.
-            self.processes[rank] = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, pass_fds=(read,),
-                                                    start_new_session=True)
-            os.write(write, self.secret + b"\n")
-        except BaseException:
-            os.close(write)
-            raise
+            process.stdin.write(self.secret + b"\n")
+        except OSError:
+            pass
         finally:
-            os.close(read)
-        self.pipes[rank] = write
+            try:
+                process.stdin.close()
+            except OSError:
+                pass
 
-    def _close_pipe(self, rank: int) -> None:
-        fd = self.pipes.pop(rank, None)
-        if fd is not None:
+    def _close_lifeline(self) -> None:
+        # Forgotten before closed: a second stop (after a Ctrl-C in the first) never closes a
+        # descriptor number that may have been reused meanwhile.
+        fds, self.lifeline = self.lifeline or (), None
+        for fd in fds:
             os.close(fd)
 
     def kill(self, rank: int, timeout: float = 5.0) -> None:
@@ -182,7 +191,6 @@ class MpLauncher(Launcher):
             if process.poll() is None:
                 process.kill()
             process.wait(timeout)
-        self._close_pipe(rank)
 
     def dead(self) -> dict[int, str]:
         return {rank: f"(pid {p.pid}) {describe_exit(p.returncode)}"
@@ -200,8 +208,7 @@ class MpLauncher(Launcher):
         finally:
             for process in self.processes.values():  # what a node left behind (a stopped watcher)
                 end_group(process.pid, signal.SIGKILL)
-            for rank in list(self.pipes):
-                self._close_pipe(rank)
+            self._close_lifeline()
 
 
 def end_group(pgid: int, sig: int) -> bool:
