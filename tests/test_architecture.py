@@ -2,10 +2,10 @@
 cycles between rlcollect's modules, no class that inherits from two rlcollect classes (the
 collaborators of a collector are composed, not mixed in), no class that overrides a private
 method its rlcollect base implements (only the hooks a base declares), no module that reads
-the private attributes of another module's objects, both wings built of the same rooms, central
-inference known only to its role, no module past ~600 lines, and nothing in the package imports
-the benchmark suite (``bench/`` is not installed). Read from the source with ``ast``: nothing
-is imported or run."""
+the private attributes of another module's objects, central inference known only to its role
+(both wings' member control: tests/test_members_contract.py), no module past ~600 lines, and
+nothing in the package imports the benchmark suite (``bench/`` is not installed). Read from the
+source with ``ast``: nothing is imported or run."""
 
 from __future__ import annotations
 
@@ -344,19 +344,6 @@ def test_distributed_floors_import_only_what_their_docstrings_allow():
         assert _imports(floor) == [], floor
 
 
-WING_ROOMS = ("collector.py", "gather.py", "pool.py", "recovery.py")
-
-
-def test_both_wings_have_the_same_rooms():
-    """A role is found by file name alone, in either wing."""
-    for wing in ("multiprocess", "distributed"):
-        assert [room for room in WING_ROOMS if not (PACKAGE / wing / room).exists()] == [], wing
-
-
-def test_the_multiprocess_wing_has_its_rooms():
-    assert [room for room in WING_ROOMS if not (PACKAGE / "multiprocess" / room).exists()] == []
-
-
 #: Where central inference may be known: its own folder, the role that chooses where the policy
 #: acts, the options that validate ``inference=`` and the worker that hands the pipes it was
 #: started with to the client (``RemotePolicy``).
@@ -398,10 +385,14 @@ def test_a_replacement_seed_is_derived_in_one_place_for_both_wings():
 
 
 def _stats_writes(module: str) -> list[str]:
+    return _stats_writes_in(MODULES[module].read_text(), module)
+
+
+def _stats_writes_in(source: str, module: str) -> list[str]:
     """Attribute stores (``=``, ``+=``, ``setattr``) on an object reached through a ``stats`` or
     ``_stats`` attribute (``self.stats.frames += n``, ``setattr(self._stats, "frames", n)``)."""
     found = []
-    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Call) and ast.unparse(node.func) == "setattr" and node.args:
             owners = [node.args[0]]
         elif isinstance(node, (ast.Assign, ast.AugAssign)):
@@ -414,11 +405,12 @@ def _stats_writes(module: str) -> list[str]:
     return found
 
 
-def test_the_multiprocess_gathers_report_to_the_statistics_and_do_not_write_them():
-    """``WorkerStats`` (multiprocess/stats.py) owns its counters: the gathers and free running
-    report a batch (``note_batch``, ...), they do not write its fields. (The face's ``_frames``
-    and ``_iter`` still proxy two of them: issue 37's ``Members`` step.)"""
-    assert _stats_writes("rlcollect.multiprocess.collector")  # the scan sees a write
-    parts = [m for m in MODULES if m.startswith("rlcollect.multiprocess.")
-             and m not in ("rlcollect.multiprocess.stats", "rlcollect.multiprocess.collector")]
+def test_the_gathers_report_to_the_statistics_and_do_not_write_them():
+    """``MemberStats`` (members.py) owns its counters: the gathers, free running and the faces
+    report a batch (``note_batch``, ...), they do not write its fields."""
+    source = ("class Face:\n    def f(self):\n        setattr(self._stats, 'frames', 1)\n"
+              "        self.stats.batches += 1\n")
+    assert len(_stats_writes_in(source, "face")) == 2  # the scan sees a write
+    parts = [m for m in MODULES if m.startswith(("rlcollect.multiprocess.", "rlcollect.distributed.",
+                                                 "rlcollect.members"))]
     assert [w for m in parts for w in _stats_writes(m)] == []

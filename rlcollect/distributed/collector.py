@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import sys
-import time
 import traceback
 import weakref
 from collections.abc import Callable, Iterator
@@ -27,6 +26,7 @@ from rlcollect.distributed.node_weights import NodeWeights
 from rlcollect.distributed.pool import NodePool
 from rlcollect.distributed.recovery import Recovery
 from rlcollect.distributed.stats import distributed_stats
+from rlcollect.members import Members, MemberStats
 from rlcollect.weights.models import UnknownModelError, make_weight_updater
 from rlcollect.weights.schemes import NoWeightSyncScheme
 
@@ -289,19 +289,18 @@ class DistributedCollector(CollectorBase):
         self.num_nodes, self.sync = cfg.num_nodes, cfg.sync
         self.frames_per_batch, self.total_frames = cfg.frames_per_batch, cfg.total_frames
         self.master_addr, self.master_port = cfg.master_addr, None
-        self._iter = self._version = 0
+        self._version = 0
         self._target = self.total_frames
-        self._last_batch_s = 0.0
-        self._last_batch_frames = 0
-        self._started_at = time.perf_counter()
-        self._first_batch: tuple[int, float] | None = None
+        self._stats = MemberStats(cfg.num_nodes)  # (its clock starts now: fps counts the start-up)
         self._iterator: Iterator | None = None
         secret, secret_file, own_file = _run_secret(cfg)
         pool = self._pool = NodePool(cfg, secret, secret_file, own_file)
-        # Collaborators: each gets what it needs here, and none calls another.
+        # Collaborators: each gets what it needs here, and none calls another; Members runs the
+        # gather (and every wait that may meet a node's failure) under recovery.
         self._recovery = Recovery(cfg, pool)
         self._weights = NodeWeights(cfg, pool)
-        self._gather = Gather(cfg, pool, self._push_due, lambda: self._version)
+        self._gather = Gather(cfg, pool, self._push_due, lambda: self._version, self._stats)
+        self._member_control = Members(pool, self._gather, self._recovery, self._stats)
         self._finalizer = weakref.finalize(self, pool.close)
         self._closed = False
         try:
@@ -320,13 +319,9 @@ class DistributedCollector(CollectorBase):
             traceback.clear_frames(err.__traceback__)
             raise
 
-    @property
-    def _frames(self) -> int:
-        return self._gather.frames
-
-    @_frames.setter
-    def _frames(self, value: int) -> None:
-        self._gather.frames = value
+    # -- the counters, owned by the statistics (the gather reports each batch) ---------------------
+    _frames = property(lambda self: self._stats.frames)
+    _iter = property(lambda self: self._stats.batches)
 
     # -- iteration (CollectorBase.__iter__) ---------------------------------------------------------------
     _shutdown_on_error = True
@@ -347,14 +342,7 @@ class DistributedCollector(CollectorBase):
 
     def _collect_next(self) -> tuple[TensorDict, dict]:
         with self._guard():
-            started = time.perf_counter()
-            frames_before = self._frames
-            batch = self._recovery.run(self._next_one)
-            self._last_batch_s = time.perf_counter() - started
-            self._last_batch_frames = self._frames - frames_before
-            if self._first_batch is None:  # stats()["fps_steady"] counts from here
-                self._first_batch = (self._frames, time.perf_counter() - self._started_at)
-        self._iter += 1
+            batch = self._member_control.run(self._next_one)
         return batch, {"storing_device": self.config.storing_device}
 
     def _next_one(self) -> TensorDict:
@@ -365,8 +353,8 @@ class DistributedCollector(CollectorBase):
         """Receive every batch still owed (within ``timeout``); they stay queued for delivery."""
         self._settle()
         with self._guard():
-            self._recovery.run(lambda: self._pool.wait_for(self._gather.drained, "waiting for the batches in flight",
-                                                           timeout=self.config.timeout))
+            self._member_control.run(self._pool.wait_for, self._gather.drained, "waiting for the batches in flight",
+                                     self.config.timeout)
         self._settle()  # a node that failed while draining was relaunched
 
     def _discard_in_flight(self) -> None:
@@ -378,14 +366,14 @@ class DistributedCollector(CollectorBase):
         """Wait until no node is on its way back (before a command meant for every node)."""
         pool = self._pool
         with self._guard():
-            self._recovery.run(lambda: pool.wait_for(pool.settled, "waiting for relaunched nodes to rejoin"))
+            self._member_control.run(pool.wait_for, pool.settled, "waiting for relaunched nodes to rejoin")
 
     def _seed(self, seed: int, static_seed: bool) -> int:
         # Async batches in flight are discarded; dropped nodes are skipped.
         self._discard_in_flight()
         with self._guard():
             for i in self._pool.serving_nodes():
-                self._pool.handles[i].seed = seed
+                self._recovery.note_seed(i, seed)
                 seed, _ = self._pool.ask(i, "seed", seed=seed, static_seed=bool(static_seed))
         return seed
 
@@ -431,7 +419,7 @@ class DistributedCollector(CollectorBase):
         with self._guard():
             for i in nodes:
                 self._pool.ask(i, "load_state_dict", cloudpickle.dumps(state[f"node{i}"]))
-        self._frames, self._iter = int(state["frames"]), int(state["iter"])
+        self._stats.restore(int(state["frames"]), int(state["iter"]))
         self._version = int(state.get("policy_version", self._version))
         self._target = self.total_frames  # iteration continues to total_frames (or total_frames more)
 
@@ -452,7 +440,7 @@ class DistributedCollector(CollectorBase):
             # push is made again: the relaunched node gets these weights when it rejoins.
             # One version for this update, however often it is retried (it moved by 2).
             version = self._version + 1
-            self._recovery.run(lambda: self._push(targets, version))
+            self._member_control.run(self._push, targets, version)
 
     def _push(self, targets: dict[int, Any], version: int | None = None) -> None:
         packed = self._weights.pack(targets)
@@ -485,10 +473,8 @@ class DistributedCollector(CollectorBase):
         "worker" is a node here, its env-step latency measured on the node), and each node's
         state, lost batches, host and pid, the dropped nodes, the launcher and rank 0's address."""
         return self._torchrl_stats(distributed_stats(
-            self._pool, closed=self._closed, master=f"{self.master_addr}:{self.master_port}", frames=self._frames,
-            batches=self._iter, elapsed=time.perf_counter() - self._started_at,
-            recent_fps=self._last_batch_frames / self._last_batch_s if self._last_batch_s else 0.0,
-            version=self._version, lag=self._gather.lag, wait=self._gather.wait, first_batch=self._first_batch))
+            self._pool, self._stats, closed=self._closed, master=f"{self.master_addr}:{self.master_port}",
+            restarts=self._recovery.counts, version=self._version))
 
     @property
     def requested_frames_per_batch(self) -> int:

@@ -6,7 +6,8 @@ delivered.  The multi-process wing has a ``gather.py`` for the same role.
 assembled (kept across a node's relaunch, so only the failed node's part is collected again),
 and the async batches received early (while draining before a command) that wait for
 delivery.  It waits through the pool (``NodePool.wait_for``, liveness checked throughout) and
-never handles a failure itself: the collector runs it under ``Recovery``.
+never handles a failure itself: it raises, and the collector's ``Members`` (rlcollect/members.py)
+has ``Recovery`` repair it and asks again.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import torch
 from tensordict import TensorDict
 
 from rlcollect.distributed.control import protocol as P
-from rlcollect.metrics import BatchClock, batch_meta, policy_lag
+from rlcollect.members import MemberStats
+from rlcollect.metrics import batch_meta, policy_lag
 
 #: ``("collector", "node_id")``: the node an async batch came from.
 NODE_ID = ("collector", "node_id")
@@ -39,38 +41,48 @@ class Gather:
         push_due: ``push_due(nodes, yielded)`` pushes the automatic weight updates due before
             the next batch of ``nodes`` (the collector's ``NodeWeights`` decide which).
         version: returns the weights version rank 0 is at (for the policy lag).
+        stats: the ``MemberStats`` each delivered batch is reported to (frames delivered,
+            collector-wide and per node: what ``state_dict()["frames"]`` and ``total_frames``
+            count; batches received and not delivered yet, in ``backlog`` or ``round``, are not
+            counted until they are delivered), with the lag, the wait and the frames dropped.
 
     Example (needs running nodes)::
 
-        gather = Gather(config, pool, push_due, lambda: version)
+        gather = Gather(config, pool, push_due, lambda: version, MemberStats(config.num_nodes))
         batch = gather.next_sync(yielded=0)
     """
 
-    def __init__(self, config: Any, pool: Any, push_due: Callable[[Any, int], None], version: Callable[[], int]):
-        self.config, self.pool, self._push_due, self._version = config, pool, push_due, version
-        # Frames delivered to the user (collector-wide and, in ``pool.handles[i].frames``, per
-        # node): what ``state_dict()["frames"]`` and ``total_frames`` count.  Batches received and
-        # not delivered yet (``backlog``, ``round``) are not counted until they are delivered.
-        self.frames = 0
+    def __init__(self, config: Any, pool: Any, push_due: Callable[[Any, int], None], version: Callable[[], int],
+                 stats: MemberStats):
+        self.config, self.pool, self._push_due, self._version, self.stats = config, pool, push_due, version, stats
         self.backlog: collections.deque[tuple[int, TensorDict, P.Message]] = collections.deque()
         self.round: dict[int, tuple[TensorDict, P.Message]] = {}
         self.round_open = False
-        self.lag = (0.0, 0)  # policy lag of the last batch gathered: mean, max
-        self.wait = BatchClock()  # rank 0 blocked waiting for the nodes' batches
-        self.lag_dropped_since = 0  # frames dropped for lag since the last batch delivered
+        self.started = 0.0  # when the batch being gathered was first asked for
+        self.owed = None  # (Members' contract: no failure is met after a batch is taken here)
+
+    # -- Members' contract (rlcollect/members.py) --------------------------------------------------
+    def take_owed(self) -> None:
+        """(never owed)"""
+
+    def recovered(self, index: int) -> None:
+        """Node ``index`` was dropped or relaunched: ``round`` keeps the other nodes' parts."""
+
+    def abandon(self) -> None:
+        """A failure was raised: what was gathered stays (the collector shuts down)."""
 
     def take(self, msg: P.Message) -> TensorDict:
         """The batch ``msg`` announced (counted when delivered: ``deliver``)."""
         return self.pool.take(msg)
 
-    def deliver(self, msg: P.Message) -> None:
-        """Count the frames of the batch ``msg`` announced, delivered now (collector-wide and for
-        its node)."""
-        self.frames += msg["frames"]
-        self.pool.handles[msg.rank - 1].frames += msg["frames"]
+    def deliver(self, msgs: list[P.Message], waited: float) -> None:
+        """Report the batch of the parts ``msgs`` announced, delivered now, to the statistics
+        (``waited``: the seconds rank 0 waited for it)."""
+        parts = [(msg.rank - 1, {"frames": msg["frames"], "meta": _meta(msg)}) for msg in msgs]
+        self.stats.note_batch(parts, self._version(), waited, started=self.started, workers=False)
 
     def grant(self, i: int, credits: int) -> None:
-        self.pool.grant(i, credits, random=self.frames < self.config.init_random_frames)
+        self.pool.grant(i, credits, random=self.stats.frames < self.config.init_random_frames)
 
     def next_sync(self, yielded: int) -> TensorDict:
         """One part from every node (``yielded``: batches delivered so far).  Each part is
@@ -78,6 +90,7 @@ class Gather:
         relaunched (this runs again), the parts of the others stay."""
         pool, parts, n = self.pool, self.round, self.config.num_nodes
         if not self.round_open:  # not again when this batch resumes after a relaunch
+            self.started = time.perf_counter()
             self._push_due(range(n), yielded)
             self.round_open = True
 
@@ -94,10 +107,7 @@ class Gather:
 
         waited = time.perf_counter()
         pool.wait_for(all_ready, "waiting for the nodes' batches")
-        self.wait.add(time.perf_counter() - waited)
-        self.lag = policy_lag(self._version(), [_meta(msg) for _, msg in parts.values()])
-        for _, msg in parts.values():
-            self.deliver(msg)
+        self.deliver([msg for _, msg in parts.values()], time.perf_counter() - waited)
         batch = torch.stack([parts[i][0] for i in range(n)], 0)
         parts.clear()
         self.round_open = False
@@ -110,24 +120,23 @@ class Gather:
         more than that many versions behind rank 0's is dropped (counted per node, and in the
         next batch's ``("collector", "lag_dropped_frames")``) and the next one taken."""
         bound = self.config.lag_bound
+        self.started, waited = time.perf_counter(), 0.0
         while True:
-            i, batch, msg = self._next_announced(yielded)
+            i, batch, msg, wait = self._next_announced(yielded)
+            waited += wait
             if bound is None or policy_lag(self._version(), [_meta(msg)])[1] <= bound:
                 break
-            self.pool.handles[i].lag_dropped += msg["frames"]
-            self.lag_dropped_since += msg["frames"]
-        self.deliver(msg)
+            self.stats.note_lag_dropped(i, msg)
         batch.set(NODE_ID, torch.full(batch.shape, i, dtype=torch.int64))
         if bound is not None:
-            batch.set(LAG_DROPPED, torch.full(batch.shape, self.lag_dropped_since, dtype=torch.int64))
-            self.lag_dropped_since = 0
+            batch.set(LAG_DROPPED, torch.full(batch.shape, self.stats.take_lag_dropped(), dtype=torch.int64))
         batch.names = [None] * (batch.batch_dims - 1) + ["time"]
-        self.lag = policy_lag(self._version(), [_meta(msg)])
+        self.deliver([msg], waited)
         return batch
 
-    def _next_announced(self, yielded: int) -> tuple[int, TensorDict, P.Message]:
+    def _next_announced(self, yielded: int) -> tuple[int, TensorDict, P.Message, float]:
         """The first batch any node announced (or one received early): ``(node, batch,
-        notice)``; that node is restarted at once."""
+        notice, seconds waited)``; that node is restarted at once."""
         taken: list[P.Message] = []
         pool, slots = self.pool, self.config.slots
 
@@ -142,7 +151,7 @@ class Gather:
 
         waited = time.perf_counter()
         pool.wait_for(one_ready, "waiting for a node's batch")
-        self.wait.add(time.perf_counter() - waited)
+        waited = time.perf_counter() - waited
         if taken:
             msg = taken[0]
             i, batch = msg.rank - 1, self.take(msg).clone()
@@ -150,7 +159,7 @@ class Gather:
             i, batch, msg = self.backlog.popleft()
         self._push_due([i], yielded + 1)
         self.grant(i, slots - pool.handles[i].outstanding)  # restart that node at once
-        return i, batch, msg
+        return i, batch, msg, waited
 
     def drained(self) -> bool:
         """Receive the batches already announced into ``backlog``; True once no node owes one

@@ -80,14 +80,10 @@ class NodeHandle:
     weight_sends: collections.deque = field(default_factory=collections.deque)  # (version, work) not yet taken
     last_weights: tuple[int, Any] | None = None  # (version, packed): what a relaunched node starts from
     # -- counters --------------------------------------------------------------------------------
-    frames: int = 0  # frames of its batches delivered to the user (not those received and waiting)
     version: int = 0  # the weights version it acts with (from its next batch on)
     since_update: int = 0  # batches received since its last weights
     step: tuple[float | None, float | None] = (None, None)  # env-step latency: mean, p95 (seconds)
-    restarts: int = 0
     lost_batches: int = 0
-    lag_dropped: int = 0  # frames dropped for being more than max_policy_lag behind
-    seed: int | None = None  # the seed it was last given (a relaunched node derives its own)
 
     @property
     def rank(self) -> int:

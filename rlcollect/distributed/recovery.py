@@ -14,13 +14,15 @@ docs/fault-tolerance.md, "Distributed nodes").
 
 A failure is an exception marked with ``failed_node`` (``protocol.mark_failed``): a node process
 that died, a node that stopped beating, a node whose collection raised, a node that took more
-than ``node_timeout`` seconds for one batch, a broken connection.
+than ``node_timeout`` seconds for one batch, a broken connection. The collector's ``Members``
+(rlcollect/members.py) runs each step that may meet one under recovery: ``member_of(error)``
+tells a node's failure, ``recover(node, error)`` repairs it or re-raises it, and the step runs
+again. ``Recovery`` owns each node's restart count and the seed its replacement derives from.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from rlcollect.distributed.nodes import NodeState
@@ -33,36 +35,40 @@ logger = logging.getLogger("rlcollect")
 
 class Recovery:
     """The restart policy of a ``DistributedCollector``: its ``config`` (``on_node_failure``,
-    ``max_node_restarts``, the relaunch payloads) applied to the nodes of ``pool``.
+    ``max_node_restarts``, the relaunch payloads) applied to the nodes of ``pool``, with each
+    node's restart count (``counts``) and last seed (``seeds``).
 
     Example (needs running nodes)::
 
         recovery = Recovery(config, pool)
-        batch = recovery.run(next_batch)  # next_batch() again after each repaired failure
+        members = Members(pool, gather, recovery, stats)
+        batch = members.run(next_batch)  # next_batch() again after each repaired failure
     """
 
     def __init__(self, config: Any, pool: Any):
         self.config, self.pool = config, pool
+        self.counts = [0] * config.num_nodes  # restarts of each node
+        self.seeds: list[int | None] = [None] * config.num_nodes  # the seed each node was last given
 
-    def run(self, step: Callable[[], Any]) -> Any:
-        """``step()``, again after each node failure that ``on_node_failure`` repairs."""
-        while True:
-            try:
-                return step()
-            except Exception as err:
-                node = getattr(err, "failed_node", None)
-                if node is None or not self._recover(node, err):
-                    raise
+    def note_seed(self, node: int, seed: int) -> None:
+        """``node`` was given ``seed`` (``set_seed``): its replacements derive theirs from it."""
+        self.seeds[node] = seed
 
-    def _recover(self, node: int, error: BaseException) -> bool:
-        """Drop (and relaunch) failed ``node``; False when the failure must be raised."""
+    def member_of(self, error: BaseException) -> int | None:
+        """The node ``error`` is the failure of (marked ``failed_node``; None: not a node's)."""
+        return getattr(error, "failed_node", None)
+
+    def recover(self, node: int, error: BaseException) -> None:
+        """Drop (and relaunch) failed ``node``, or re-raise ``error`` when ``on_node_failure``
+        does not repair it."""
         cfg, pool = self.config, self.pool
         handle = pool.handles[node]
         mode = cfg.on_node_failure
         if mode == "raise" or handle.state is NodeState.DROPPED:
-            return False
-        if mode == "restart" and handle.restarts >= cfg.max_node_restarts:
-            raise WorkerError(f"node {node} failed again after {handle.restarts} restarts (max_node_restarts="
+            raise error
+        restarts = self.counts[node]
+        if mode == "restart" and restarts >= cfg.max_node_restarts:
+            raise WorkerError(f"node {node} failed again after {restarts} restarts (max_node_restarts="
                               f"{cfg.max_node_restarts}): {type(error).__name__}: {error}", node,
                               getattr(error, "exitcode", None), getattr(error, "worker_traceback", None)) from error
         pool.drop(node, for_good=mode == "continue")
@@ -71,14 +77,13 @@ class Recovery:
             if pool.all_dropped():
                 raise WorkerError(f"every node failed (on_node_failure='continue'); the last, node {node}: "
                                   f"{type(error).__name__}: {error}", node) from error
-            return True
-        handle.restarts += 1
+            return
+        self.counts[node] += 1
         incarnation = handle.incarnation + 1
-        seed = None if handle.seed is None else replacement_seed(handle.seed, incarnation)
-        logger.warning("rlcollect: relaunching node %d (restart %d of %d) after: %s", node, handle.restarts,
+        seed = None if self.seeds[node] is None else replacement_seed(self.seeds[node], incarnation)
+        logger.warning("rlcollect: relaunching node %d (restart %d of %d) after: %s", node, self.counts[node],
                        cfg.max_node_restarts, _first_line(error))
         pool.restart(node, cfg.relaunch_payload(node, incarnation, seed))
-        return True
 
 
 def _first_line(err: BaseException) -> str:

@@ -10,11 +10,11 @@
   ``MultiAsyncCollector``, ``MultiCollector``), thin faces that wire the parts below in one
   place, as ``distributed/collector.py`` does for nodes;
 - ``slots.py``: the batch slots lent to the user and reclaimed; ``gather.py``: how batches are
-  gathered (``SyncGather``, ``AsyncGather``);
+  gathered (``SyncGather``; ``AsyncGather`` in ``gather_async.py``);
 - ``acting.py``: where the policy acts, in the workers (``InWorkers``: their weights) or in
   this process for all of them (``Central``: rlcollect/inference/);
 - ``recovery.py``: where a failed worker is replaced; ``freerun.py``: free running (the workers
-  writing a replay buffer on their own, or a background thread); ``stats.py``: statistics;
+  writing a replay buffer on their own, or a background thread); statistics: rlcollect/members.py's ``MemberStats``;
 - ``config.py``: the validated options and the workers' specs.
 
 Nothing is imported here, so that a worker importing ``worker.py`` stays light.

@@ -3,7 +3,9 @@ multi-process wing in one place (``_build``), each part handed its dependencies 
 none of the others but through them: ``WorkerPool`` (pool.py: processes, pipes, liveness), the
 slots (slots.py: written by the workers, lent to the user), the gather (gather.py: sync or
 async), where the policy acts (acting.py: in the workers, or central), ``WorkerRestarts``
-(recovery.py), free running (freerun.py) and ``WorkerStats`` (stats.py: counters, statistics);
+(recovery.py), free running (freerun.py) and ``MemberStats`` (rlcollect/members.py: counters, statistics);
+``Members`` (rlcollect/members.py) holds the pool, the gather, the restarts and the statistics,
+and runs the gather under recovery (the face's ``_collect_next`` is its ``next_batch``);
 the workers are started and stopped by lifecycle.py (start method, torch threads, acting, pool).
 Options are read from ``self.config`` (config.py); torchrl's face (``shutdown``, ``set_seed``,
 ``update_policy_weights_``, ...) is ``CollectorBase``'s (rlcollect/base.py).
@@ -12,6 +14,7 @@ Options are read from ``self.config`` (config.py); torchrl's face (``shutdown``,
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 import weakref
@@ -25,15 +28,16 @@ from rlcollect.base import CollectorBase, FromConfig
 from rlcollect.collector import SingleCollector
 from rlcollect.config import bound_arguments
 from rlcollect.data import BatchLayout
+from rlcollect.members import Members, MemberStats
 from rlcollect.multiprocess import config as mpconfig
 from rlcollect.multiprocess import protocol as P
 from rlcollect.multiprocess.freerun import free_running
-from rlcollect.multiprocess.gather import AsyncGather, SyncGather
+from rlcollect.multiprocess.gather import SyncGather
+from rlcollect.multiprocess.gather_async import AsyncGather
 from rlcollect.multiprocess.lifecycle import start_workers, stop_workers
 from rlcollect.multiprocess.pool import DEFAULT_START_TIMEOUT_S, Attach, WorkerPool
 from rlcollect.multiprocess.recovery import RestartPolicy, WorkerRestarts
 from rlcollect.multiprocess.schedule import schedule_for
-from rlcollect.multiprocess.stats import WorkerStats
 from rlcollect.weights.models import make_weight_updater
 
 
@@ -47,7 +51,8 @@ class MultiCollectorBase(CollectorBase):
     _acting: Any = None
     _gather: Any = None
     _free: Any = None
-    _stats: WorkerStats | None = None
+    _member_control: Members | None = None
+    _stats: MemberStats | None = None
     _stops: list = []
     # torchrl's public attributes: the validated arguments, read from the config
     frames_per_batch = FromConfig()
@@ -124,7 +129,7 @@ class MultiCollectorBase(CollectorBase):
         self._version_tracker = cfg.version_tracker
         self.requested_frames_per_batch = cfg.requested_frames_per_batch  # torchrl's
         self._restart = RestartPolicy(cfg.on_worker_failure, cfg.max_worker_restarts, cfg.specs)
-        self._stats = WorkerStats(n)
+        self._stats = MemberStats(n)
         self._version = 0
         self._iterator: Iterator | None = None
         self._pool, self._acting, self._previous_threads = start_workers(cfg, policy, num_threads)
@@ -154,36 +159,30 @@ class MultiCollectorBase(CollectorBase):
         slots.settle()
         extra = {} if self._sync else {"schedule": schedule_for(cfg)}
         me = weakref.ref(self)  # (no reference cycle through the gather)
-        self._gather = gather_class(cfg, pool, slots, attach, restarts, self._stats, stops,
+        self._gather = gather_class(cfg, pool, slots, attach, self._stats, stops,
                                     trainer_version=lambda: me()._version, hold=self._versions, **extra)
-        self._free = free_running(cfg, pool, restarts, self._stats, stops)
+        self._free = free_running(cfg, pool, self._stats, stops)
+        # Through a proxy: no reference cycle through the parts.
+        members = self._member_control = Members(
+            pool, self._gather, restarts, self._stats,
+            update=functools.partial(type(self)._update_each_batch, weakref.proxy(self)), free=self._free)
+        self._collect_next = members.next_batch  # (no _guard: iteration shuts down on any error)
 
     # -- the policy version: it moves under _versions, which the gather holds from the check of a
     # batch's lag (max_policy_lag) until the batch is delivered ---------------------------------
     def _set_version(self, value: int) -> None:
         with self._versions:
             CollectorBase._version.fset(self, value)
+            if self._stats is not None:  # (what Members hands the gather: a batch's lag is behind it)
+                self._stats.note_version(value)
 
     _version = property(CollectorBase._version.fget, _set_version)
 
-    # -- the counters, kept with the statistics (which the gather updates) -------------------------
-    _frames = property(lambda self: self._stats.frames, lambda self, v: setattr(self._stats, "frames", v))
-    _iter = property(lambda self: self._stats.batches, lambda self, v: setattr(self._stats, "batches", v))
+    # -- the counters, owned by the statistics (the gather reports each batch) ---------------------
+    _frames = property(lambda self: self._stats.frames)
+    _iter = property(lambda self: self._stats.batches)
 
-    # -- iteration ---------------------------------------------------------------------------------
-    def _collect_next(self) -> tuple[TensorDict | None, dict]:
-        # (no _guard: iteration shuts the collector down on any error, _shutdown_on_error)
-        gather = self._gather
-        try:
-            batch, where = gather.next_batch(self._version, self._update_each_batch)
-        except BaseException:
-            gather.release()
-            raise
-        self._iter += 1
-        if gather.held:  # (max_policy_lag) no version moves until the batch is delivered
-            where["after"] = gather.release
-        return batch, where
-
+    # -- iteration (``_collect_next`` is ``Members.next_batch``, bound in ``_build``) ----------------
     def _next_batch_guarded(self) -> TensorDict | None:  # (free running: a failure shuts down)
         with self._guard():
             return self._next_batch()
@@ -244,7 +243,7 @@ class MultiCollectorBase(CollectorBase):
 
     def _broadcast(self, command: str, *args: Any, workers: list[int] | None = None) -> list:
         with self._control(), self._guard():
-            self._gather.quiesce()
+            self._member_control.run(self._gather.quiesce)
             indices = range(self.num_workers) if workers is None else workers
             for i in indices:
                 self._pool.send(i, command, *args)
@@ -254,7 +253,7 @@ class MultiCollectorBase(CollectorBase):
     def _seed(self, seed: int, static_seed: bool) -> int:
         # Batches collected before the call and not yet delivered are discarded.
         with self._control(), self._guard():
-            self._gather.discard()
+            self._member_control.run(self._gather.discard)
             self._gather.note_seed(seed)
             for i in range(self.num_workers):
                 self._restart.seeds[i] = seed
@@ -277,7 +276,7 @@ class MultiCollectorBase(CollectorBase):
         """
         chosen = torchrl_args.chosen_workers(reset_idx, self.num_workers)
         with self._control(), self._guard():
-            self._gather.discard()
+            self._member_control.run(self._gather.discard)
             self._forget_trajectories()
             for i in chosen:
                 self._pool.request(i, P.RESET)
@@ -315,11 +314,10 @@ class MultiCollectorBase(CollectorBase):
         if missing:
             raise KeyError(f"{type(self).__name__}.load_state_dict: missing keys {missing}")
         with self._control(), self._guard():
-            self._gather.discard()
+            self._member_control.run(self._gather.discard)
             for i in range(self.num_workers):
                 self._pool.request(i, P.LOAD_STATE_DICT, state[f"worker{i}"])
-        self._frames = int(state["frames"])
-        self._iter = int(state["iter"])
+        self._stats.restore(int(state["frames"]), int(state["iter"]))
         self._version = int(state.get("policy_version", self._version))
 
     # -- weights (acting.py) ------------------------------------------------------------------------
@@ -414,7 +412,7 @@ class MultiCollectorBase(CollectorBase):
             self._version = adopted
 
     def batch_info(self) -> dict:
-        """The last batch filled for an outer collector (see ``WorkerStats.batch_info``)."""
+        """The last batch filled for an outer collector (see ``MemberStats.batch_info``)."""
         return self._stats.batch_info()
 
     @property
@@ -427,9 +425,7 @@ class MultiCollectorBase(CollectorBase):
         """Collect one batch straight into ``buf`` (the outer worker's shared slot); ``stop`` is
         not watched (each inner worker has its own)."""
         with self._guard():
-            frames = self._gather.collect_into(buf, random, self._version)
-        self._iter += 1
-        return frames
+            return self._member_control.run(self._gather.collect_into, buf, random, self._version)
 
     # -- free running (freerun.py) ------------------------------------------------------------------
     def start(self) -> None:
@@ -456,7 +452,7 @@ class MultiCollectorBase(CollectorBase):
                                "collectors: iterate instead (a torchrl buffer gets whole trajectories), or use "
                                "Collector.start()")
         with self._guard():
-            self._gather.discard()
+            self._member_control.run(self._gather.discard)
             self._free.start(self._next_batch_guarded)
 
     @contextlib.contextmanager
@@ -466,8 +462,7 @@ class MultiCollectorBase(CollectorBase):
         if not self._running():
             raise RuntimeError("pause() needs a collector running free: call start() first")
         with self._guard():
-            if frames := self._free.suspend():  # (0: leave the counter the background thread updates)
-                self._frames += frames
+            self._member_control.count_free(self._free.suspend)
         try:
             yield
         finally:
@@ -478,8 +473,7 @@ class MultiCollectorBase(CollectorBase):
     def _check_free(self) -> None:
         """Surface a worker that failed while running free (restarting it when allowed)."""
         if self._free is not None:
-            if frames := self._free.check():
-                self._frames += frames
+            self._member_control.count_free(self._free.check)
 
     @contextlib.contextmanager
     def _control(self) -> Iterator[None]:
@@ -502,12 +496,11 @@ class MultiCollectorBase(CollectorBase):
         try:
             if not self._closed and self._running():
                 with self._guard():
-                    if frames := self._free.stop():
-                        self._frames += frames
+                    self._member_control.count_free(self._free.stop, final=True)
         finally:
             self.shutdown(timeout)
 
-    # -- statistics (stats.py) --------------------------------------------------------------------
+    # -- statistics (MemberStats, rlcollect/members.py) ---------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """JSON-serialisable statistics: frames, rates, per-worker frames, liveness, restarts,
         versions and env-step latency, the last batch's policy lag, time blocked waiting for the
@@ -563,7 +556,8 @@ class MultiCollectorBase(CollectorBase):
             self._gather.close()
         # The parts hold the pool (its handles hold what they were attached with), the slots
         # and the weight stores: shared tensors, each holding a file descriptor until it is freed.
-        self._gather = self._free = None
+        self._gather = self._free = self._member_control = None
+        self.__dict__.pop("_collect_next", None)  # (Members.next_batch, bound in _build)
         self._stops = []
         # An iterator that ended with an exception would answer StopIteration from now on; a
         # fresh one says that the collector is shut down.

@@ -3,9 +3,12 @@
 strategies (``free_running(config)`` picks one):
 
 - ``start(step)``; ``suspend()`` / ``resume()`` (``pause()``'s block: nothing is written in
-  between; ``suspend`` returns the frames written since ``start``); ``stop()`` (the frames
-  written); ``check()`` (a failure surfaced, the frames it had written); ``running``;
-  ``close(timeout)`` (at shutdown: the error a background loop hit, or None).
+  between); ``stop()``; ``check()`` (a failure surfaced); ``running``; ``close(timeout)`` (at
+  shutdown: the error a background loop hit, or None). ``suspend``, ``stop`` and ``check``
+  return ``(frames, failures)``: the frames written since they were last counted, and the
+  workers found failed, ``(index, error)``, which the collector's ``Members`` has replaced
+  (``recovered(index)`` sends a replacement back to running free) or, at the final stop, only
+  forgiven. Free running never repairs a failure itself.
 
 With an rlcollect ``ReplayBuffer`` the workers write into it themselves: ``start()`` sends each
 worker ``run_free`` and returns; a worker then collects batch after batch straight into the
@@ -30,16 +33,18 @@ from typing import Any
 from rlcollect.errors import WorkerError
 from rlcollect.freerun import BackgroundLoop
 from rlcollect.multiprocess import protocol as P
-from rlcollect.multiprocess.recovery import WorkerRestarts
-from rlcollect.multiprocess.stats import WorkerStats
+from rlcollect.members import MemberStats
+
+#: What ``suspend``, ``stop`` and ``check`` return: the frames written, the workers found failed.
+Counted = tuple[int, list[tuple[int, BaseException]]]
 
 
-def free_running(config: Any, pool: Any, restarts: WorkerRestarts, stats: WorkerStats, controls: list) -> Any:
+def free_running(config: Any, pool: Any, stats: MemberStats, controls: list) -> Any:
     """The workers write the replay buffer themselves (an rlcollect ``ReplayBuffer``), or
     this process does from a background thread. ``controls``: each worker's shared control
     block (protocol.py)."""
     if config.workers_write:
-        return FreeRunningWorkers(pool, restarts, stats, config.init_random_frames, controls)
+        return FreeRunningWorkers(pool, stats, config.init_random_frames, controls)
     return BackgroundThread()
 
 
@@ -59,26 +64,30 @@ class BackgroundThread:
         self.loop = BackgroundLoop(step, name="rlcollect-multi-collector")
         self.loop.start()
 
-    def suspend(self) -> int:
+    def suspend(self) -> Counted:
         """Wait for the batch in progress (re-raising the error the loop hit)."""
         self._paused = self.loop.pause()
         self._paused.__enter__()
-        return 0
+        return 0, []
 
     def resume(self) -> None:
         paused, self._paused = self._paused, None
         if paused is not None:
             paused.__exit__(None, None, None)
 
-    def check(self) -> int:
-        return 0
+    def check(self) -> Counted:
+        return 0, []
+
+    def recovered(self, index: int) -> None:
+        """(the background thread's failures end it: none is repaired here)"""
 
     def written(self) -> None:
         """Nothing to add: the background thread counts each batch as it writes it."""
         return None
 
-    def stop(self) -> int:
-        return self.close(10.0, raise_error=True) or 0
+    def stop(self, final: bool = True) -> Counted:
+        self.close(10.0, raise_error=True)
+        return 0, []
 
     def close(self, timeout: float, raise_error: bool = False) -> BaseException | None:
         loop, self.loop = self.loop, None
@@ -98,13 +107,13 @@ class FreeRunningWorkers:
 
     A worker that fails while running free (killed, say) is found by the next ``check()`` or
     ``stop()``: the frames it had written completely are counted (its control block's
-    ``FREE_FRAMES``, protocol.py), then it is restarted (``restarts.recover``, which re-raises
-    its error when no restart is allowed). At the final stop (``async_shutdown``) it is not
-    replaced, only counted (``restarts.forgive``).
+    ``FREE_FRAMES``, protocol.py) and it is returned among the failures; the collector's
+    ``Members`` then has it restarted (re-raising its error when no restart is allowed) and
+    ``recovered`` sends the replacement ``run_free``. At the final stop (``async_shutdown``) it
+    is not replaced, only counted.
 
     Args:
         pool: the ``WorkerPool``.
-        restarts: replaces a worker that failed while running free (or re-raises its error).
         stats: where what the workers wrote is counted.
         init_random_frames: sent with ``run_free``: each worker acts randomly while the
             buffer's ``write_count`` is below it.
@@ -112,9 +121,8 @@ class FreeRunningWorkers:
             before each ``run_free`` and counts what the worker wrote since.
     """
 
-    def __init__(self, pool: Any, restarts: WorkerRestarts, stats: WorkerStats, init_random_frames: int,
-                 controls: list):
-        self.pool, self.restarts, self.stats = pool, restarts, stats
+    def __init__(self, pool: Any, stats: MemberStats, init_random_frames: int, controls: list):
+        self.pool, self.stats = pool, stats
         self.init_random_frames = init_random_frames
         self.controls = controls
         self.running = False
@@ -128,7 +136,7 @@ class FreeRunningWorkers:
         self.controls[index][P.FREE_FRAMES] = 0
         self.pool.send(index, P.RUN_FREE, self.init_random_frames)
 
-    def suspend(self) -> int:
+    def suspend(self) -> Counted:
         return self.stop(final=False)
 
     def resume(self) -> None:
@@ -137,11 +145,11 @@ class FreeRunningWorkers:
     def close(self, timeout: float) -> None:
         self.running = False
 
-    def stop(self, final: bool = True) -> int:
+    def stop(self, final: bool = True) -> Counted:
         """Send ``pause`` to every worker and read what they owe: the ``run_free`` reply (the
-        frames written, or the error that stopped the worker), then the ``pause`` reply. A
-        worker that failed meanwhile is restarted (not when ``final``: only counted), idle.
-        Returns the frames written since ``start``."""
+        frames written, or the error that stopped the worker), then the ``pause`` reply.
+        Returns the frames written since ``start`` and the workers that failed meanwhile (to be
+        restarted, idle; at the ``final`` stop only forgiven)."""
         pool, frames = self.pool, 0
         failures: dict[int, BaseException] = {}
         for i in range(len(pool)):
@@ -163,23 +171,22 @@ class FreeRunningWorkers:
                 if command == P.RUN_FREE:
                     frames += self._account(i, info)
         self.running = False
-        try:
-            for i, failure in failures.items():
-                frames += self._written(i, failure)
-                self._replace(index_of(failure, i), failure, final)
-        finally:
-            # Each failure's traceback holds this frame, which holds them: a cycle that would keep
-            # the shared tensors the frames reach (each an open fd) until the next garbage collection.
-            failures.clear()
-            failure = None
-        return frames
+        failed = []
+        for i, failure in failures.items():
+            frames += self._written(i, failure)
+            failed.append((index_of(failure, i), failure))
+        # Each failure's traceback holds this frame, which holds them: a cycle that would keep
+        # the shared tensors the frames reach (each an open fd) until the next garbage collection.
+        failures.clear()
+        failure = None
+        return frames, failed
 
-    def check(self) -> int:
-        """Surface a worker that failed while running free (restarting it when allowed, and
-        sending it ``run_free``); returns the frames such a worker had written."""
+    def check(self) -> Counted:
+        """Surface the workers that failed while running free: the frames they had written, and
+        the failures (``recovered`` sends each replacement ``run_free``)."""
         if not self.running:
-            return 0
-        pool, frames = self.pool, 0
+            return 0, []
+        pool, frames, failed = self.pool, 0, []
         for i in range(len(pool)):
             try:
                 ready = pool.ready([i], 0.0)
@@ -191,9 +198,13 @@ class FreeRunningWorkers:
                     self._run_free(i)
             except Exception as err:
                 frames += self._written(i, err)
-                self._replace(index_of(err, i), err, final=False)
-                self._run_free(i)
-        return frames
+                failed.append((index_of(err, i), err))
+        return frames, failed
+
+    def recovered(self, index: int) -> None:
+        """Worker ``index`` was replaced while running free: it runs free again."""
+        if self.running:
+            self._run_free(index)
 
     def written(self) -> list[int] | None:
         """What each worker has written since it was last counted (its ``FREE_FRAMES``, read live
@@ -201,12 +212,6 @@ class FreeRunningWorkers:
         if not self.running:
             return None
         return [int(control[P.FREE_FRAMES]) for control in self.controls]
-
-    def _replace(self, index: int, error: BaseException, final: bool) -> None:
-        if final:
-            self.restarts.forgive(index, error)
-        else:
-            self.restarts.recover(index, error)
 
     def _written(self, index: int, error: BaseException) -> int:
         """The frames worker ``index`` wrote completely before ``error`` stopped it (its run_free

@@ -92,6 +92,10 @@ class WorkerRestarts:
         self.policy, self.pool, self.layouts, self.single, self.after = policy, pool, layouts, single, after
         self.give_up = give_up
 
+    def member_of(self, error: BaseException) -> int | None:
+        """None: a worker's failure reaches ``Members`` as the gather's ``MemberFailed`` only."""
+        return None
+
     def recover(self, index: int, error: BaseException) -> None:
         """Replace failed worker ``index`` or re-raise ``error``.
 

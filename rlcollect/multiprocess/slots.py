@@ -32,6 +32,7 @@ Example:
 from __future__ import annotations
 
 import gc
+from typing import Any
 
 import torch
 
@@ -176,17 +177,20 @@ class StackedSlots:
                                           tensors=stacked_tensors(flat, layout, n)).td)
         self.sets.append((flat, references(flat)))
 
-    def pick(self) -> bool:
+    def pick(self) -> tuple[bool, Any]:
         """Choose the stacked slot the next batch goes into (``current``): one no delivered
-        batch refers to, else the reserve. True when the reserve was made just now: the
-        workers must then be handed their parts of it."""
+        batch refers to, else the reserve. Returns ``(made, batch)``: ``made`` True when the
+        reserve was made just now (the workers must then be handed their parts of it);
+        ``batch``, the batch the workers are about to write, as a view of the slot (named
+        ``(..., "time")``), or None for the reserve (its batch is copied out once written:
+        ``batch()``)."""
         order = [(self.current + k) % STACKED_SLOTS for k in range(1, STACKED_SLOTS + 1)]  # the other one first
         for attempt in range(2):
             for s in order:
                 flat, own = self.sets[s]
                 if references(flat) <= own:
                     self.current = s
-                    return False
+                    return False, self.templates[s].apply(torch.Tensor.detach)
             if attempt == 0:
                 gc.collect()  # a batch in a reference cycle is only freed by the collector
         # The user holds every slot: collect into the reserve (handed to the workers once) and copy.
@@ -195,7 +199,7 @@ class StackedSlots:
             check_free_space(self.num_workers * slot_bytes(self.layout), "the reserve batch slot")
             self._new_set()
         self.current = STACKED_SLOTS
-        return made
+        return made, None
 
     def batch(self):
         """The batch the workers just wrote, as a view of the current stacked slot (copied out

@@ -14,7 +14,7 @@ from rlcollect.distributed.control.handshake import Handshake
 from rlcollect.distributed.nodes import NodeHandle, NodeState, node_error
 from rlcollect.distributed.pool import NodePool
 from rlcollect.distributed.recovery import Recovery
-from rlcollect.members import SEED_STRIDE
+from rlcollect.members import SEED_STRIDE, Members
 from rlcollect.errors import WorkerError
 
 pytestmark = pytest.mark.timeout(30)
@@ -134,11 +134,17 @@ def test_close_kills_the_failed_and_starting_nodes_without_waiting():
     assert launcher.stopped == {1, 3}  # the failed node and the one still relaunching
 
 
+def _members(pool, recovery):
+    """A ``Members`` running steps under ``recovery`` (the gather is not used by ``run``)."""
+    gather = types.SimpleNamespace(owed=None, recovered=lambda index: None, abandon=lambda: None)
+    return Members(pool, gather, recovery, None)
+
+
 @pytest.mark.parametrize("mode", ["continue", "restart"])
 def test_recovery_drops_or_relaunches_through_the_pool_only(mode):
     pool = _pool(on_node_failure=mode)
     recovery = Recovery(pool.config, pool)
-    pool.handles[1].seed = 100
+    recovery.note_seed(1, 100)
     failures = [P.mark_failed(node_error("node 1 died", 1), 1)]
 
     def step():
@@ -146,21 +152,22 @@ def test_recovery_drops_or_relaunches_through_the_pool_only(mode):
             raise failures.pop()
         return "the batch"
 
-    assert recovery.run(step) == "the batch"
+    members = _members(pool, recovery)
+    assert members.run(step) == "the batch"
     h = pool.handles[1]
     if mode == "continue":
-        assert h.state is NodeState.DROPPED and h.restarts == 0 and pool.launcher.relaunched == []
+        assert h.state is NodeState.DROPPED and recovery.counts[1] == 0 and pool.launcher.relaunched == []
     else:
-        assert h.state is NodeState.RELAUNCHING and h.restarts == 1 and pool.launcher.relaunched == [2]
+        assert h.state is NodeState.RELAUNCHING and recovery.counts[1] == 1 and pool.launcher.relaunched == [2]
         assert h.rejoin.payload == f"1/1/{100 + SEED_STRIDE}".encode()  # a seed derived from the last one
     # A failure of a node that is not marked is not recovery's to repair.
     with pytest.raises(ValueError, match="not a node failure"):
-        recovery.run(lambda: (_ for _ in ()).throw(ValueError("not a node failure")))
+        members.run(lambda: (_ for _ in ()).throw(ValueError("not a node failure")))
 
 
 def test_recovery_raises_after_max_node_restarts():
     pool = _pool()
     recovery = Recovery(pool.config, pool)
-    pool.handles[0].restarts = 2
+    recovery.counts[0] = 2
     with pytest.raises(WorkerError, match=r"node 0 failed again after 2 restarts \(max_node_restarts=2\)"):
-        recovery.run(lambda: (_ for _ in ()).throw(P.mark_failed(node_error("node 0 died", 0), 0)))
+        _members(pool, recovery).run(lambda: (_ for _ in ()).throw(P.mark_failed(node_error("node 0 died", 0), 0)))
