@@ -114,7 +114,7 @@ $(PY_TORCHRL):
 $(STAMP_TORCHRL): pyproject.toml | $(PY_TORCHRL)
 	$(PY_TORCHRL) $(PIP_INSTALL) '$(TORCH)'
 	$(PY_TORCHRL) $(PIP_INSTALL) torchrl
-	$(PY_TORCHRL) $(PIP_INSTALL) -e '.[test,examples,hydra]'  # examples: tests/torchrl runs one; hydra: its configs
+	$(PY_TORCHRL) $(PIP_INSTALL) -e '.[test,examples,hydra,marl]'  # examples: tests/torchrl runs one; hydra: its configs; marl: bench.marl's torchrl side (VmasEnv, PettingZooWrapper) and the guide's envs
 	touch $(STAMP_TORCHRL)
 
 test-torchrl: $(STAMP_TORCHRL)

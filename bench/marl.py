@@ -10,20 +10,29 @@ Run it where both are installed (the torchrl venv with ``vmas``)::
     python -m bench.marl [--seconds 5] [--rounds 2]
 
 prints one line per row and run: frames/s (env instances x steps) and CPU-seconds per 1,000
-agent-steps (the process's user + system time, one torch thread). Not part of ``python -m bench``
-(whose suite runs torchrl in a separate interpreter); the figures it gave are in
+agent-steps (the process's user + system time, one torch thread); the figures it gave are in
 docs/multi-agent.md with the date, machine load and command.
+
+In ``python -m bench`` (``--only marl``) the same rows are one configuration (``MarlConfig``):
+rlcollect measured in the suite's process, torchrl in its own interpreter
+(``--torchrl-python``, which runs ``python -m bench.marl --side torchrl --row NAME``), rounds
+alternating; without vmas, pettingzoo or mpe2 installed the table says so.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
 import os
 import time
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 AGENTS = 4
+ROOT = str(Path(__file__).resolve().parent.parent)
 
 
 def _ours(instances: int, steps: int):
@@ -78,14 +87,112 @@ def measure(make, instances: int, seconds: float, steps: int = 25, agents: int =
     return frames / wall, cpu / (frames * agents / 1000)
 
 
+#: (row name, instances, steps per batch, agents, rlcollect's maker, torchrl's maker)
+ROWS = {
+    "pettingzoo-simple_spread": (1, 250, 3, _ours_spread, _torchrl_spread),
+    "vmas-navigation-1024": (1024, 25, AGENTS, _ours, _torchrl),
+    "vmas-navigation-4096": (4096, 25, AGENTS, _ours, _torchrl),
+}
+SIDES = ("rlcollect", "torchrl")
+
+
+def measure_row(row: str, side: str, seconds: float) -> tuple[float, float]:
+    instances, steps, agents, ours, theirs = ROWS[row]
+    return measure(ours if side == "rlcollect" else theirs, instances, seconds, steps=steps, agents=agents)
+
+
+@dataclass
+class MarlResult:
+    best: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)  # row -> side -> (fps, cpu)
+    skip: str = ""
+    torchrl_note: str = ""
+
+    def table(self) -> str:
+        lines = ["marl: rlcollect's Collector vs torchrl 0.14's, same env, seed and random policy, one torch thread "
+                 "(best of the rounds: frames/s the highest, CPU-s per 1,000 agent-steps the lowest; a frame is one "
+                 "env instance stepped once)"]
+        if self.skip:
+            return "\n".join([*lines, f"skipped: {self.skip}"])
+        if self.torchrl_note:
+            lines.append(self.torchrl_note)
+        lines += ["| row | rlcollect frames/s | torchrl frames/s | ours/torchrl | rlcollect CPU-s/1k agent-steps | "
+                  "torchrl CPU-s/1k agent-steps |", "|---|---:|---:|---:|---:|---:|"]
+        for row in ROWS:
+            got = self.best.get(row, {})
+            ours, theirs = got.get("rlcollect"), got.get("torchrl")
+            ratio = f"{ours[0] / theirs[0]:.2f}x" if ours and theirs else "-"
+            lines.append(f"| {row} | {ours[0] if ours else 0:,.0f} | {theirs[0] if theirs else 0:,.0f} | {ratio} | "
+                         f"{ours[1] if ours else float('nan'):.4f} | {theirs[1] if theirs else float('nan'):.4f} |")
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict:
+        return {"config": MarlConfig.name, "best": self.best, "skip": self.skip}
+
+
+@dataclass
+class MarlConfig:
+    """The ``--only marl`` measurement (bench/suite.py runs ``run`` and prints ``table``)."""
+
+    name = "marl: VMAS navigation 1,024 / 4,096 instances, PettingZoo simple_spread, rlcollect vs torchrl"
+    budget: float = 2.0
+    torchrl = None  # (its own torchrl side: ``run`` starts it)
+
+    def run(self, seconds: float, rounds: int, log, torchrl_python: str | None = None) -> MarlResult:
+        from bench.measure import run_json
+
+        result = MarlResult()
+        missing = [m for m in ("vmas", "pettingzoo", "mpe2") if importlib.util.find_spec(m) is None]
+        if missing:
+            result.skip = f"{', '.join(missing)} not installed (pip install 'rlcollect[marl]')"
+            return result
+        if torchrl_python is None:
+            result.torchrl_note = "torchrl not measured (no --torchrl-python)"
+        per_round = max(1.0, seconds * self.budget / rounds / len(ROWS))
+        for i in range(rounds):
+            for row in ROWS:
+                for side in SIDES if i % 2 == 0 else SIDES[::-1]:
+                    if side == "torchrl" and torchrl_python is None:
+                        continue
+                    log(f"{self.name}: {row} {side}, round {i + 1}/{rounds}")
+                    if side == "rlcollect":
+                        fps, cpu = measure_row(row, side, per_round)
+                    else:
+                        try:
+                            out = run_json([torchrl_python, "-m", "bench.marl", "--side", "torchrl", "--row", row,
+                                            "--seconds", f"{per_round:g}"], timeout=600 + per_round, cwd=ROOT)
+                        except RuntimeError as err:
+                            log(f"{self.name}: torchrl side failed, no torchrl figure: {err}")
+                            torchrl_python = None
+                            result.torchrl_note = f"torchrl side failed: {str(err).splitlines()[0]}"
+                            continue
+                        fps, cpu = out["fps"], out["cpu_per_k_agent_steps"]
+                    best = result.best.setdefault(row, {})
+                    old = best.get(side)
+                    best[side] = (fps, cpu) if old is None else (max(old[0], fps), min(old[1], cpu))
+        return result
+
+
+def marl_configs() -> list[MarlConfig]:
+    return [MarlConfig()]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--instances", type=int, nargs="*", default=[1024, 4096],
                         help="VMAS rows (none: only PettingZoo)")
+    parser.add_argument("--side", choices=SIDES, default=None,
+                        help="measure one side of one --row and print it as JSON (what MarlConfig runs)")
+    parser.add_argument("--row", choices=list(ROWS), default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.side is not None:
+        if args.row is None:
+            parser.error("--side needs --row")
+        fps, cpu = measure_row(args.row, args.side, args.seconds)
+        print(json.dumps({"row": args.row, "side": args.side, "fps": fps, "cpu_per_k_agent_steps": cpu}), flush=True)
+        return
     for r in range(args.rounds):
         for name, make in (("rlcollect", _ours_spread), ("torchrl", _torchrl_spread)):
             fps, cpu = measure(make, 1, args.seconds, steps=250, agents=3)
