@@ -28,6 +28,7 @@ from bench.config import CARTPOLE, Config, Row, StartupConfig, Target, WorkloadC
 from bench.measure import Duration, Rate, collector_rate, cpu_share, gym_loop, run_json
 from bench.central import CentralConfig, CentralResult, central_configs
 from bench.mainproc import mainproc_configs
+from bench.marl import marl_configs
 from bench.multi import BUDGET, multi_configs
 from bench.ray import ray_configs
 from bench.real import real_configs
@@ -99,6 +100,7 @@ CONFIGS: list[Config | StartupConfig | WorkloadConfig] = [
     *real_configs(),  # the real workloads: the longest to run (bench/real.py)
     *central_configs(),  # central against worker inference (bench/central.py)
     *ray_configs(),  # launcher="ray" against "mp" (bench/ray.py)
+    *marl_configs(),  # VMAS and PettingZoo rows, rlcollect against torchrl (bench/marl.py)
 ]
 
 
