@@ -9,21 +9,26 @@ within ``health_timeout`` (5 s) of the probe seeing it, and the collector shuts 
 The raylet and GCS tests run a driver in a fresh interpreter and its own session, with a local
 Ray it starts (``ray.init``, then the collector; Ray's processes are the driver's children, in
 its process group): the driver kills its own raylet or GCS, reports what the collector did, and
-the test ends that whole process group afterwards, whatever happened.
+the test ends that whole process group afterwards, whatever happened.  A replacement that Ray
+cannot place (its CPUs taken: ``schedule_timeout``) and a stopped actor with its stopped watcher
+(issue 36, item 4: the watcher dies with its node) run against the module's cluster (conftest.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 from conftest import NO_RAY, SKIP_REASON
-from ray_helpers import HERE, _pgid, _pids, wait_gone, wait_no_actors
+from ray_helpers import HERE, _pgid, _pids, counting5, wait_gone, wait_no_actors
+from rlcollect import DistributedCollector, WorkerError
 
 sys.path.insert(0, str(HERE.parent))
 from loadscale import scaled  # noqa: E402
@@ -145,3 +150,86 @@ def test_ray_health_options_are_checked():
             with pytest.raises(ValueError, match=key):
                 check_ray_options({key: bad}, [1])
 
+def test_a_replacement_ray_cannot_place_raises_naming_rays_state(ray_cluster):
+    """The module's cluster has 4 CPUs, the two nodes take 2 each; once node 0's actor is
+    killed, another actor takes its 2 CPUs before the collector relaunches it: the replacement
+    is never started, and ``schedule_timeout`` later the collector says why."""
+    import ray
+
+    @ray.remote(num_cpus=2)
+    class Squatter:
+        def ready(self) -> bool:
+            return True
+
+    c = DistributedCollector([counting5] * 2, frames_per_batch=20, total_frames=-1, sync=True, launcher="ray",
+                             on_node_failure="restart",
+                             ray_options={"num_cpus": 2, "schedule_timeout": 5.0})
+    squatter = None
+    try:
+        it = iter(c)
+        next(it)
+        victim = c.stats()["workers"][0]["pid"]
+        other = c.stats()["workers"][1]["pid"]
+        os.kill(victim, signal.SIGKILL)
+        assert wait_gone([victim], 30.0) == []
+        squatter = Squatter.remote()
+        ray.get(squatter.ready.remote(), timeout=120)  # it holds the freed CPUs now
+        began = time.monotonic()
+        with pytest.raises(WorkerError) as info:
+            for _ in range(100000):
+                next(it)
+        print(f"unplaceable replacement: WorkerError {time.monotonic() - began:.1f} s after the squatter started")
+        message = str(info.value)
+        assert "replacement Ray actor was not started within schedule_timeout=5 s" in message
+        assert "0 CPU(s) free" in message and "PENDING_CREATION" in message
+        assert info.value.worker_index == 0
+    finally:
+        c.shutdown()
+        if squatter is not None:
+            ray.kill(squatter)
+    assert wait_gone([victim, other], 30.0) == []
+    assert wait_no_actors(timeout=30.0) == set()
+
+
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in _pids():
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                if int(f.read().rsplit(b")", 1)[1].split()[1]) == pid:
+                    out.append(entry)
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+def test_a_stopped_actor_and_its_stopped_watcher_are_both_gone_after_replacement(ray_cluster):
+    """Issue 36, item 4 with launcher="ray": rank 0 cannot kill an actor's process group (the
+    actor runs on a Ray host; ``ray.kill`` ends its process), so the node's watcher asks the
+    kernel to kill it with its node (control/watcher.py), stopped or not."""
+    watchers: list[int] = []
+    c = DistributedCollector([counting5] * 2, frames_per_batch=20, total_frames=-1, sync=True, launcher="ray",
+                             on_node_failure="restart", heartbeat_timeout=2.0)
+    try:
+        it = iter(c)
+        next(it)
+        pids = [w["pid"] for w in c.stats()["workers"]]
+        watchers = _children(pids[0])
+        assert len(watchers) == 1  # the node's watcher (counting5 starts no process)
+        for pid in (*watchers, pids[0]):
+            os.kill(pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 150
+        while c.stats()["workers"][0]["pid"] == pids[0]:
+            next(it)
+            assert time.monotonic() < deadline, "the stopped node was not replaced"
+        assert wait_gone([pids[0], *watchers], 10.0) == []  # gone with its node, not left in state T
+        new = [w["pid"] for w in c.stats()["workers"]]
+    finally:
+        c.shutdown()
+        for pid in watchers:  # (on the code before the fix: leave nothing behind)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert wait_gone([*pids, *new], 30.0) == []
+    assert wait_no_actors(timeout=30.0) == set()
