@@ -21,6 +21,7 @@ _EXPORTS = {
     "GroupedEnv": "rlcollect.envs.grouped",
     "InjectedFault": "rlcollect.envs.testing",
     "PettingZooEnv": "rlcollect.envs.pettingzoo",
+    "PettingZooAECEnv": "rlcollect.envs.pettingzoo",
     "SerialEnv": "rlcollect.envs.serial",
     "SleepEnv": "rlcollect.envs.testing",
     "TensorDictEnvAdapter": "rlcollect.envs.adapter",
@@ -52,7 +53,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rlcollect.envs.envpool import EnvPoolEnv
     from rlcollect.envs.grouped import GroupedEnv
     from rlcollect.envs.gym import GymEnv
-    from rlcollect.envs.pettingzoo import PettingZooEnv
+    from rlcollect.envs.pettingzoo import PettingZooAECEnv, PettingZooEnv
     from rlcollect.envs.serial import SerialEnv
     from rlcollect.envs.testing import BusyEnv, CountingEnv, FaultyEnv, InjectedFault, SleepEnv
     from rlcollect.envs.vector import VectorEnv

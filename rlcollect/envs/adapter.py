@@ -255,7 +255,8 @@ def as_env(env: Any) -> EnvBase:
     """Turn what a user gave into an ``EnvBase``: ours as is, gymnasium envs and ids through
     ``GymEnv``, TensorDict envs through ``TensorDictEnvAdapter``, or ``GroupedEnv`` for those whose
     action, reward or done entries lie under groups (multi-agent, nested, multi-key envs), a
-    PettingZoo ``ParallelEnv`` through ``PettingZooEnv`` and then ``GroupedEnv``."""
+    PettingZoo ``ParallelEnv`` through ``PettingZooEnv`` (an ``AECEnv`` through
+    ``PettingZooAECEnv``) and then ``GroupedEnv``."""
     import gymnasium as gym
 
     from rlcollect.envs.gym import GymEnv
@@ -272,10 +273,12 @@ def as_env(env: Any) -> EnvBase:
     if isinstance(env, gym.Env):
         return GymEnv(env)
     from rlcollect.envs.grouped import GroupedEnv, is_grouped
-    from rlcollect.envs.pettingzoo import PettingZooEnv, is_parallel_env
+    from rlcollect.envs.pettingzoo import PettingZooAECEnv, PettingZooEnv, is_aec_env, is_parallel_env
 
     if is_parallel_env(env):
         env = PettingZooEnv(env)
+    elif is_aec_env(env):
+        env = PettingZooAECEnv(env)
     return GroupedEnv(env) if is_grouped(env) else TensorDictEnvAdapter(env)
 
 

@@ -46,6 +46,17 @@ def is_parallel_env(env: Any) -> bool:
     return has("possible_agents") and has("observation_space") and has("step") and not has("agent_selection")
 
 
+def is_aec_env(env: Any) -> bool:
+    """Whether ``env`` looks like a PettingZoo ``AECEnv`` (agents acting by turns), looked up
+    statically as ``is_parallel_env`` does."""
+    def has(name: str) -> bool:
+        return inspect.getattr_static(env, name, None) is not None
+
+    # (an AEC wrapper passes possible_agents and agent_selection on through its __getattr__:
+    # only AECEnv's own methods are found statically)
+    return has("observe") and has("last") and has("agent_iter") and has("step")
+
+
 class PettingZooEnv:
     """A PettingZoo parallel env, as a grouped TensorDict env any rlcollect collector takes
     (a raw ``ParallelEnv`` given to a collector is wrapped in this).
@@ -71,10 +82,16 @@ class PettingZooEnv:
     reward_keys = [(AGENTS, "reward")]
     done_keys = list(_FLAGS)
 
+    by_turns = False  # PettingZooAECEnv's: the agents act in turn
+
     def __init__(self, env: Any):
-        if not is_parallel_env(env):
-            raise TypeError(f"PettingZooEnv takes a PettingZoo ParallelEnv (possible_agents, observation_space(agent), "
+        if self.by_turns and not is_aec_env(env):
+            raise TypeError(f"PettingZooAECEnv takes a PettingZoo AECEnv (possible_agents, agent_selection, observe, "
                             f"step), got {type(env).__name__}")
+        if not self.by_turns and not is_parallel_env(env):
+            raise TypeError(f"PettingZooEnv takes a PettingZoo ParallelEnv (possible_agents, observation_space(agent), "
+                            f"step), got {type(env).__name__}"
+                            + ("; an AECEnv (agents by turns) goes in PettingZooAECEnv" if is_aec_env(env) else ""))
         self.env = env
         self.agents = list(env.possible_agents)
         self.name = getattr(getattr(env, "metadata", None) or {}, "get", lambda *_: None)("name") or type(env).__name__
@@ -177,7 +194,8 @@ class PettingZooEnv:
             return td, self.reset()
         root = nxt.exclude((AGENTS, "reward"), (AGENTS, "done"), (AGENTS, "terminated"), (AGENTS, "truncated"))
         root.set((AGENTS, "mask"), self._live.clone())
-        gone = ~self._live
+        # (out of the episode: by turns, the agents the env dropped; else those that did not act)
+        gone = torch.tensor([a not in self.env.agents for a in self.agents]) if self.by_turns else ~self._live
         if bool(gone.any()):  # (an agent that left has its real last observation under "next" only)
             root.set((AGENTS, "observation"), root.get((AGENTS, "observation")).masked_fill(
                 gone.reshape(-1, *([1] * len(self._obs_shape))), 0))
@@ -252,3 +270,81 @@ class PettingZooEnv:
 
     def _to_env(self, action: torch.Tensor) -> Any:
         return int(action) if self._discrete else action.detach().cpu().numpy()
+
+
+class PettingZooAECEnv(PettingZooEnv):
+    """A PettingZoo AEC env (agents acting by turns, e.g. PettingZoo's classic board games) in
+    the same grouped layout as :class:`PettingZooEnv`, one frame per turn (a raw ``AECEnv``
+    given to a collector is wrapped in this).
+
+    At each frame ``("agents", "mask")`` is True for the one agent whose turn it is (the env's
+    ``agent_selection``): only its action is sent. Every agent's observation is the env's
+    ``observe(agent)`` (zeros once it left), its action mask the observation's
+    ``"action_mask"``. Under ``"next"``, each agent's reward, terminated and truncated are the
+    env's after the turn (``rewards``, ``terminations``, ``truncations``: an agent that did not
+    act may get a reward, as the loser of a board game does), and ``("next", "agents",
+    "mask")`` is True for the agents in the episode before the turn, whose entries are real.
+    Turns the env gives to agents already done (AEC's ``step(None)``) are taken here, not
+    collected; the episode ends when no agent is left.
+
+    Example:
+        >>> from pettingzoo.classic import tictactoe_v3
+        >>> from rlcollect import Collector
+        >>> c = Collector(PettingZooAECEnv(tictactoe_v3.env()), frames_per_batch=9)
+        >>> batch = next(iter(c))
+        >>> batch["agents", "mask"].sum(-1).tolist() == [1] * 9  # one agent acts per frame
+        True
+        >>> c.shutdown()
+    """
+
+    by_turns = True
+
+    def _turn(self) -> torch.Tensor:
+        """One-hot: whose turn it is (none once the episode is over)."""
+        env = self.env
+        turn = torch.zeros(len(self.agents), dtype=torch.bool)
+        if env.agents:
+            turn[self.agents.index(env.agent_selection)] = True
+        return turn
+
+    def _skip_done_turns(self) -> None:
+        env = self.env
+        while env.agents and (env.terminations.get(env.agent_selection) or env.truncations.get(env.agent_selection)):
+            env.step(None)
+
+    def _observe(self, first: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        env = self.env
+        return self._read({a: env.observe(a) for a in env.agents}, dict(env.infos), first=first)
+
+    def reset(self, td: Any = None):
+        kwargs = {} if self._seed is None else {"seed": self._seed}
+        self._seed = None
+        self.env.reset(**kwargs)
+        self._steps = 0
+        self._skip_done_turns()
+        observation, masks = self._observe(first=True)
+        self._live = self._turn()
+        return self._root(observation, self._live.clone(), masks)
+
+    def step(self, td: Any):
+        env = self.env
+        action = td.get(self.action_keys[0])
+        turn = self._live.clone()
+        present = torch.tensor([a in env.agents for a in self.agents])
+        env.step(self._to_env(action[int(turn.nonzero()[0, 0])]))
+        self._steps += 1
+        reward = torch.tensor([[float(env.rewards.get(a, 0.0))] for a in self.agents], dtype=torch.float32)
+        term = torch.tensor([[bool(env.terminations.get(a, False))] for a in self.agents]) & present[:, None]
+        trunc = torch.tensor([[bool(env.truncations.get(a, False))] for a in self.agents]) & present[:, None]
+        observation, masks = self._observe(first=False)  # (before the done agents' turns remove them)
+        self._skip_done_turns()
+        limit = self._max_steps is not None and self._steps >= self._max_steps and bool(env.agents)
+        if limit:  # max_frames_per_traj: every agent still in the episode is truncated
+            still = torch.tensor([a in env.agents for a in self.agents])
+            trunc |= still[:, None]
+        episode_over = limit or not env.agents
+        all_terminated = episode_over and not limit and bool(term[present].all())
+        self._live = torch.zeros_like(turn) if episode_over else self._turn()
+        td.set("next", self._next(observation, reward, term, trunc, present, all_terminated,
+                                  episode_over and not all_terminated, masks))
+        return td

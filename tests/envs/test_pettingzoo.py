@@ -190,6 +190,53 @@ def test_central_inference_acts_for_a_pettingzoo_env_in_this_process():
     assert second["collector", "policy_version"].unique().tolist() == [1]
 
 
+# -- the AEC API, by turns ---------------------------------------------------------------------------------
+class FirstAllowed(torch.nn.Module):
+    """The lowest allowed square (the mask is the policy's only input)."""
+
+    def forward(self, mask):
+        return (mask.float() * torch.arange(mask.shape[-1], 0, -1)).argmax(-1)
+
+
+def test_an_aec_env_is_collected_by_turns_as_stepping_it_by_hand_gives():
+    from pettingzoo.classic import tictactoe_v3
+
+    policy = TensorDictModule(FirstAllowed(), in_keys=[("agents", "action_mask")], out_keys=[("agents", "action")])
+    (batch,) = collect(tictactoe_v3.env(), policy, frames=9)
+    # by hand: each player in turn takes the lowest free square until the game ends (before the
+    # 9th frame); then the collector resets the env
+    env = tictactoe_v3.env()
+    env.reset(seed=0)
+    turns, rewards = [], []
+    while env.agents:
+        agent = env.agent_selection
+        if env.terminations[agent] or env.truncations[agent]:
+            env.step(None)
+            continue
+        square = int(np.flatnonzero(env.observe(agent)["action_mask"])[0])
+        turns.append((agent, square))
+        env.step(square)
+        rewards.append([env.rewards[a] for a in env.possible_agents])
+    n = len(turns)
+    acting = batch["agents", "mask"][:n]
+    assert acting.sum(-1).tolist() == [1] * n
+    assert [("player_1", "player_2")[int(i)] for i in acting.float().argmax(-1)] == [a for a, _ in turns]
+    assert batch["agents", "action"][:n][acting].tolist() == [s for _, s in turns]
+    assert batch["next", "agents", "reward"][:n, :, 0].tolist() == rewards
+    assert batch["next", "done"][:, 0].tolist() == [False] * (n - 1) + [True] + [False] * (9 - n)
+    assert batch["next", "terminated"][n - 1, 0] and batch["next", "agents", "mask"][:n].all()
+    assert batch["collector", "traj_ids"].tolist() == [0] * n + [1] * (9 - n)
+    assert torch.equal(batch["next", "agents", "observation"][n - 2], batch["agents", "observation"][n - 1])
+    assert batch["agents", "mask"][n].tolist() == [True, False]  # reset: player_1 starts again
+
+
+def test_a_parallel_env_adapter_given_an_aec_env_says_which_adapter_takes_it():
+    from pettingzoo.classic import tictactoe_v3
+
+    with pytest.raises(TypeError, match="an AECEnv \\(agents by turns\\) goes in PettingZooAECEnv"):
+        PettingZooEnv(tictactoe_v3.env())
+
+
 @pytest.mark.processes
 def test_pettingzoo_is_imported_only_when_used():
     code = ("import sys, rlcollect\nfrom rlcollect import Collector\nc = Collector('CartPole-v1', frames_per_batch=4)\n"
