@@ -67,6 +67,23 @@ def descendants(root: int | None = None) -> dict[int, str]:
     return found
 
 
+def children(pid: int) -> list[int]:
+    """The direct children of ``pid`` (any state), from /proc."""
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            stat = read_stat(int(name))
+            if stat is not None and stat[1] == pid:
+                out.append(int(name))
+    return out
+
+
+def state(pid: int) -> str:
+    """The /proc state letter of ``pid`` (``"T"`` stopped, ``"Z"`` zombie, ...), ``"gone"`` once it is."""
+    stat = read_stat(pid)
+    return "gone" if stat is None else stat[0]
+
+
 def live_descendants(root: int | None = None) -> set[int]:
     """The live (non-zombie) processes below ``root`` (default: this process)."""
     return {pid for pid, state in descendants(root).items() if state not in ("Z", "X")}

@@ -12,31 +12,11 @@ import time
 import pytest
 
 from dist_helpers import counting5, node_pids, wait_gone
+from procs import children as _children
+from procs import state as _state
 from rlcollect.distributed.collector import DistributedCollector
 
 pytestmark = pytest.mark.timeout(180)
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            if ppid == pid:
-                out.append(int(entry))
-    return out
-
-
-def _state(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0].decode()
-    except OSError:
-        return "gone"
 
 
 def test_a_stopped_node_and_its_stopped_watcher_are_both_killed_on_replacement():

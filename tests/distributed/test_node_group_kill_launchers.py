@@ -15,7 +15,8 @@ import pytest
 
 from dist_helpers import counting5, node_pids, wait_gone
 from rlcollect.distributed.collector import DistributedCollector
-from test_node_group_kill import _children, _state
+from procs import children as _children
+from procs import state as _state
 
 pytestmark = pytest.mark.timeout(240)
 HELPERS = str(Path(__file__).resolve().parent)

@@ -32,6 +32,7 @@ from rlcollect import DistributedCollector, WorkerError
 
 sys.path.insert(0, str(HERE.parent))
 from loadscale import scaled  # noqa: E402
+from procs import children as _children  # noqa: E402
 
 START_CAP = 480.0
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(START_CAP + 300), pytest.mark.skipif(NO_RAY, reason=SKIP_REASON)]
@@ -189,20 +190,6 @@ def test_a_replacement_ray_cannot_place_raises_naming_rays_state(ray_cluster):
             ray.kill(squatter)
     assert wait_gone([victim, other], 30.0) == []
     assert wait_no_actors(timeout=30.0) == set()
-
-
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in _pids():
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                if int(f.read().rsplit(b")", 1)[1].split()[1]) == pid:
-                    out.append(entry)
-        except (OSError, IndexError, ValueError):
-            continue
-    return out
 
 
 def test_a_stopped_actor_and_its_stopped_watcher_are_both_gone_after_replacement(ray_cluster):
