@@ -16,6 +16,10 @@ node (``distributed/``), and each collector holds one ``Members`` over its parts
 
 ``Members`` runs the gather's steps under recovery (``next_batch``, ``quiesce``, ``discard``,
 ``run``): the one place of both wings where a failed member is repaired and the step tried again.
+It also controls the members, once for both wings, over the one pool contract (``Pool``:
+``serving``, ``ask``, ``ask_all``): ``seed``, ``reset``, ``states``, ``load``, ``broadcast`` (a
+command to chosen members) and ``push`` (weights, through the wing's weights part); the faces
+only call these.
 
 - ``replacement_seed``: the seed of a member's replacement, derived once for both wings.
 """
@@ -23,7 +27,7 @@ node (``distributed/``), and each collector holds one ``Members`` over its parts
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from rlcollect.metrics import BatchClock, batch_meta, merge_meta, policy_lag, stats_keys, worker_keys
@@ -65,9 +69,25 @@ class MemberFailed(Exception):
 
 # -- the parts' contracts ----------------------------------------------------------------------
 class Pool(Protocol):
-    """What ``Members`` asks of a pool: how many members it has."""
+    """The one pool contract of both wings (``multiprocess/pool.py``'s ``WorkerPool``,
+    ``distributed/pool.py``'s ``NodePool``): what ``Members`` asks of a pool to control its
+    members, in the commands every member takes (``"seed"``, ``"reset"``, ``"state_dict"``,
+    ``"load_state_dict"``, and the wing's own: ``"getattr_env"``, ...); each pool carries them
+    its own way (a pipe, a signed channel) and raises a member's failure as its wing does."""
 
     def __len__(self) -> int: ...
+
+    def serving(self) -> list[int]:
+        """The members that take commands now (a node dropped or on its way back does not)."""
+
+    def ask(self, index: int, command: str, *args: Any) -> Any:
+        """Command member ``index`` and wait for its reply (its exception is re-raised here)."""
+
+    def ask_all(self, command: str, *args: Any, members: Sequence[int] | None = None) -> list[Any]:
+        """``command`` to each of ``members`` (None: every one serving) and their replies, in order."""
+
+    def alive(self) -> list[bool]:
+        """Whether each member lives (``stats()``)."""
 
 
 class Gather(Protocol):
@@ -86,6 +106,18 @@ class Gather(Protocol):
     def abandon(self) -> None:
         """A failure was raised, not repaired: forget the step in progress."""
 
+    def rejoin(self) -> None:
+        """Wait until no member is on its way back (a relaunched node rejoins)."""
+
+    def quiesce(self) -> None:
+        """Wait until no member owes a batch (what arrives meanwhile stays for delivery)."""
+
+    def discard(self) -> None:
+        """``quiesce``, then drop the batches collected and not delivered yet."""
+
+    def note_seed(self, seed: int) -> None:
+        """``set_seed(seed)`` was called (a recorded schedule notes it)."""
+
 
 class Recovery(Protocol):
     """What ``Members`` asks of a recovery (both wings' ``recovery.py``)."""
@@ -95,6 +127,13 @@ class Recovery(Protocol):
 
     def recover(self, index: int, error: BaseException) -> None:
         """Replace (or drop) failed member ``index``, or re-raise ``error``."""
+
+    def note_seed(self, index: int, seed: int) -> None:
+        """Member ``index`` was given ``seed``: its replacements derive theirs from it."""
+
+    @property
+    def counts(self) -> list[int]:
+        """The restarts of each member."""
 
 
 class Members:
@@ -157,6 +196,65 @@ class Members:
 
     def __len__(self) -> int:
         return len(self.pool)
+
+    # -- control of the members, written once for both wings (over the ``Pool`` contract) ------
+    def serving(self) -> list[int]:
+        """The members that take commands, once none is on its way back (a relaunched node)."""
+        self.run(self.gather.rejoin)
+        return self.pool.serving()
+
+    def quiesce(self) -> None:
+        """Wait until no member owes a batch (a failure met meanwhile is repaired)."""
+        self.run(self.gather.quiesce)
+
+    def discard(self) -> None:
+        """Drop the batches collected and not delivered yet (before a command that changes what
+        the members collect: ``seed``, ``reset``, ``load``, free running's start)."""
+        self.run(self.gather.discard)
+
+    def seed(self, seed: int, static_seed: bool) -> int:
+        """Seed each member serving in turn, from ``seed`` (each answers the next member's);
+        returns the seed after the last. Batches collected before are discarded."""
+        self.discard()
+        self.gather.note_seed(seed)
+        for i in self.pool.serving():
+            self.recovery.note_seed(i, seed)
+            seed = self.pool.ask(i, "seed", seed, static_seed)
+        return seed
+
+    def reset(self, chosen: Sequence[int] | None = None) -> None:
+        """Reset the envs of the members ``chosen`` (None: every one serving); batches collected
+        before are discarded."""
+        self.discard()
+        for i in self.pool.serving() if chosen is None else chosen:
+            self.pool.ask(i, "reset")
+
+    def states(self) -> dict[int, Any]:
+        """``{member: its collector's state}`` of every member serving, once none owes a batch
+        (those received meanwhile stay for delivery)."""
+        self.quiesce()
+        members = self.pool.serving()
+        return dict(zip(members, self.pool.ask_all("state_dict", members=members)))
+
+    def load(self, states: dict[int, Any], frames: int, batches: int) -> None:
+        """Load ``states`` (``{member: state}``) into the members, batches collected before
+        discarded; the statistics count ``frames`` and ``batches`` from then on."""
+        self.discard()
+        for i, state in states.items():
+            self.pool.ask(i, "load_state_dict", state)
+        self.stats.restore(frames, batches)
+
+    def broadcast(self, command: str, *args: Any, members: Sequence[int] | None = None) -> list[Any]:
+        """``command`` to ``members`` (None: every one serving) once none owes a batch; their replies."""
+        self.quiesce()
+        return self.pool.ask_all(command, *args, members=members)
+
+    def push(self, send: Callable[[Any, int], None], targets: dict[int, Any], version: int) -> None:
+        """Weights ``version`` to the members of ``targets`` (``{member: what it gets}``) through
+        ``send(targets, version)`` (the wing's weights part), again after a failure the recovery
+        repairs (a relaunched node gets them when it rejoins); the statistics note the push."""
+        self.run(send, targets, version)
+        self.stats.note_pushed(targets, version)
 
     def run(self, step: Callable[..., T], *args: Any) -> T:
         """``step(*args)``, again after each member failure the recovery repairs (a failure owed
@@ -371,19 +469,37 @@ class MemberStats:
         return {**self.last_meta, "step_mean_s": steps["step_mean_s"], "step_p95_s": steps["step_p95_s"]}
 
     def summary(self, *, frames: int, batches: int, version: int, alive: list[bool], restarts: list[int],
-                replay_buffer: Any, written: list[int] | None = None) -> dict[str, Any]:
-        """``stats()``'s dict (docs/observability.md defines every key). ``written``: what each
-        worker running free has written and not yet reported (added to the frames)."""
+                replay_buffer: Any, written: list[int] | None = None,
+                members: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """``stats()``'s dict (docs/observability.md defines every key), for both wings.
+        ``written``: what each worker running free has written and not yet reported (added to
+        the frames). ``members``: per member, what its wing knows of it first hand (a node's
+        ``version``, env ``step`` latency and ``lost_batches``, from its handle) and keys of its
+        own (a node's ``state``, ``host``, ``pid``), in that member's entry.
+
+        Example:
+            >>> stats = MemberStats(1)
+            >>> out = stats.summary(frames=0, batches=0, version=0, alive=[True], restarts=[0], replay_buffer=None,
+            ...                     members=[{"version": 2, "host": "h"}])
+            >>> out["workers"][0]["policy_version"], out["workers"][0]["host"]
+            (2, 'h')
+        """
         elapsed = time.perf_counter() - self.started_at
         written = written or [0] * self.num_workers
         frames += sum(written)
-        workers = [worker_keys(i, frames=self.worker_frames[i] + written[i], alive=alive[i], restarts=restarts[i],
-                               version=self.worker_versions[i], step=self.worker_steps[i],
-                               lag_dropped_frames=self.lag_dropped[i], lost_batches=self.lost[i])
-                   for i in range(self.num_workers)]
+        own = members or [{}] * self.num_workers
+        workers = []
+        for i in range(self.num_workers):
+            extra = dict(own[i])
+            workers.append({**worker_keys(i, frames=self.worker_frames[i] + written[i], alive=alive[i],
+                                          restarts=restarts[i], version=extra.pop("version", self.worker_versions[i]),
+                                          step=extra.pop("step", self.worker_steps[i]),
+                                          lag_dropped_frames=self.lag_dropped[i],
+                                          lost_batches=extra.pop("lost_batches", self.lost[i])), **extra})
         return stats_keys(
             frames=frames, batches=batches, elapsed=elapsed,
             recent_fps=self.last_batch_frames / self.last_batch_s if self.last_batch_s else 0.0,
             version=version, workers=workers, restarts=sum(restarts), dropped_frames=self.dropped,
             replay_buffer_write_count=getattr(replay_buffer, "write_count", None), lag=self.lag, wait=self.wait,
-            first_batch=self.first_batch, lag_dropped_frames=sum(self.lag_dropped), lost_batches=sum(self.lost))
+            first_batch=self.first_batch, lag_dropped_frames=sum(self.lag_dropped),
+            lost_batches=sum(w["lost_batches"] for w in workers))

@@ -145,3 +145,73 @@ def test_the_scan_sees_a_write_into_another_part(line):
 def test_the_scan_leaves_a_parts_own_fields_alone():
     source = "def f(self, i, batch):\n    self.frames += 1\n    self.handles[i].hung = True\n    batch.names = []\n"
     assert _foreign_writes(source, "x") == []
+
+
+# -- one pool contract for both wings (members.py's ``Pool``) ------------------------------------
+#: The pools of both wings, each of which answers ``Pool``.
+POOLS = {"multiprocess/pool.py": "WorkerPool", "distributed/pool.py": "NodePool"}
+
+
+def _shape(fn: ast.FunctionDef) -> tuple:
+    """A method's call shape: its positional parameters after ``self`` (how many), whether it
+    takes ``*args``, its keyword-only parameters (by name) and whether it takes ``**kwargs``."""
+    a = fn.args
+    return len(a.posonlyargs) + len(a.args) - 1, a.vararg is not None, tuple(k.arg for k in a.kwonlyargs), \
+        a.kwarg is not None
+
+
+def _methods(cls: ast.ClassDef) -> dict[str, ast.FunctionDef]:
+    return {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
+
+
+def _misfits(protocol: ast.ClassDef, cls: ast.ClassDef) -> list[str]:
+    """The methods of ``protocol`` that ``cls`` lacks or takes in another shape."""
+    mine = _methods(cls)
+    return [f"{name}{_shape(fn)}: {'missing' if name not in mine else _shape(mine[name])}"
+            for name, fn in _methods(protocol).items() if name not in mine or _shape(mine[name]) != _shape(fn)]
+
+
+def test_both_pools_answer_the_one_pool_contract():
+    """``Members`` controls both wings' members through ``Pool`` (``serving``, ``ask``,
+    ``ask_all``): both pools take those calls in the same shape."""
+    protocol = _class(_tree("members.py"), "Pool")
+    assert {"serving", "ask", "ask_all", "alive", "__len__"} <= set(_methods(protocol))
+    assert {path: found for path, name in POOLS.items() if (found := _misfits(protocol, _class(_tree(path), name)))} \
+        == {}
+
+
+def test_the_shape_check_sees_a_pool_in_its_own_words():
+    protocol = _class(_tree("members.py"), "Pool")
+    source = ("class Pool:\n    def __len__(self): ...\n    def serving_nodes(self): ...\n"
+              "    def ask(self, i, name, payload=b'', **args): ...\n    def ask_all(self, command, *args): ...\n"
+              "    def alive(self): ...\n")
+    assert len(_misfits(protocol, _class(ast.parse(source), "Pool"))) == 3
+
+
+#: What controlling the members is made of: a face that names one of these on its pool, gather or
+#: recovery writes member control in its own words (``Members`` writes it once for both wings).
+MEMBER_CONTROL = {"ask", "ask_all", "request", "send", "receive", "serving", "serving_nodes", "wait_for",
+                  "settled", "drained", "quiesce", "discard", "note_seed", "seeds"}
+
+
+def _member_control(tree: ast.AST) -> list[str]:
+    """``self.<part>.<name>`` with ``name`` in ``MEMBER_CONTROL`` and ``part`` a pool, gather or
+    recovery (read or called)."""
+    return sorted({f"{node.lineno}: {ast.unparse(node)}" for node in ast.walk(tree)
+                   if isinstance(node, ast.Attribute) and node.attr in MEMBER_CONTROL
+                   and isinstance(node.value, ast.Attribute) and isinstance(node.value.value, ast.Name)
+                   and node.value.value.id == "self"
+                   and node.value.attr in ("_pool", "_gather", "_recovery", "_restart", "pool", "gather")})
+
+
+def test_the_faces_leave_member_control_to_members():
+    """Seed, reset, state, load, a command to a member and the waits before them are
+    ``Members``' (members.py), written once over the pool contract; a face only calls them."""
+    assert {path: found for path, name in FACES.items() if (found := _member_control(_class(_tree(path), name)))} \
+        == {}
+
+
+@pytest.mark.parametrize("line", ["self._pool.ask(i, 'seed', 1)", "self._pool.serving_nodes()",
+                                  "self._member_control.run(self._gather.discard)", "self._restart.seeds[i] = 1"])
+def test_the_scan_sees_member_control_in_a_face(line):
+    assert len(_member_control(ast.parse(f"def f(self, i):\n    {line}\n"))) == 1

@@ -27,6 +27,163 @@ from rlcollect.distributed.control.transport import default_host_address, resolv
 from rlcollect.policy import as_exploration_type, has_weights
 from rlcollect.weights.schemes import DistributedWeightSyncScheme, NoWeightSyncScheme, validate_schemes
 
+#: ``DistributedCollector``'s docstring: what it does and every argument (the face, collector.py,
+#: holds the signature and the wiring).
+DOC = """Collect on ``num_nodes`` nodes (processes or hosts) joined over torch.distributed.
+
+    Each entry of ``create_env_fn`` is one node (rank ``i + 1``; nodes are numbered from 0 in
+    the API) running an inner collector of ``collector_class``. ``sync=True`` yields one batch
+    from every node stacked, ``(num_nodes, *node_batch)``; ``sync=False`` yields each node's
+    batch as it comes, tagged ``("collector", "node_id")``. Nodes are fresh interpreters that
+    never import your script: the env factories, policy and options travel to them pickled
+    (cloudpickle: what your ``__main__`` defines goes by value). Nodes execute the code rank 0
+    sends them, so rank 0 and the nodes must trust each other; every control message is
+    authenticated (HMAC-SHA256) with a per-run secret that never enters the store or a command
+    line, while batches travel unauthenticated. Nodes exit by themselves when rank 0 dies or
+    stops beating. The arguments are torchrl's ``DistributedDataCollector``'s where the names
+    agree; rlcollect's own are marked so.
+
+    Args:
+        create_env_fn: one env source per node (a list), or one for all ``num_nodes`` nodes:
+            an env, a gymnasium id, or a callable returning an env, as for ``Collector``.
+        policy: the policy every node acts with (sent pickled), as for ``Collector``; its
+            weights on rank 0 are what ``update_policy_weights_()`` sends. Default ``None``
+            (random actions).
+        policy_factory: a callable building the policy on the node instead, or a list with
+            one per node. Default ``None``.
+        frames_per_batch: frames per yielded batch (required). ``sync=True``: each node
+            collects ``frames_per_batch / num_nodes`` (``RuntimeError`` if that does not
+            divide); ``sync=False``: each node's batch has ``frames_per_batch`` frames.
+        total_frames: stop after this many frames delivered (async batches the nodes collected
+            ahead and not delivered yet are not counted); ``-1`` (the default) collects for
+            ever (``len()`` then raises ``TypeError``).
+        device: the inner collectors' ``device``: one value, or a list with one per node.
+        storing_device: where the yielded batches live (applied on rank 0; batches arrive on
+            the CPU); one value or a per-node list.
+        env_device: the inner collectors' ``env_device``; one value or a per-node list.
+        policy_device: the inner collectors' ``policy_device``; one value or a per-node list.
+        create_env_kwargs: keyword arguments of ``create_env_fn``, one dict for all nodes or a
+            list with one per node. Default ``None``.
+        max_frames_per_traj: passed to the inner collectors (truncate trajectories at this
+            length; ``None``: no limit).
+        init_random_frames: the first frames act randomly (applied on rank 0, as for
+            ``Collector``). Default ``None``.
+        reset_at_each_iter: the inner collectors reset their envs at the start of each batch.
+            Default ``False``.
+        postproc: applied on rank 0 to each batch before it is yielded. Default ``None``.
+        split_trajs: yield ``split_trajectories(batch)`` (on rank 0). Default ``False``.
+        exploration_type: the ``ExplorationType`` (or name) the nodes' rollouts run under.
+            Default ``"random"``.
+        collector_class: what runs on a node: ``Collector`` (the default, or ``"single"``),
+            ``"sync"`` (``MultiSyncCollector``) or ``"async"`` (``MultiAsyncCollector``).
+        collector_kwargs: extra keyword arguments of the inner collector, one dict for all
+            nodes or a list with one per node (``{"num_workers": 8}`` on a bigger host,
+            ``{"track_policy_version": True}``). Default ``None``.
+        num_workers_per_collector: workers of a multi-process inner collector (more than one
+            with a single ``Collector`` is a ``ValueError``). Default 1.
+        num_nodes: the number of nodes when ``create_env_fn`` is one source; with a list it
+            must equal its length. Default ``None``.
+        sync: ``True`` stacks one part from every node, all collected with the same weights
+            (nodes wait between batches); ``False`` (the default) delivers batches first come,
+            first served, each node keeping two batches in flight (it never waits for the
+            trainer; batches in flight during an update may use the previous weights).
+        slurm_kwargs: submitit executor parameters for ``launcher="submitit"`` (merged into
+            ``{"timeout_min": 1440, "nodes": 1, "tasks_per_node": 1}``; ``{"executor":
+            "local"}`` runs the jobs as local processes). Default ``None``.
+        backend: the torch.distributed backend of the batch transfers: ``"gloo"`` only
+            (``"nccl"`` is refused: batches reach rank 0 on the CPU).
+        update_after_each_batch: send rank 0's weights to the node whose batch was just taken
+            (async) or to every node (sync), after each batch. Default ``False``.
+        max_weight_update_interval: a node never collects more than this many batches on the
+            same weights (``-1``, the default: no limit); exclusive with
+            ``update_after_each_batch``.
+        update_interval: send the weights every this many yielded batches (``None``, the
+            default: never by itself). The three automatic updates need ``policy`` to be an
+            ``nn.Module`` with parameters (``ValueError`` otherwise).
+        launcher: how nodes come to exist: ``"mp"`` (local processes rank 0 starts and
+            watches; the default), ``"submitit"`` (one SLURM or local job per node,
+            ``slurm_kwargs``), ``"submitit_delayed"`` (jobs submitted beforehand with
+            ``submit_nodes`` wait for rank 0), ``"external"`` (you start
+            ``rlcollect node ...`` on any host; rank 0 prints the commands; these two need
+            ``tcp_port``) or ``"ray"`` (each node a Ray actor on the Ray cluster; ``ray_options``).
+        tcp_port: the port rank 0's store listens on; ``None`` (the default) picks a free one
+            (the "mp" and "submitit" launchers tell their nodes). A string of digits is
+            accepted, as torchrl keeps it.
+        master_addr: the address rank 0 listens on, on that interface only (a wildcard such as
+            ``"0.0.0.0"`` is a ``ValueError``); ``None``: ``"127.0.0.1"`` for "mp", this host's
+            address the other hosts see otherwise.
+        timeout: seconds any reply to a control command (``set_seed``, ``reset``,
+            ``state_dict``, ...) and any transfer set-up may take. Default 300 (torchrl's are
+            days).
+        heartbeat_timeout: seconds without a new authentic heartbeat (nodes beat every 0.5 s)
+            after which a node has failed. Default 5.
+        weight_sync_schemes: ``{"policy": DistributedWeightSyncScheme()}`` (the default: one
+            flat tensor over the process group) or ``{"policy": NoWeightSyncScheme()}``
+            (updates are no-ops); other schemes are a ``TypeError``.
+        on_node_failure: rlcollect's own. What a failed node (died, stopped beating, its
+            collection raised, ``node_timeout`` passed) leads to: ``"raise"`` (the default:
+            every node is shut down and a ``WorkerError`` naming it is raised, or the node's
+            own exception type), ``"continue"`` (``sync=False`` only: the node is dropped and
+            the others go on) or ``"restart"`` ("mp", "submitit" and "ray" launchers: the node is
+            relaunched and rejoins).
+        max_node_restarts: with ``"restart"``, relaunches allowed per node; one more failure
+            raises. Default 3.
+        node_timeout: rlcollect's own: seconds after which a node that has not announced the
+            batch it started has failed (a hung env step, while its heartbeat goes on); give it
+            well above twice a batch's collection time. Default ``None``: no limit.
+        start_timeout: rlcollect's own: seconds a node may take to start (build its collector
+            and report its layout); past it the construction raises a ``WorkerError`` naming
+            the node "during start-up" and the nodes still starting are killed. Also bounds a
+            relaunched node's rejoin. Default 120.
+        rank0_timeout: rlcollect's own: nodes exit when rank 0 has not beaten for this many
+            seconds (a frozen rank 0; they exit at once when it dies). "mp" and "submitit"
+            nodes get it from rank 0; external ones take ``--rank0-timeout``. Default 60.
+        secret_file: rlcollect's own: a path to the run's secret, for ``"external"`` and
+            ``"submitit_delayed"`` nodes (the same file, mode 0600, on both sides;
+            ``rlcollect node --secret-file``); ``None``: ``$RLCOLLECT_SECRET``, else
+            ``"external"`` writes a new secret to a 0600 file (removed at shutdown) and warns
+            with its path, and ``"submitit_delayed"`` raises ``ValueError``. "mp" and
+            "submitit" hand the secret to their nodes themselves.
+        weight_updater: torchrl's ``WeightUpdaterBase`` (instance or class) or a function that
+            moves the weights on ``update_policy_weights_`` instead of the scheme (exclusive
+            with ``weight_sync_schemes``). Default ``None``.
+        ray_options: with ``launcher="ray"``: the actors' resources and placement (``num_cpus``,
+            default the node's workers; ``num_gpus``, ``memory``, ``resources``, ``runtime_env``,
+            ``scheduling_strategy``, ``placement_group`` with ``"PACK"``/``"SPREAD"``), ``address``
+            (else ``$RAY_ADDRESS``, else a local Ray started quietly) and ``init_kwargs``.
+            Refused with any other launcher. Default ``None``.
+        pre_collect_hook: torchrl 0.14's: called on rank 0 with no argument before each batch
+            is asked for (settable as an attribute). Default ``None``.
+        post_collect_hook: torchrl 0.14's: called on rank 0 with each batch after
+            ``postproc``, before it is yielded (the attribute and ``set_post_collect_hook`` set
+            it later). Default ``None``.
+        weight_recv_schemes: torchrl 0.14's; only ``None`` (its default) is accepted.
+        max_policy_lag: rlcollect's own; ``sync=False`` only: no batch is delivered whose
+            frames' policy version is more than this many versions behind rank 0's at delivery
+            (``None``, the default: no bound).
+        lag_policy: with ``max_policy_lag``: ``"drop"`` (the default: a stale batch is
+            discarded, counted per node in ``stats()["workers"][i]["lag_dropped_frames"]`` and
+            in the next batch's ``("collector", "lag_dropped_frames")``) or ``"tag"``
+            (delivered anyway, tagged with its version); ``"wait"`` is not supported here yet.
+        trajs_per_batch: torchrl 0.14's: yield batches of this many whole trajectories,
+            assembled on rank 0 from the nodes' batches (``None``, the default: batches of
+            ``frames_per_batch`` frames). A trajectory still running when the iteration ends
+            is not yielded; ``reset()`` drops the trajectories being assembled.
+        trajs_per_write: torchrl 0.14's; with ``trajs_per_batch``: accepted for symmetry
+            with the other collectors (this collector writes no replay buffer: ``None``).
+        traj_format: with ``trajs_per_batch``: ``"padded"`` (the default: shape
+            ``(trajectories, longest)``, ``("collector", "mask")`` True on real steps) or
+            ``"cat"`` (the trajectories one after the other, one dim).
+
+    Example:
+        >>> from rlcollect import DistributedCollector
+        >>> with DistributedCollector(["CartPole-v1"] * 2, frames_per_batch=200, total_frames=400,
+        ...                           sync=True) as c:
+        ...     shapes = [batch.shape for batch in c]
+        >>> shapes
+        [torch.Size([2, 100]), torch.Size([2, 100])]
+    """
+
 BACKENDS = ("gloo",)
 PER_NODE_ARGS = ("device", "storing_device", "env_device", "policy_device")
 #: Batches a node may have in flight: async nodes fill one buffer while rank 0 reads the other.

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import torch
 from tensordict import TensorDict
@@ -29,6 +29,46 @@ NODE_ID = ("collector", "node_id")
 #: ``("collector", "lag_dropped_frames")`` (with ``max_policy_lag``): the frames dropped for
 #: lag since the previous batch was delivered.
 LAG_DROPPED = ("collector", "lag_dropped_frames")
+
+
+class Options(Protocol):
+    """What the gather reads of the collector's ``DistributedConfig`` (config.py)."""
+
+    num_nodes: int
+    sync: bool
+    slots: int  # batches each async node keeps in flight
+    init_random_frames: int
+    lag_bound: int | None  # max_policy_lag (async)
+    timeout: float  # seconds the batches in flight may take to arrive, when drained
+
+
+class Handle(Protocol):
+    """What the gather reads of a node's ``NodeHandle`` (nodes.py)."""
+
+    outstanding: int  # batches granted and not taken yet
+
+
+class Nodes(Protocol):
+    """What the gather asks of the ``NodePool`` (pool.py): waits (liveness checked throughout),
+    credits, the nodes' batch notices and their batches."""
+
+    handles: Sequence[Handle]
+
+    def serving(self) -> list[int]: ...
+
+    def wait_for(self, predicate: Callable[[], bool], what: str, timeout: float | None = None) -> None: ...
+
+    def admit(self) -> None: ...
+
+    def settled(self) -> bool: ...
+
+    def check_deadlines(self) -> None: ...
+
+    def grant(self, i: int, credits: int, random: bool) -> None: ...
+
+    def ready(self, i: int | None = None) -> P.Message | None: ...
+
+    def take(self, msg: P.Message) -> TensorDict: ...
 
 
 class Gather:
@@ -52,8 +92,8 @@ class Gather:
         batch = gather.next_sync(yielded=0)
     """
 
-    def __init__(self, config: Any, pool: Any, push_due: Callable[[Any, int], None], version: Callable[[], int],
-                 stats: MemberStats):
+    def __init__(self, config: Options, pool: Nodes, push_due: Callable[[Sequence[int], int], None],
+                 version: Callable[[], int], stats: MemberStats):
         self.config, self.pool, self._push_due, self._version, self.stats = config, pool, push_due, version, stats
         self.backlog: collections.deque[tuple[int, TensorDict, P.Message]] = collections.deque()
         self.round: dict[int, tuple[TensorDict, P.Message]] = {}
@@ -70,6 +110,22 @@ class Gather:
 
     def abandon(self) -> None:
         """A failure was raised: what was gathered stays (the collector shuts down)."""
+
+    def rejoin(self) -> None:
+        """Wait until no node is on its way back (the relaunched ones rejoined, are admitted)."""
+        pool = self.pool
+        pool.wait_for(pool.settled, "waiting for relaunched nodes to rejoin")
+
+    def quiesce(self) -> None:
+        """Receive every batch still owed (within ``timeout``) into ``backlog``, where it stays
+        queued for delivery, with no node on its way back before or after (before a command
+        meant for every node)."""
+        self.rejoin()
+        self.pool.wait_for(self.drained, "waiting for the batches in flight", self.config.timeout)
+        self.rejoin()  # a node that failed while draining was relaunched
+
+    def note_seed(self, seed: int) -> None:
+        """(nothing recorded: a distributed run has no schedule)"""
 
     def take(self, msg: P.Message) -> TensorDict:
         """The batch ``msg`` announced (counted when delivered: ``deliver``)."""
@@ -97,7 +153,7 @@ class Gather:
         def all_ready() -> bool:
             pool.admit()
             pool.check_deadlines()
-            for i in pool.serving_nodes():
+            for i in pool.serving():
                 if i not in parts:
                     if pool.handles[i].outstanding == 0:
                         self.grant(i, 1)
@@ -143,7 +199,7 @@ class Gather:
         def one_ready() -> bool:
             pool.admit()
             pool.check_deadlines()
-            for i in pool.serving_nodes():
+            for i in pool.serving():
                 self.grant(i, slots - pool.handles[i].outstanding)
             if not self.backlog and (msg := pool.ready()) is not None:
                 taken.append(msg)
@@ -171,8 +227,9 @@ class Gather:
         return not any(h.outstanding for h in pool.handles)
 
     def discard(self) -> None:
-        """Forget what was gathered and not delivered (after ``drained``): the async backlog,
+        """Forget what was gathered and not delivered (``quiesce`` first): the async backlog,
         and the parts of a sync batch (never counted: only delivered frames are)."""
+        self.quiesce()
         self.backlog.clear()
         self.round.clear()
         self.round_open = False

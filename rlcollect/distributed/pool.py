@@ -1,11 +1,13 @@
 """``NodePool``: rank 0's nodes, one ``NodeHandle`` each, and everything that keeps them: the
 store, rank 0's heartbeat, the launcher, the control channel, the handshake, the pair groups.
 
-The pool answers the same few calls as the multi-process worker pool: ``start`` (launch and
-handshake every node), ``ready``/``take`` (a node's batch notice, then the batch itself),
-``grant`` (credits), ``restart`` (relaunch a failed node), ``push_weights``, ``close``.  Every
-wait goes through ``wait_for``, which sorts the channel's messages and runs the liveness check
-(``check_alive``) in between: dead or silent nodes, relaunched nodes advancing their handshake.
+The pool answers the pool contract of both wings (rlcollect/members.py's ``Pool``: ``serving``,
+``ask``, ``ask_all``, through which the collector's ``Members`` seeds, resets, reads and loads
+the nodes), and the calls of its own wing: ``start`` (launch and handshake every node),
+``ready``/``take`` (a node's batch notice, then the batch itself), ``grant`` (credits),
+``restart`` (relaunch a failed node), ``push_weights``, ``close``.  Every wait goes through
+``wait_for``, which sorts the channel's messages and runs the liveness check (``check_alive``)
+in between: dead or silent nodes, relaunched nodes advancing their handshake.
 
 The pool holds no reference to the collector, so that garbage collection and interpreter exit
 can ``close`` it too.  A node's failure is raised as an exception marked with ``failed_node``
@@ -21,11 +23,13 @@ import secrets
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import cloudpickle
 from tensordict import TensorDict
 
+from rlcollect.distributed.control import env_state
 from rlcollect.distributed.control import protocol as P
 from rlcollect.distributed.control import transport
 from rlcollect.distributed.control.auth import Keys, remove_secret_file
@@ -261,13 +265,40 @@ class NodePool:
                                            "may be alive: a hung env step?)", h.index), h.index)
 
     # -- commands, credits and batches ----------------------------------------------------------------
-    def serving_nodes(self) -> list[int]:
+    # -- the pool contract of both wings (rlcollect/members.py's ``Pool``) -------------------------------
+    def __len__(self) -> int:
+        return len(self.handles)
+
+    def serving(self) -> list[int]:
         """The nodes that take commands now (not dropped, not on their way back)."""
         return [h.index for h in self.handles if h.serving]
 
-    def ask(self, i: int, name: str, payload: bytes = b"", **args: Any) -> tuple[Any, bytes]:
-        """Command node ``i`` and wait (up to ``timeout``) for its reply: ``(value, payload)``;
-        a node's exception is re-raised here."""
+    def ask(self, i: int, command: str, *args: Any) -> Any:
+        """Command node ``i`` (``"seed"(seed, static_seed)``, ``"reset"``, ``"state_dict"``,
+        ``"load_state_dict"(state)``) and wait (up to ``timeout``) for its reply; a node's
+        exception is re-raised here. A state travels as plain data: a node's state is read with
+        its pickled env state left out (a node could plant code there that ``load_state_dict``
+        would hand every node), and a state to load is cloudpickled (trusted from rank 0)."""
+        payload, fields = b"", {}
+        if command == "seed":
+            seed, static_seed = args
+            fields = {"seed": seed, "static_seed": bool(static_seed)}
+        elif command == "load_state_dict":
+            (state,) = args
+            payload = cloudpickle.dumps(state)
+        elif args:
+            raise TypeError(f"node command {command!r} takes no arguments, got {args!r}")
+        value, data = self._command(i, command, payload, **fields)
+        return env_state.strip(P.loads_data(data)) if command == "state_dict" else value
+
+    def ask_all(self, command: str, *args: Any, members: Sequence[int] | None = None) -> list[Any]:
+        """``command`` to each of ``members`` (None: every node serving), one after the other;
+        their replies, in order."""
+        return [self.ask(i, command, *args) for i in (self.serving() if members is None else members)]
+
+    def _command(self, i: int, name: str, payload: bytes = b"", **args: Any) -> tuple[Any, bytes]:
+        """Command node ``i`` on its channel and wait (up to ``timeout``) for its reply:
+        ``(value, payload)``; a node's exception is re-raised here."""
         rank, what = i + 1, f"{name!r}"
         try:
             command_id = self.channel.command(rank, name, payload, **args)
@@ -469,6 +500,11 @@ class NodePool:
 
     def all_dropped(self) -> bool:
         return all(h.state is NodeState.DROPPED for h in self.handles)
+
+    def alive(self) -> list[bool]:
+        """Whether each node lives (its process not known to have ended, not dropped)."""
+        dead = self.dead()
+        return [h.index not in dead and h.state is not NodeState.DROPPED for h in self.handles]
 
     def dead(self) -> set[int]:
         """The nodes whose process is known to have ended."""

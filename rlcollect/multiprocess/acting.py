@@ -364,7 +364,7 @@ class WorkerWeights:
         if self.weight_source is not None:
             initial = as_state_dict(self.weight_source)
         else:
-            initial = {k: torch.from_numpy(v) for k, v in self.pool.request(0, P.GET_WEIGHTS).items()}
+            initial = {k: torch.from_numpy(v) for k, v in self.pool.ask(0, P.GET_WEIGHTS).items()}
         if self.per_worker_weights:
             return [SharedWeights.like(initial) for _ in range(self.num_workers)]
         store = SharedWeights.like(initial)
@@ -379,7 +379,7 @@ class WorkerWeights:
         the workers' collectors (asked of worker 0 once it has started)."""
         for mid in self.schemes:
             if mid != "policy":
-                self.pool.request(0, P.GET_WEIGHTS, mid)
+                self.pool.ask(0, P.GET_WEIGHTS, mid)
 
     # -- planning: everything checked before anything is sent ------------------------------------
     def plan(self, models: dict[str, Any], worker_ids: Any) -> list[tuple[str, dict[int, Any]]]:
@@ -431,16 +431,16 @@ class WorkerWeights:
         """Give a restarted worker ``index`` the weights last sent to its predecessor."""
         if index in self.last_weights:
             state, version = self.last_weights[index]
-            self.pool.request(index, P.UPDATE_WEIGHTS, state, version)
+            self.pool.ask(index, P.UPDATE_WEIGHTS, state, version)
         for (i, model_id), (state, version) in self.last_model_weights.items():
             if i == index:
-                self.pool.request(index, P.UPDATE_WEIGHTS, state, version, model_id)
+                self.pool.ask(index, P.UPDATE_WEIGHTS, state, version, model_id)
 
     def _send(self, index: int, state: dict, version: int, model_id: str) -> None:
         if self.queued:  # queued behind the worker's running batches: applied between two batches
             self.pool.send(index, P.UPDATE_WEIGHTS, state, version, model_id)
         else:
-            self.pool.request(index, P.UPDATE_WEIGHTS, state, version, model_id)
+            self.pool.ask(index, P.UPDATE_WEIGHTS, state, version, model_id)
 
     def _main_model(self, model_id: str) -> Any:
         try:

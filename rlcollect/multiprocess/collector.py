@@ -241,24 +241,11 @@ class MultiCollectorBase(CollectorBase):
         inspection: what the workers write into and the batches you get are views of."""
         return self._gather.slots
 
-    def _broadcast(self, command: str, *args: Any, workers: list[int] | None = None) -> list:
-        with self._control(), self._guard():
-            self._member_control.run(self._gather.quiesce)
-            indices = range(self.num_workers) if workers is None else workers
-            for i in indices:
-                self._pool.send(i, command, *args)
-            return [self._pool.receive(i) for i in indices]
-
-    # -- control --------------------------------------------------------------------------------
+    # -- control: Members (rlcollect/members.py), over the pool contract both wings share ----------------
     def _seed(self, seed: int, static_seed: bool) -> int:
         # Batches collected before the call and not yet delivered are discarded.
         with self._control(), self._guard():
-            self._member_control.run(self._gather.discard)
-            self._gather.note_seed(seed)
-            for i in range(self.num_workers):
-                self._restart.seeds[i] = seed
-                seed = self._pool.request(i, P.SEED, seed, static_seed)
-        return seed
+            return self._member_control.seed(seed, static_seed)
 
     def reset(self, reset_idx: Any = None) -> None:
         """Reset the envs of every worker (``reset_idx=None``) or of the workers whose entry of
@@ -276,10 +263,12 @@ class MultiCollectorBase(CollectorBase):
         """
         chosen = torchrl_args.chosen_workers(reset_idx, self.num_workers)
         with self._control(), self._guard():
-            self._member_control.run(self._gather.discard)
             self._forget_trajectories()
-            for i in chosen:
-                self._pool.request(i, P.RESET)
+            self._member_control.reset(chosen)
+
+    def _broadcast(self, command: str, *args: Any, worker: int = 0) -> Any:
+        with self._control(), self._guard():
+            return self._member_control.broadcast(command, *args, members=[worker])[0]
 
     def getattr_policy(self, name: str) -> Any:
         """An attribute of worker 0's policy (with ``inference="central"``: of the policy the
@@ -287,11 +276,11 @@ class MultiCollectorBase(CollectorBase):
         local = None if self._acting is None else self._acting.local_policy
         if local is not None:
             return getattr(local, name)
-        return self._broadcast(P.GETATTR_POLICY, name, workers=[0])[0]
+        return self._broadcast(P.GETATTR_POLICY, name)
 
     def getattr_env(self, name: str) -> Any:
         """An attribute of worker 0's env."""
-        return self._broadcast(P.GETATTR_ENV, name, workers=[0])[0]
+        return self._broadcast(P.GETATTR_ENV, name)
 
     def getattr_rb(self, name: str) -> Any:
         """An attribute of the replay buffer."""
@@ -301,7 +290,8 @@ class MultiCollectorBase(CollectorBase):
 
     def state_dict(self) -> dict[str, Any]:
         """``{"worker0": ..., ..., "frames", "iter", "traj_pool", "policy_version"}``."""
-        states = self._broadcast(P.STATE_DICT)
+        with self._control(), self._guard():
+            states = list(self._member_control.states().values())
         out: dict[str, Any] = {f"worker{i}": s for i, s in enumerate(states)}
         out["frames"] = self._frames
         out["iter"] = self._iter
@@ -314,10 +304,8 @@ class MultiCollectorBase(CollectorBase):
         if missing:
             raise KeyError(f"{type(self).__name__}.load_state_dict: missing keys {missing}")
         with self._control(), self._guard():
-            self._member_control.run(self._gather.discard)
-            for i in range(self.num_workers):
-                self._pool.request(i, P.LOAD_STATE_DICT, state[f"worker{i}"])
-        self._stats.restore(int(state["frames"]), int(state["iter"]))
+            self._member_control.load({i: state[f"worker{i}"] for i in range(self.num_workers)},
+                                      int(state["frames"]), int(state["iter"]))
         self._version = int(state.get("policy_version", self._version))
 
     # -- weights (acting.py) ------------------------------------------------------------------------
@@ -334,8 +322,7 @@ class MultiCollectorBase(CollectorBase):
         self._version = version()
         for mid, targets in plan:
             with (contextlib.nullcontext() if self._acting.shared(mid) else self._control()), self._guard():
-                self._acting.push(mid, targets, self._version)
-            self._stats.note_pushed(targets, self._version)
+                self._member_control.push(functools.partial(self._acting.push, mid), targets, self._version)
 
     @contextlib.contextmanager
     def updating_weights(self) -> Iterator[None]:
@@ -452,7 +439,7 @@ class MultiCollectorBase(CollectorBase):
                                "collectors: iterate instead (a torchrl buffer gets whole trajectories), or use "
                                "Collector.start()")
         with self._guard():
-            self._member_control.run(self._gather.discard)
+            self._member_control.discard()
             self._free.start(self._next_batch_guarded)
 
     @contextlib.contextmanager
@@ -535,7 +522,7 @@ class MultiCollectorBase(CollectorBase):
         root, ext = os.path.splitext(os.fspath(path))
         for i in workers:
             self._broadcast(P.ENABLE_PROFILE, f"{root}.worker{i}{ext or '.json'}", tuple(rollouts), profiler_kwargs,
-                            workers=[i])
+                            worker=i)
 
     # -- shutdown -------------------------------------------------------------------------------------
     def _release(self, timeout: float) -> None:

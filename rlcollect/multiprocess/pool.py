@@ -1,6 +1,8 @@
-"""Supervision of worker processes: start-up, request/reply over each worker's pipe, liveness
-(a dead worker is noticed the moment its process sentinel fires), per-batch timeouts, and a
-bounded shutdown (close -> terminate -> kill) that leaves no process behind.
+"""Supervision of worker processes: start-up, commands and replies over each worker's pipe
+(``send``/``receive`` for the gathers; ``serving``, ``ask`` and ``ask_all``: the pool contract of
+both wings, rlcollect/members.py's ``Pool``), liveness (a dead worker is noticed the moment its
+process sentinel fires), per-batch timeouts, and a bounded shutdown (close -> terminate -> kill)
+that leaves no process behind.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import signal
 import threading
 import time
 from multiprocessing.connection import wait
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -328,7 +331,7 @@ class WorkerPool:
         it answers: its replacement is then handed what it was being handed)."""
         self.handles[index].attachment = args
         with unclaimed_fds_closed_on_failure():  # (a worker dead before it read them never takes its slots)
-            self.request(index, P.ATTACH, *args)
+            self.ask(index, P.ATTACH, *args)
 
     def __len__(self) -> int:
         return len(self.handles)
@@ -421,12 +424,26 @@ class WorkerPool:
         return WorkerError(f"worker {index} did not answer {command!r} within {seconds} s (worker_timeout)",
                            index, None)
 
-    def request(self, index: int, command: str, *args: Any, timeout: float | None = None) -> Any:
-        """Send a command and wait for its reply (earlier replies must have been read)."""
+    # -- the pool contract of both wings (rlcollect/members.py's ``Pool``) ---------------------------
+    def serving(self) -> list[int]:
+        """Every worker (a failed one is replaced or raised before the next command)."""
+        return list(range(len(self.handles)))
+
+    def ask(self, index: int, command: str, *args: Any) -> Any:
+        """Send worker ``index`` a command and wait for its reply (earlier replies must have been
+        read); its exception is re-raised here."""
         if self.handles[index].pending:
             raise RuntimeError(f"worker {index} still owes replies to {list(self.handles[index].pending)}")
         self.send(index, command, *args)
-        return self.receive(index, timeout)
+        return self.receive(index)
+
+    def ask_all(self, command: str, *args: Any, members: Sequence[int] | None = None) -> list[Any]:
+        """``command`` sent to each of ``members`` (None: every worker) before any reply is read,
+        so that they run it together; their replies, in order."""
+        indices = self.serving() if members is None else members
+        for i in indices:
+            self.send(i, command, *args)
+        return [self.receive(i) for i in indices]
 
     def ready(self, indices: list[int], timeout: float | None) -> list[int]:
         """Indices among ``indices`` with a reply waiting (after up to ``timeout`` seconds)."""

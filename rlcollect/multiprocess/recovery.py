@@ -49,6 +49,10 @@ class RestartPolicy:
         self.counts = [0] * len(specs)
         self.seeds: list[int | None] = [None] * len(specs)
 
+    def note_seed(self, index: int, seed: int) -> None:
+        """Worker ``index`` was given ``seed`` (``set_seed``): its replacements derive theirs from it."""
+        self.seeds[index] = seed
+
     def allows(self, index: int) -> bool:
         return self.mode == "restart" and self.counts[index] < self.max_restarts
 
@@ -91,6 +95,15 @@ class WorkerRestarts:
                  give_up: Callable[[], BaseException | None] | None = None):
         self.policy, self.pool, self.layouts, self.single, self.after = policy, pool, layouts, single, after
         self.give_up = give_up
+
+    @property
+    def counts(self) -> list[int]:
+        """The restarts of each worker."""
+        return self.policy.counts
+
+    def note_seed(self, index: int, seed: int) -> None:
+        """Worker ``index`` was given ``seed``: its replacements derive theirs from it."""
+        self.policy.note_seed(index, seed)
 
     def member_of(self, error: BaseException) -> int | None:
         """None: a worker's failure reaches ``Members`` as the gather's ``MemberFailed`` only."""

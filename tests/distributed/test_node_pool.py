@@ -92,19 +92,19 @@ def test_failed_relaunching_serving_then_dropped_then_closed():
     assert h.state is NodeState.FAILED and pool.launcher.killed == [2]
     assert (h.lost_batches, h.outstanding, h.expected_seq, h.batch_started) == (2, 0, 0, None)
     assert (h.token, h.configured, h.pg) == ("", False, None)
-    assert pool.serving_nodes() == [0]
+    assert pool.serving() == [0]
     pool.restart(1, b"its configuration")
     assert h.state is NodeState.RELAUNCHING and h.incarnation == 1 and pool.launcher.relaunched == [2]
     assert h.rejoin.payload == b"its configuration" and not h.rejoin.configured
     assert P.hello_key(2) not in pool.store.keys  # the new incarnation says hello afresh
-    assert not pool.settled() and pool.serving_nodes() == [0]
+    assert not pool.settled() and pool.serving() == [0]
     # Rejoined (its handshake done, its pair group joined): admitted once its layout matches.
     layout = object()
     pool.layouts = [layout, layout]
     h.rejoin.info = {"layout": layout, "weights": None, "pid": 1234, "host": "here"}
     assert pool.settled()
     assert h.state is NodeState.SERVING and h.rejoin is None and h.info["pid"] == 1234
-    assert pool.serving_nodes() == [0, 1]
+    assert pool.serving() == [0, 1]
     pool.drop(0, for_good=True)
     assert pool.handles[0].state is NodeState.DROPPED and not pool.all_dropped()
     pool.close(1.0)
