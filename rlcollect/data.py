@@ -37,12 +37,16 @@ TRAJ_ID_BLOCK = 1 << 40
 @dataclass(frozen=True)
 class BatchLayout:
     """What one batch holds: ``{key: ArraySpec}`` per env row and time step. ``groups``: the
-    extra batch dims of sub-TensorDicts (a grouped env's agent dims, ``((("agents",), (3,)),)``)."""
+    extra batch dims of sub-TensorDicts (a grouped env's agent dims, ``((("agents",), (3,)),)``).
+    ``lazy``: the lazily stacked groups of agents of different shapes, ``((key, agents, stack
+    dim past the env's batch dims),)``; agent ``i``'s entries are the fields ``(*key, "#i",
+    ...)`` (``envs/grouped.py``), lazily stacked again in the batch's TensorDict."""
 
     fields: dict[NestedKey, ArraySpec]
     batch_size: torch.Size
     time: int
     groups: tuple = ()
+    lazy: tuple = ()
 
     @property
     def rows(self) -> int:
@@ -57,7 +61,7 @@ def with_mask(layout: BatchLayout) -> BatchLayout:
     """``layout`` with a ``("collector", "mask")`` field: which steps of a batch were collected
     (one that stopped early, preempted or interrupted, leaves the rest False, traj id -1)."""
     return BatchLayout({**layout.fields, MASK: ArraySpec((), np.dtype(np.bool_))}, layout.batch_size, layout.time,
-                       layout.groups)
+                       layout.groups, layout.lazy)
 
 
 class BatchBuffer:
@@ -98,9 +102,24 @@ class BatchBuffer:
                 td.set(key, tensor.reshape(*shape, *tensor.shape[2:]))
             for key, dims in layout.groups:  # (parents first: their dims are a prefix of their children's)
                 td.get(key).batch_size = (*shape, *dims)
+            if layout.lazy:
+                _stack_agents(td, layout.lazy, len(shape))
             td.names = [None] * len(layout.batch_size) + ["time"]
             self._td = td
         return self._td
+
+
+def _stack_agents(td: TensorDict, lazy: tuple, dims: int) -> None:
+    """Replace each lazy group's agents ``(*key, "#i")`` in ``td`` (batch dims ``dims``) by their
+    lazy stack (innermost groups first), as the env gave them: torchrl's batch structure."""
+    from tensordict import LazyStackedTensorDict
+
+    for key, agents, stack in sorted(lazy, key=lambda entry: -len(entry[0])):
+        parts = (key,) if isinstance(key, str) else tuple(key)
+        group = td.get(parts)
+        members = [group.get(f"#{i}") for i in range(agents)]
+        td.del_(parts)
+        td.set(parts, LazyStackedTensorDict(*members, stack_dim=dims + stack))
 
 
 def field_bytes(layout: BatchLayout) -> tuple[list[tuple], int]:
@@ -146,7 +165,7 @@ class SlotPart:
 def stacked_layout(layout: BatchLayout, parts: int) -> BatchLayout:
     """The layout of a stacked slot: field k is ``parts`` consecutive ``(n, T, ...)`` blocks."""
     # Stacking along the rows: field k of the stacked layout is parts consecutive (n, T, ...) blocks.
-    return BatchLayout(layout.fields, torch.Size([parts * layout.rows]), layout.time, layout.groups)
+    return BatchLayout(layout.fields, torch.Size([parts * layout.rows]), layout.time, layout.groups, layout.lazy)
 
 
 def stacked_tensors(flat: torch.Tensor, layout: BatchLayout, parts: int) -> dict:
@@ -252,21 +271,34 @@ def split_trajectories(td: TensorDict) -> TensorDict:
     sorted_traj = traj[order]
     pos = torch.arange(order.numel()) - starts[sorted_traj]
     num_traj, t_max = uniq.numel(), int(counts.max())
-    from tensordict import TensorDict
 
-    out = TensorDict({}, batch_size=[num_traj, t_max])
-    src = flat[order]
-    for key, value in src.items(include_nested=True, leaves_only=True):
-        buf = torch.zeros((num_traj, t_max, *value.shape[1:]), dtype=value.dtype, device=value.device)
-        buf[sorted_traj, pos] = value
-        out.set(key, buf)
-    for key, sub in src.items(include_nested=True):  # (parents first) a group's own dims: an agent dim
-        if not isinstance(sub, torch.Tensor) and sub.batch_dims > 1:
-            out.get(key).batch_size = (num_traj, t_max, *sub.batch_size[1:])
+    out = _padded(flat[order], sorted_traj, pos, num_traj, t_max)
     mask = torch.zeros(num_traj, t_max, dtype=torch.bool)
     mask[sorted_traj, pos] = True
     out.set(MASK, mask)
     out.names = [None, "time"]
+    return out
+
+
+def _padded(src: TensorDict, traj: torch.Tensor, pos: torch.Tensor, num_traj: int, t_max: int) -> TensorDict:
+    """``src`` (frames ``(N, ...)``) laid out ``(num_traj, t_max, ...)``: frame ``k`` at
+    ``(traj[k], pos[k])``, zeros elsewhere. A sub-TensorDict keeps its own dims (an agent dim);
+    a lazily stacked group of agents of different shapes is padded agent by agent and stacked
+    lazily again."""
+    from tensordict import LazyStackedTensorDict, TensorDict
+
+    out = TensorDict({}, batch_size=[num_traj, t_max, *src.batch_size[1:]], device=src.device)
+    for name in src.keys():
+        value = src.get(name)
+        if isinstance(value, torch.Tensor):
+            buf = torch.zeros((num_traj, t_max, *value.shape[1:]), dtype=value.dtype, device=value.device)
+            buf[traj, pos] = value
+        elif isinstance(value, LazyStackedTensorDict) and value.stack_dim > 0:
+            buf = LazyStackedTensorDict(*(_padded(agent, traj, pos, num_traj, t_max) for agent in value.tensordicts),
+                                        stack_dim=value.stack_dim + 1)
+        else:
+            buf = _padded(value, traj, pos, num_traj, t_max)
+        out.set(name, buf)
     return out
 
 
@@ -307,6 +339,11 @@ def deliver(
         post_hook(batch)
     if replay_buffer is None:
         return batch
+    if _is_own_buffer(replay_buffer) and _has_lazy(batch):
+        raise TypeError(
+            "rlcollect's ReplayBuffer stores one dense tensor per key: it cannot take this env's lazily stacked agents "
+            f"(of different shapes: {_lazy_keys(batch)}); "
+            "give the collector a torchrl ReplayBuffer (it stores them as torchrl's collectors write them)")
     if not _is_own_buffer(replay_buffer):
         _write_foreign(replay_buffer, batch, extend_buffer, stacked_workers and not split_trajs)
     elif extend_buffer:
@@ -315,6 +352,26 @@ def deliver(
         for t in range(batch.shape[-1]):
             replay_buffer.extend(batch[..., t])
     return None
+
+
+def _lazy(value) -> bool:
+    return not isinstance(value, torch.Tensor) and hasattr(value, "tensordicts") and hasattr(value, "stack_dim")
+
+
+def _lazy_keys(td: TensorDict, prefix: tuple = ()) -> list:
+    """The keys of ``td``'s lazily stacked sub-TensorDicts (not looking inside them)."""
+    out = []
+    for name in td.keys():
+        value = td.get(name)
+        if _lazy(value):
+            out.append((*prefix, name))
+        elif not isinstance(value, torch.Tensor):
+            out += _lazy_keys(value, (*prefix, name))
+    return out
+
+
+def _has_lazy(td: TensorDict) -> bool:
+    return bool(_lazy_keys(td))
 
 
 def _is_own_buffer(replay_buffer) -> bool:

@@ -22,7 +22,7 @@ import torch
 
 from rlcollect.data import MASK, POLICY_VERSION, TRAJ_IDS, BatchBuffer, BatchLayout
 from rlcollect.envs.base import ArraySpec, NestedKey, numpy_dtype
-from rlcollect.envs.grouped import GroupedEnv, end_of_trajectory
+from rlcollect.envs.grouped import GroupedEnv, assign, end_of_trajectory, logical, resolve, walk
 
 
 def _parts(key: NestedKey) -> tuple[str, ...]:
@@ -73,7 +73,7 @@ class GroupedRollout:
         self._out_keys: list[NestedKey] = []
         self._in_keys: list[NestedKey] = []  # what a remote runner is sent (every leaf of the root)
         self._renamed: dict[NestedKey, NestedKey] = {}  # a plain module's "action" -> the env's action key
-        self._truncated = [k for k in env.done_keys if _parts(k)[-1] == "truncated"]
+        self._truncated = [("next", *_parts(k)) for k in env.done_keys if _parts(k)[-1] == "truncated"]
 
     # -- carry -------------------------------------------------------------------------------
     def _new_ids(self, mask: torch.Tensor | None) -> None:
@@ -101,23 +101,30 @@ class GroupedRollout:
         runner = self.runner
         if getattr(runner, "remote", False):
             return self._act_remote(carrier, discover)
+        stack_dims = self.env.stack_dims
         if not hasattr(runner, "batch_size"):  # a plain module or callable (policy.py's ModuleRunner)
-            out = runner({k: carrier.get(k) for k in self.env.obs_layout})
+            out = runner({k: resolve(carrier, k, stack_dims) for k in self.env.obs_layout})
             if len(self.env.action_keys) != 1:
                 raise TypeError(f"env {self.env!r} has the action keys {self.env.action_keys}: its policy must be a "
                                 "TensorDictModule writing them (a plain module returns one 'action')")
             return {self.env.action_keys[0] if k == "action" else k: v for k, v in out.items()}
         policy_in = carrier if runner.device is None else carrier.to(runner.device)
-        given = set(carrier.keys(include_nested=True, leaves_only=True)) if discover else set()
+        nb = len(self.env.batch_size)
+        given = set(walk(carrier, nb)[0]) if discover else set()
         result = runner.fn(policy_in)
         result = policy_in if result is None else result
-        if discover:
-            self._out_keys = [k for k in result.keys(include_nested=True, leaves_only=True)
+        if discover:  # (a lazy group's agents one by one: envs/grouped.py)
+            self._out_keys = [k for k in walk(result, nb)[0]
                               if k not in given and not any(p.startswith("_") for p in _parts(k))]
-        return {k: result.get(k) for k in self._out_keys}
+        return {k: resolve(result, k, stack_dims) for k in self._out_keys}
 
     def _act_remote(self, carrier: Any, discover: bool) -> dict[NestedKey, torch.Tensor]:
         runner, env = self.runner, self.env
+        if env.lazy:
+            raise TypeError(
+                f"env {env!r}: inference='central' does not collect lazily stacked groups (agents of different "
+                f"shapes: {sorted(map(str, env.lazy))}) yet: the shared block between the workers and this process "
+                "holds one dense tensor per key; use inference='workers' (the default)")
         if discover:
             self._in_keys = [k for k in carrier.keys(include_nested=True, leaves_only=True)
                              if not any(p.startswith("_") for p in _parts(k))]
@@ -167,14 +174,16 @@ class GroupedRollout:
                 fields[key] = ArraySpec((), np.dtype(np.int64))
         fields.update(extra or {})
         groups = tuple(sorted(env.group_dims.items(), key=lambda kv: len(_parts(kv[0]))))
-        self.layout = BatchLayout(fields, env.batch_size, self.time, groups)
+        lazy = tuple((_parts(key), agents, stack) for key, (agents, stack) in env.lazy.items())
+        self.layout = BatchLayout(fields, env.batch_size, self.time, groups, lazy)
         return self.layout
 
     def _check_actions(self, written: list[NestedKey]) -> None:
         env = self.env
         actions = set(env.action_keys)
         names = {_parts(k)[-1] for k in actions}
-        groups = {_parts(k)[:-1] for k in env.fields}
+        groups = {_parts(logical(k))[:-1] for k in env.fields}
+        written = list(dict.fromkeys(logical(k) for k in written))  # (a lazy group's agents as one key)
         for key in written:
             parts = _parts(key)
             if key not in actions and parts[-1] in names and parts[:-1] not in groups:
@@ -213,8 +222,10 @@ class GroupedRollout:
                 out = self._act(carrier)
                 if versioned:
                     versions[t] = runner.version
-                for key in self._out_keys:
-                    carrier.set(key, out[key])
+                if out:
+                    stack_dims = env.stack_dims
+                    for key in self._out_keys:
+                        assign(carrier, key, out[key], stack_dims)
             began = clock()
             td, root = env.step_and_maybe_reset(carrier)
             step_seconds[t] = clock() - began
@@ -223,7 +234,7 @@ class GroupedRollout:
             for key in keys:
                 self._write(tensors[key], td, key, t, n)
             tensors[TRAJ_IDS][:, t] = self.traj_ids.reshape(n)
-            ended = end_of_trajectory(td.get("next"), env.done_keys, nb)
+            ended = end_of_trajectory(td, env.done_fields, nb, env.stack_dims)
             self._root = root
             if ended.any():
                 self._new_ids(ended)
@@ -233,7 +244,7 @@ class GroupedRollout:
         return t
 
     def _write(self, target: torch.Tensor, td: Any, key: NestedKey, t: int, n: int) -> None:
-        value = td.get(key, None)
+        value = resolve(td, key, self.env.stack_dims)
         if value is None or value.shape[len(self.env.batch_size):] != target.shape[2:]:
             got = "no entry" if value is None else f"shape {tuple(value.shape)}"
             raise ValueError(
@@ -243,7 +254,7 @@ class GroupedRollout:
         target[:, t].copy_(value.reshape(n, *target.shape[2:]))
 
     def _check_finite(self, nxt: Any, t: int) -> None:
-        for key, value in nxt.items(include_nested=True, leaves_only=True):
+        for key, value in walk(nxt, len(self.env.batch_size))[0].items():
             if value.is_floating_point() and not bool(torch.isfinite(value).all()):
                 raise ValueError(f"env {self.env!r} returned a non-finite {('next', *_parts(key))!r} at step {t} of "
                                  f"the batch (check_finite={self.check_finite!r})")
@@ -253,12 +264,10 @@ class GroupedRollout:
         central inference), the mask, and the ids of the steps not collected."""
         tensors = buf.tensors
         if self.set_truncated and steps:
-            for key in self._truncated:
-                nxt = ("next", *_parts(key))
-                tensors[nxt][:, steps - 1] = True
-                done = ("next", *_parts(key)[:-1], "done")
-                if done in tensors:
-                    tensors[done][:, steps - 1] = True
+            for key in tensors:  # (a lazy group's agents each have theirs)
+                flag = _parts(logical(key))
+                if flag in self._truncated or (flag[-1] == "done" and (*flag[:-1], "truncated") in self._truncated):
+                    tensors[key][:, steps - 1] = True
             self.needs_reset = True
         acted = torch.full((steps,), version, dtype=torch.int64) if per_step is None else torch.from_numpy(per_step)
         if POLICY_VERSION in tensors and steps:

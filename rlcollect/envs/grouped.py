@@ -12,6 +12,14 @@ The env this wraps has ``batch_size``, ``reset(td=None)``, ``step_and_maybe_rese
 ``rand_action(td)``, ``fake_tensordict()``, ``action_keys``, ``reward_keys``, ``done_keys`` and
 ``set_seed``; rlcollect's own PettingZoo and VMAS adapters (``envs/pettingzoo.py``,
 ``envs/vmas.py``) have them too.
+
+Agents of different shapes (torchrl's ``HeterogeneousCountingEnv``): a group that the env gives
+as a ``LazyStackedTensorDict`` (one TensorDict per agent, each its own shapes) has no single
+shape per key, while a batch is one dense tensor per field. Each agent's entries are then fields
+of their own, keyed with the agent's place in the stack (``("lazy", "#0", "camera")``,
+``("lazy", "#1", "camera")``, ...: :func:`agent_part`), the layout records the stack
+(``BatchLayout.lazy``: the group, its agents and its stack dim) and the delivered batch lazily
+stacks the agents' views again (``data.BatchBuffer.td``), so it has torchrl's structure.
 """
 
 from __future__ import annotations
@@ -50,24 +58,105 @@ def is_grouped(env: Any) -> bool:
     return False
 
 
-def end_of_trajectory(next_td: TensorDictBase, done_keys: list[NestedKey], batch_dims: int) -> torch.Tensor:
-    """Which env rows ended a trajectory this step: any ``done`` entry (the ``done`` beside
-    each done key, as torchrl's collectors read it) set anywhere in the row, whatever the group
-    or agent."""
+def end_of_trajectory(td: TensorDictBase, done_fields: list[NestedKey], batch_dims: int,
+                      stack_dims: dict | None = None) -> torch.Tensor:
+    """Which env rows ended a trajectory this step: any ``done`` entry under ``"next"`` (the
+    ``done`` beside each done key, as torchrl's collectors read it: ``GroupedEnv.done_fields``)
+    set anywhere in the row, whatever the group or agent (a lazy group's agents one by one:
+    :func:`resolve`)."""
     ended = None
-    for parts in {(*_parts(k)[:-1], "done") for k in done_keys}:
-        flag = next_td.get(_key(parts), None)
+    for key in done_fields:
+        flag = resolve(td, key, stack_dims or {})
         if flag is None:
             continue
         flag = flag.reshape(*flag.shape[:batch_dims], -1).any(-1)
         ended = flag if ended is None else ended | flag
     if ended is None:
-        return torch.zeros(next_td.batch_size, dtype=torch.bool)
+        return torch.zeros(td.batch_size, dtype=torch.bool)
     return ended
 
 
 def _private(key: NestedKey) -> bool:
     return any(p.startswith("_") for p in _parts(key))
+
+
+def agent_part(index: int) -> str:
+    """The key part of a lazily stacked group's agent ``index`` in a batch layout (``"#0"``)."""
+    return f"#{index}"
+
+
+def _agent_index(part: str) -> int | None:
+    return int(part[1:]) if part[:1] == "#" and part[1:].isdigit() else None
+
+
+def logical(key: NestedKey) -> NestedKey:
+    """``key`` without its agent parts: ``("lazy", "#1", "camera")`` -> ``("lazy", "camera")``."""
+    parts = tuple(p for p in _parts(key) if _agent_index(p) is None)
+    return _key(parts)
+
+
+def resolve(td: Any, key: NestedKey, stack_dims: dict) -> Any:
+    """The entry ``key`` of ``td``, where an agent part (``"#i"``) picks agent ``i`` of a lazily
+    stacked group (its own TensorDict; a group that comes dense is unbound along the stack dim
+    ``stack_dims[group]``, counted past the env's batch dims). None when an entry is missing."""
+    parts = _parts(key)
+    current = td
+    for depth, part in enumerate(parts):
+        index = _agent_index(part)
+        if index is None:
+            current = current.get(part, None)
+        elif hasattr(current, "tensordicts"):
+            current = current.tensordicts[index] if index < len(current.tensordicts) else None
+        else:  # (a lazy group this step gave dense)
+            current = current.unbind(stack_dims[parts[:depth]])[index]
+        if current is None:
+            return None
+    return current
+
+
+def assign(td: Any, key: NestedKey, value: torch.Tensor, stack_dims: dict) -> None:
+    """Set ``key`` of ``td`` to ``value`` (agent parts as in :func:`resolve`)."""
+    parts = _parts(key)
+    if not any(_agent_index(p) is not None for p in parts):
+        td.set(key, value)
+        return
+    parent = resolve(td, _key(parts[:-1]), stack_dims)
+    parent.set(parts[-1], value)
+
+
+def walk(td: Any, batch_dims: int):
+    """What one step (or ``fake_tensordict()``) holds, a lazily stacked group's agents apart:
+    ``(leaves, group_dims, lazy)``: ``{key: tensor}`` of every leaf (agent parts in the keys of a
+    lazy group's entries), ``{key: dims}`` of every sub-TensorDict with batch dims of its own past
+    ``batch_dims`` (an agent dim; a lazy group's agents included, not the group itself), and
+    ``{key: (agents, stack dim past batch_dims)}`` of every lazy group."""
+    leaves: dict[NestedKey, torch.Tensor] = {}
+    group_dims: dict[NestedKey, tuple[int, ...]] = {}
+    lazy: dict[NestedKey, tuple[int, int]] = {}
+
+    def visit(sub: Any, prefix: tuple[str, ...], ordered: bool = False) -> None:
+        # (a lazy group's agents in sorted key order: torchrl's consolidate_spec orders them by a
+        # set, which differs between processes, and every worker or node must carve its batch
+        # into the same fields in the same order as the main process's view of it)
+        for name in sorted(sub.keys()) if ordered else sub.keys():
+            value = sub.get(name)
+            parts = (*prefix, name)
+            if isinstance(value, torch.Tensor):
+                leaves[_key(parts)] = value
+            elif hasattr(value, "tensordicts") and hasattr(value, "stack_dim"):
+                lazy[_key(parts)] = (len(value.tensordicts), value.stack_dim - batch_dims)
+                for i, agent in enumerate(value.tensordicts):
+                    agent_parts = (*parts, agent_part(i))
+                    if len(agent.batch_size) > batch_dims:
+                        group_dims[_key(agent_parts)] = tuple(agent.batch_size[batch_dims:])
+                    visit(agent, agent_parts, True)
+            else:
+                if len(value.batch_size) > batch_dims:
+                    group_dims[_key(parts)] = tuple(value.batch_size[batch_dims:])
+                visit(value, parts, ordered)
+
+    visit(td, ())
+    return leaves, group_dims, lazy
 
 
 class GroupedEnv(EnvBase):
@@ -77,7 +166,10 @@ class GroupedEnv(EnvBase):
     ``fields``: every leaf of ``fake_tensordict()`` (root and ``"next"``), per env row, which is
     what a batch of this env holds besides the policy's outputs; ``group_dims``: the extra
     batch dims of each sub-TensorDict (an agent dim), so that the batch's sub-TensorDicts have
-    torchrl's batch sizes.
+    torchrl's batch sizes; ``lazy``: ``{group: (agents, stack dim)}`` of the lazily stacked
+    groups (agents of different shapes), whose agents' entries are fields of their own
+    (``("lazy", "#0", "camera")``: the module docstring); ``done_fields``: the fields, agent
+    parts included, of the ``done`` flags under ``"next"`` that end a trajectory.
 
     """
 
@@ -98,23 +190,26 @@ class GroupedEnv(EnvBase):
         self.action_keys = list(env.action_keys)
         self.reward_keys = list(env.reward_keys)
         self.done_keys = list(env.done_keys)
-        fake = env.fake_tensordict()
-        for key, value in fake.items(include_nested=True, leaves_only=False):
-            if not isinstance(value, torch.Tensor) and type(value).__name__.startswith("LazyStacked"):
-                raise TypeError(
-                    f"env {type(env).__name__}: its entry {key!r} is a lazily stacked TensorDict (agents with "
-                    "different shapes, as torchrl's HeterogeneousCountingEnv): rlcollect's batches hold one dense "
-                    "tensor per key; pad the agents to one shape in a transform")
         nb = len(self.batch_size)
-        self.fields = {k: ArraySpec(tuple(v.shape[nb:]), numpy_dtype(v.dtype))
-                       for k, v in fake.items(include_nested=True, leaves_only=True) if not _private(k)}
-        self.group_dims = {k: tuple(v.batch_size[nb:]) for k, v in fake.items(include_nested=True, leaves_only=False)
-                           if not isinstance(v, torch.Tensor) and len(v.batch_size) > nb}
+        leaves, group_dims, lazy = walk(env.fake_tensordict(), nb)
+        for key, (_, stack) in lazy.items():
+            if stack < 0:
+                raise TypeError(
+                    f"env {type(env).__name__}: its entry {key!r} is a TensorDict lazily stacked along the env's "
+                    f"batch dim {stack + nb} (batch size {list(self.batch_size)}): rlcollect collects lazy stacks "
+                    "along an agent dim only; give the collector envs whose rows have one layout")
+        self.lazy = lazy
+        self.stack_dims = {_parts(k): nb + stack for k, (_, stack) in lazy.items()}
+        self.fields = {k: ArraySpec(tuple(v.shape[nb:]), numpy_dtype(v.dtype)) for k, v in leaves.items()
+                       if not _private(k)}
+        self.group_dims = group_dims
         not_obs = set(self.action_keys) | set(self.done_keys) | set(self.reward_keys)
         self.obs_layout = {k: spec for k, spec in self.fields.items()
-                           if _parts(k)[0] != "next" and k not in not_obs}
+                           if _parts(k)[0] != "next" and logical(k) not in not_obs}
         first = self.action_keys[0]
         self.action_layout = self.fields.get(first, ArraySpec((), np.dtype(np.float32)))
+        ends = {("next", *_parts(k)[:-1], "done") for k in self.done_keys}
+        self.done_fields = [k for k in self.fields if _parts(logical(k)) in ends]
         self.has_truncated = any(_parts(k)[-1] == "truncated" for k in self.done_keys)
 
     # -- the TensorDict interface the grouped rollout uses -----------------------------------

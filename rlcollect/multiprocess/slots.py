@@ -31,6 +31,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 from typing import Any
 
@@ -173,7 +174,7 @@ class StackedSlots:
             self.parts[i].append(part)
             self.buffers[i].append(slot_buffer(part, layout))
         size = (n, *layout.batch_size) if self.stacked else (n * layout.batch_size[0], *layout.batch_size[1:])
-        self.templates.append(BatchBuffer(BatchLayout(layout.fields, torch.Size(size), layout.time, layout.groups),
+        self.templates.append(BatchBuffer(dataclasses.replace(layout, batch_size=torch.Size(size)),
                                           tensors=stacked_tensors(flat, layout, n)).td)
         self.sets.append((flat, references(flat)))
 

@@ -40,3 +40,27 @@ def test_a_layout_without_groups_still_reads():
 def test_malformed_groups_are_a_protocol_error(groups):
     with pytest.raises(P.ProtocolError):
         P.layout_from_json({**P.layout_to_json(grouped_layout()), "groups": groups})
+
+
+def lazy_layout() -> BatchLayout:
+    """Two agents of different shapes, lazily stacked along the agent dim (torchrl's
+    ``HeterogeneousCountingEnv``): each agent's entries are fields of their own."""
+    fields = {("lazy", "#0", "vector"): ArraySpec((3,), np.dtype(np.float32)),
+              ("lazy", "#1", "vector"): ArraySpec((2,), np.dtype(np.float32)),
+              "done": ArraySpec((1,), np.dtype(np.bool_))}
+    return BatchLayout(fields, torch.Size([2]), 5, (), ((("lazy",), 2, 0),))
+
+
+def test_the_lazy_stacks_of_a_layout_travel_to_rank_0():
+    back = P.layout_from_json(json.loads(json.dumps(P.layout_to_json(lazy_layout()))))
+    assert back == lazy_layout()
+    lazy = BatchBuffer(back).td["lazy"]
+    assert type(lazy).__name__ == "LazyStackedTensorDict"
+    assert (lazy.batch_size, lazy.stack_dim) == ((2, 5, 2), 2)
+    assert [agent["vector"].shape for agent in lazy.tensordicts] == [(2, 5, 3), (2, 5, 2)]
+
+
+@pytest.mark.parametrize("lazy", [[[["lazy"], 0, 0]], [[["lazy"], 2, -1]], [[["lazy"], 2]], [[7, 2, 0]], "lazy"])
+def test_malformed_lazy_stacks_are_a_protocol_error(lazy):
+    with pytest.raises(P.ProtocolError):
+        P.layout_from_json({**P.layout_to_json(lazy_layout()), "lazy": lazy})

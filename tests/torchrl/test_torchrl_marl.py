@@ -5,7 +5,8 @@ seed: the same batches, every leaf ``torch.equal``, the same sub-TensorDict batc
 torchrl's test envs: ``MultiAgentCountingEnv`` (per-agent groups, a root ``env_done``),
 ``NestedCountingEnv`` (``("data", ...)`` with a nested dim), ``MultiKeyCountingEnv`` (root and
 two groups, each its own action, reward and done), ``HeterogeneousCountingEnv`` (lazily stacked
-agents of different shapes: refused, clearly).
+agents of different shapes: torchrl's batch holds a ``LazyStackedTensorDict`` of the agents,
+each its own shapes, and so does ours).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from torchrl.envs import SerialEnv  # noqa: E402
 from torchrl.weight_update import MultiProcessWeightSyncScheme, SharedMemWeightSyncScheme  # noqa: E402
 from torchrl.testing.mocking_classes import (  # noqa: E402
     HeterogeneousCountingEnv,
+    HeterogeneousCountingEnvPolicy,
     MultiAgentCountingEnv,
     MultiKeyCountingEnv,
     MultiKeyCountingEnvPolicy,
@@ -32,6 +34,8 @@ from torchrl.testing.mocking_classes import (  # noqa: E402
 )
 
 from rlcollect import Collector, DistributedCollector, MultiAsyncCollector, MultiSyncCollector  # noqa: E402
+from rlcollect import ReplayBuffer as OurReplayBuffer  # noqa: E402
+from rlcollect import split_trajectories  # noqa: E402
 
 from helpers_torchrl import OURS_ONLY  # noqa: E402
 
@@ -446,13 +450,145 @@ def test_torchrls_weight_sync_schemes_update_the_policy_on_a_multi_agent_env(sch
     assert not torch.equal((obs > 8), (obs > 6))
 
 
+# -- agents of different shapes: lazy stacks -----------------------------------------------------------------
+def heterogeneous(batch_size=()):
+    return HeterogeneousCountingEnv(max_steps=3, batch_size=list(batch_size))
+
+
+def heterogeneous_batched():
+    return heterogeneous((2,))
+
+
+def heterogeneous_policy(env=None) -> HeterogeneousCountingEnvPolicy:
+    """Each agent's action all ones (torchrl's policy for this env: counts every step)."""
+    return HeterogeneousCountingEnvPolicy((env or heterogeneous()).full_action_spec)
+
+
+def assert_same_stacks(theirs: list, ours: list, same_ids: bool = True) -> None:
+    """``assert_same`` for batches holding lazy stacks: the same type at every entry (a
+    ``LazyStackedTensorDict`` where torchrl has one, with its stack dim), and each agent's
+    TensorDict equal, every leaf ``torch.equal``."""
+    assert len(theirs) == len(ours)
+    for a, b in zip(theirs, ours):
+        b = b.exclude(*OURS_ONLY)
+        if not same_ids:
+            a, b = a.exclude(("collector", "traj_ids")), b.exclude(("collector", "traj_ids"))
+        _same_td(a, b, ())
+
+
+def _same_td(a, b, path: tuple) -> None:
+    assert type(a) is type(b), (path, type(a), type(b))
+    assert a.batch_size == b.batch_size, (path, a.batch_size, b.batch_size)
+    if hasattr(a, "tensordicts"):
+        assert (a.stack_dim, len(a.tensordicts)) == (b.stack_dim, len(b.tensordicts)), path
+        for i, (x, y) in enumerate(zip(a.tensordicts, b.tensordicts)):
+            _same_td(x, y, (*path, f"agent {i}"))
+        return
+    assert set(a.keys()) == set(b.keys()), (path, set(a.keys()) ^ set(b.keys()))
+    for key in a.keys():
+        x, y = a.get(key), b.get(key)
+        if isinstance(x, torch.Tensor):
+            assert (x.shape, x.dtype) == (y.shape, y.dtype), (path, key)
+            assert torch.equal(x, y), (path, key)
+        else:
+            _same_td(x, y, (*path, key))
+
+
+def mark_agent_0(td):
+    td.set("seen", td.get(("next", "lazy")).tensordicts[0].get("vector").sum(-1))
+    return td
+
+
+@pytest.mark.parametrize("env_fn", [heterogeneous, heterogeneous_batched],
+                         ids=["HeterogeneousCountingEnv", "HeterogeneousCountingEnv[2]"])
+@pytest.mark.parametrize("policy_fn", [None, heterogeneous_policy], ids=["random", "policy"])
+@pytest.mark.parametrize("options", [{}, {"max_frames_per_traj": 2, "postproc": mark_agent_0}],
+                         ids=["plain", "max_frames_per_traj+postproc"])
+def test_collector_gives_torchrls_lazy_stacks_for_agents_of_different_shapes(env_fn, policy_fn, options):
+    theirs = batches(TorchRLCollector, env_fn, policy_fn, frames=8, **options)
+    ours = batches(Collector, env_fn, policy_fn, frames=8, **options)
+    assert type(ours[0]["lazy"]).__name__ == "LazyStackedTensorDict"
+    assert ours[0]["lazy"].tensordicts[0]["vector"].shape[-1] == 3  # (agent 0's; the others' are 2)
+    assert_same_stacks(theirs, ours)
+
+
+def test_multi_sync_collector_gives_torchrls_lazy_stacks_for_agents_of_different_shapes():
+    theirs = multi_batches(TorchRLMultiSync, heterogeneous, heterogeneous_policy)
+    # (spawned workers: torchrl's consolidated specs order an agent's keys by a set, which
+    # differs between processes; each worker's fields must still be carved as the main process's)
+    ours = multi_batches(MultiSyncCollector, heterogeneous, heterogeneous_policy, mp_start_method="spawn")
+    assert ours[0]["lazy"].batch_size == (2, 10, 3) and ours[0]["lazy"].stack_dim == 2
+    assert_same_stacks(theirs, ours, same_ids=False)  # (ours are unique across workers)
+    for a, b in zip(theirs, ours):  # (they group the frames alike)
+        pairs = set(zip(a["collector", "traj_ids"].flatten().tolist(), b["collector", "traj_ids"].flatten().tolist()))
+        assert len({x for x, _ in pairs}) == len({y for _, y in pairs}) == len(pairs)
+
+
+def test_multi_async_collector_gives_torchrls_lazy_stacks_for_agents_of_different_shapes():
+    # (which worker delivers when is the OS's: the structure, and worker 0's batches against our
+    # single-process collector's under worker 0's seed, itself torchrl's: the test above)
+    theirs = multi_batches(TorchRLMultiAsync, heterogeneous, heterogeneous_policy)
+    ours = multi_batches(MultiAsyncCollector, heterogeneous, heterogeneous_policy)
+    assert_same_stacks(theirs[:1], ours[:1], same_ids=False)
+    first = [b for b in ours if int(b["collector", "worker_id"][0]) == 0]
+    assert_same_stacks(seeded_single(heterogeneous, heterogeneous_policy, 20, 2)[: len(first)], first)
+
+
+@pytest.mark.timeout(420)
+def test_distributed_collector_gives_torchrls_lazy_stacks_for_agents_of_different_shapes():
+    # (each node's share against torchrl's Collector seeded as that node is, as for the other
+    # grouped envs: the nodes' layouts carry the lazy stacks to rank 0)
+    node0, seed = torchrl_seeded(heterogeneous, heterogeneous_policy, 10, 2, 3)
+    node1, _ = torchrl_seeded(heterogeneous, heterogeneous_policy, 10, 2, seed)
+    ours = distributed_batches(heterogeneous, heterogeneous_policy, sync=True)
+    assert ours[0]["lazy"].batch_size == (2, 10, 3) and ours[0]["lazy"].stack_dim == 2
+    for node, theirs in enumerate([node0, node1]):
+        assert_same_stacks(theirs, [b[node] for b in ours], same_ids=False)
+
+
+def test_a_torchrl_replay_buffer_gets_torchrls_frames_from_agents_of_different_shapes():
+    theirs = buffered(TorchRLCollector, heterogeneous, heterogeneous_policy)
+    ours = buffered(Collector, heterogeneous, heterogeneous_policy)
+    assert len(ours) == len(theirs) == 30
+    assert_same_stacks([theirs[:30]], [ours[:30]])
+
+
+def test_split_trajs_of_agents_of_different_shapes_where_torchrls_collector_fails():
+    # torchrl 0.14.1's split_trajectories stacks the agents densely and fails; ours splits each
+    # agent's TensorDict as it splits a dense batch and stacks them lazily again
+    with pytest.raises(RuntimeError, match="Failed to stack tensors"):
+        batches(TorchRLCollector, heterogeneous, heterogeneous_policy, frames=8, split_trajs=True)
+    plain = batches(Collector, heterogeneous, heterogeneous_policy, frames=8)
+    split = batches(Collector, heterogeneous, heterogeneous_policy, frames=8, split_trajs=True)
+    ids = ("collector", "traj_ids")
+    for whole, parts in zip(plain, split):
+        assert parts.batch_size == (2, 4) and parts["lazy"].stack_dim == 2
+        for key in ("lazy", ("next", "lazy")):
+            for i, agent in enumerate(whole.get(key).tensordicts):
+                alone = split_trajectories(agent.clone().set(ids, whole.get(ids)))
+                _same_td(alone.exclude("collector"), parts.get(key).tensordicts[i], (key, i))
+        assert torch.equal(parts["next", "state"], split_trajectories(whole.exclude("lazy", ("next", "lazy")))[
+            "next", "state"])
+
+
+def test_trajs_per_batch_on_agents_of_different_shapes_gives_no_batch_as_torchrls():
+    # a trajectory ends at the root ("next", "done"), which this env lacks (only its agents'):
+    # torchrl's collector delivers nothing, ours neither
+    kwargs = dict(frames=8, trajs_per_batch=2, traj_format="padded")
+    assert batches(TorchRLCollector, heterogeneous, heterogeneous_policy, **kwargs) == []
+    assert batches(Collector, heterogeneous, heterogeneous_policy, **kwargs) == []
+
+
+def test_what_agents_of_different_shapes_are_not_collected_with_is_refused_clearly():
+    with pytest.raises(TypeError, match=r"env HeterogeneousCountingEnv\(batch_size=\[\]\): inference='central' "
+                                        r"does not collect lazily stacked groups"):
+        multi_batches(MultiSyncCollector, heterogeneous, heterogeneous_policy, inference="central")
+    with pytest.raises(TypeError, match=r"rlcollect's ReplayBuffer stores one dense tensor per key: it cannot take "
+                                        r"this env's lazily stacked agents"):
+        batches(Collector, heterogeneous, heterogeneous_policy, replay_buffer=OurReplayBuffer(100))
+
+
 # -- bad input: clear errors naming the env and the key ----------------------------------------------------
-def test_heterogeneous_agents_are_refused_naming_the_lazy_entry():
-    with pytest.raises(TypeError, match=r"env HeterogeneousCountingEnv: its entry 'lazy' is a lazily stacked "
-                                        r"TensorDict"):
-        Collector(HeterogeneousCountingEnv(), frames_per_batch=10)
-
-
 class WrongGroup(nn.Module):
     def forward(self, obs):
         return torch.zeros(obs.shape[:-2] + (1,), dtype=torch.int8)

@@ -168,6 +168,9 @@ def layout_to_json(layout: Any) -> dict:
         # a grouped env's sub-TensorDict batch dims (an agent dim): without them rank 0's
         # batches would give ("agents",) the batch size (n, T) instead of torchrl's (n, T, agents)
         "groups": [[list(_parts(k)), list(dims)] for k, dims in layout.groups],
+        # lazily stacked agents of different shapes (data.BatchLayout.lazy): the group, its
+        # agents, its stack dim; without them rank 0's batch would hold the agents side by side
+        "lazy": [[list(_parts(k)), agents, stack] for k, agents, stack in getattr(layout, "lazy", ())],
     }
 
 
@@ -195,7 +198,13 @@ def layout_from_json(data: dict) -> Any:
         if not _is(time, int) or time < 1:
             raise ProtocolError(f"layout time must be a positive int, got {time!r}")
         groups = tuple((_parts(_field_key(key)), _shape(dims)) for key, dims in data.get("groups", []))
-        return BatchLayout(fields, torch.Size(_shape(data["batch_size"])), time, groups)
+        lazy = []
+        for key, agents, stack in data.get("lazy", []):
+            if not (_is(agents, int) and agents > 0 and _is(stack, int) and stack >= 0):
+                raise ProtocolError(f"a lazy group needs a positive agent count and a stack dim >= 0, got "
+                                    f"{agents!r}, {stack!r}")
+            lazy.append((_parts(_field_key(key)), agents, stack))
+        return BatchLayout(fields, torch.Size(_shape(data["batch_size"])), time, groups, tuple(lazy))
     except (KeyError, TypeError, ValueError) as err:
         if isinstance(err, ProtocolError):
             raise
