@@ -204,11 +204,20 @@ def _member_control(tree: ast.AST) -> list[str]:
                    and node.value.attr in ("_pool", "_gather", "_recovery", "_restart", "pool", "gather")})
 
 
+#: The faces and the multi-process face's base (the calls of torchrl's face that reach the workers).
+FACE_CLASSES = {**FACES, "multiprocess/worker_control.py": "WorkerControl"}
+
+
 def test_the_faces_leave_member_control_to_members():
     """Seed, reset, state, load, a command to a member and the waits before them are
     ``Members``' (members.py), written once over the pool contract; a face only calls them."""
-    assert {path: found for path, name in FACES.items() if (found := _member_control(_class(_tree(path), name)))} \
-        == {}
+    assert {path: found for path, name in FACE_CLASSES.items()
+            if (found := _member_control(_class(_tree(path), name)))} == {}
+
+
+def test_the_faces_are_under_400_lines():
+    """A face keeps its own: the signature, the wiring, and what only its wing has."""
+    assert {path: n for path in FACES if (n := len((PACKAGE / path).read_text().splitlines())) >= 400} == {}
 
 
 @pytest.mark.parametrize("line", ["self._pool.ask(i, 'seed', 1)", "self._pool.serving_nodes()",

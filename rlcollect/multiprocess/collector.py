@@ -5,25 +5,24 @@ slots (slots.py: written by the workers, lent to the user), the gather (gather.p
 async), where the policy acts (acting.py: in the workers, or central), ``WorkerRestarts``
 (recovery.py), free running (freerun.py) and ``MemberStats`` (rlcollect/members.py: counters, statistics);
 ``Members`` (rlcollect/members.py) holds the pool, the gather, the restarts and the statistics,
-and runs the gather under recovery (the face's ``_collect_next`` is its ``next_batch``);
-the workers are started and stopped by lifecycle.py (start method, torch threads, acting, pool).
-Options are read from ``self.config`` (config.py); torchrl's face (``shutdown``, ``set_seed``,
-``update_policy_weights_``, ...) is ``CollectorBase``'s (rlcollect/base.py).
+runs the gather under recovery (the face's ``_collect_next`` is its ``next_batch``) and controls
+the workers; the workers are started and stopped by lifecycle.py (start method, torch threads,
+acting, pool). The face keeps its signature, the wiring, the weights and version (acting.py) and
+nesting; the calls that reach the workers and free running are its base's, ``WorkerControl``
+(worker_control.py). Options are read from ``self.config`` (config.py); torchrl's face
+(``shutdown``, ``set_seed``, ``update_policy_weights_``, ...) is ``CollectorBase``'s
+(rlcollect/base.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import threading
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from tensordict import TensorDict
-
-from rlcollect import torchrl_args
 from rlcollect.base import CollectorBase, FromConfig
 from rlcollect.collector import SingleCollector
 from rlcollect.config import bound_arguments
@@ -35,24 +34,20 @@ from rlcollect.multiprocess.freerun import free_running
 from rlcollect.multiprocess.gather import SyncGather
 from rlcollect.multiprocess.gather_async import AsyncGather
 from rlcollect.multiprocess.lifecycle import start_workers, stop_workers
-from rlcollect.multiprocess.pool import DEFAULT_START_TIMEOUT_S, Attach, WorkerPool
+from rlcollect.multiprocess.pool import DEFAULT_START_TIMEOUT_S, Attach
 from rlcollect.multiprocess.recovery import RestartPolicy, WorkerRestarts
 from rlcollect.multiprocess.schedule import schedule_for
+from rlcollect.multiprocess.worker_control import WorkerControl
 from rlcollect.weights.models import make_weight_updater
 
 
-class MultiCollectorBase(CollectorBase):
+class MultiCollectorBase(WorkerControl):
     """What ``MultiSyncCollector`` and ``MultiAsyncCollector`` are: one face, wired in
-    ``_build``; the two differ only in the gather they are built with."""
+    ``_build``; the two differ only in the gather they are built with. The calls that reach the
+    workers and free running are ``WorkerControl``'s (worker_control.py)."""
 
     _sync = True
     _shutdown_on_error = True
-    _pool: WorkerPool | None = None
-    _acting: Any = None
-    _gather: Any = None
-    _free: Any = None
-    _member_control: Members | None = None
-    _stats: MemberStats | None = None
     _stops: list = []
     # torchrl's public attributes: the validated arguments, read from the config
     frames_per_batch = FromConfig()
@@ -183,10 +178,6 @@ class MultiCollectorBase(CollectorBase):
     _iter = property(lambda self: self._stats.batches)
 
     # -- iteration (``_collect_next`` is ``Members.next_batch``, bound in ``_build``) ----------------
-    def _next_batch_guarded(self) -> TensorDict | None:  # (free running: a failure shuts down)
-        with self._guard():
-            return self._next_batch()
-
     def _update_each_batch(self, index: int | None) -> int:
         """``update_at_each_batch`` (the gather calls it only then): before a sync batch (``index``
         None), or after an async batch of worker ``index`` (to it alone, unless one shared store
@@ -198,13 +189,6 @@ class MultiCollectorBase(CollectorBase):
             else:
                 self.update_policy_weights_(worker_ids=[index])
         return self._version
-
-    def _running(self) -> bool:
-        return self._free is not None and self._free.running
-
-    def _check_iterable(self) -> None:
-        if self._running():
-            raise RuntimeError("this collector is running free (start()); it cannot be iterated until async_shutdown()")
 
     def _batch_frames(self) -> int:
         if not isinstance(self.frames_per_batch, int):
@@ -221,92 +205,11 @@ class MultiCollectorBase(CollectorBase):
     def _fatal_error(self) -> BaseException | None:
         return None if self._acting is None else self._acting.fatal_error
 
-    def worker_pids(self) -> list[int]:
-        """The process id of each worker, in worker order (a restarted worker's replacement
-        from then on).
-
-        Example:
-            >>> from rlcollect import MultiSyncCollector
-            >>> c = MultiSyncCollector("CartPole-v1", num_workers=2, frames_per_batch=20)
-            >>> len(c.worker_pids())
-            2
-            >>> c.shutdown()
-        """
-        self._check_open()
-        return self._pool.pids()
-
     @property
     def slots(self) -> Any:
         """The shared-memory batch slots (slots.py: ``StackedSlots`` or ``WorkerSlots``), for
         inspection: what the workers write into and the batches you get are views of."""
         return self._gather.slots
-
-    # -- control: Members (rlcollect/members.py), over the pool contract both wings share ----------------
-    def _seed(self, seed: int, static_seed: bool) -> int:
-        # Batches collected before the call and not yet delivered are discarded.
-        with self._control(), self._guard():
-            return self._member_control.seed(seed, static_seed)
-
-    def reset(self, reset_idx: Any = None) -> None:
-        """Reset the envs of every worker (``reset_idx=None``) or of the workers whose entry of
-        ``reset_idx`` (torchrl's: one bool per worker) is True; their next frames start new
-        trajectories.  Batches collected before the call and not yet delivered are discarded.
-
-        Args:
-            reset_idx (list[bool] | None): which workers to reset (default None: all).
-
-        Example:
-            >>> from rlcollect import MultiSyncCollector
-            >>> c = MultiSyncCollector("CartPole-v1", num_workers=2, frames_per_batch=20)
-            >>> c.reset(reset_idx=[True, False])
-            >>> c.shutdown()
-        """
-        chosen = torchrl_args.chosen_workers(reset_idx, self.num_workers)
-        with self._control(), self._guard():
-            self._forget_trajectories()
-            self._member_control.reset(chosen)
-
-    def _broadcast(self, command: str, *args: Any, worker: int = 0) -> Any:
-        with self._control(), self._guard():
-            return self._member_control.broadcast(command, *args, members=[worker])[0]
-
-    def getattr_policy(self, name: str) -> Any:
-        """An attribute of worker 0's policy (with ``inference="central"``: of the policy the
-        main process runs, the one every worker's actions come from)."""
-        local = None if self._acting is None else self._acting.local_policy
-        if local is not None:
-            return getattr(local, name)
-        return self._broadcast(P.GETATTR_POLICY, name)
-
-    def getattr_env(self, name: str) -> Any:
-        """An attribute of worker 0's env."""
-        return self._broadcast(P.GETATTR_ENV, name)
-
-    def getattr_rb(self, name: str) -> Any:
-        """An attribute of the replay buffer."""
-        if self.replay_buffer is None:
-            raise RuntimeError("getattr_rb: this collector has no replay_buffer")
-        return getattr(self.replay_buffer, name)
-
-    def state_dict(self) -> dict[str, Any]:
-        """``{"worker0": ..., ..., "frames", "iter", "traj_pool", "policy_version"}``."""
-        with self._control(), self._guard():
-            states = list(self._member_control.states().values())
-        out: dict[str, Any] = {f"worker{i}": s for i, s in enumerate(states)}
-        out["frames"] = self._frames
-        out["iter"] = self._iter
-        out["traj_pool"] = [s.get("rollout", {}).get("next_traj_id") for s in states]
-        out["policy_version"] = self._version
-        return out
-
-    def _load(self, state: dict[str, Any]) -> None:
-        missing = [k for k in (*(f"worker{i}" for i in range(self.num_workers)), "frames", "iter") if k not in state]
-        if missing:
-            raise KeyError(f"{type(self).__name__}.load_state_dict: missing keys {missing}")
-        with self._control(), self._guard():
-            self._member_control.load({i: state[f"worker{i}"] for i in range(self.num_workers)},
-                                      int(state["frames"]), int(state["iter"]))
-        self._version = int(state.get("policy_version", self._version))
 
     # -- weights (acting.py) ------------------------------------------------------------------------
     def _push_weights(self, models: dict[str, Any], worker_ids: Any) -> None:
@@ -364,18 +267,6 @@ class MultiCollectorBase(CollectorBase):
         (as torchrl: nothing cached)."""
         return self._acting.cached(model_id)
 
-    def worker_policy_versions(self) -> list[int]:
-        """The weights version each worker acts with (after its next batch starts).
-
-        Example:
-            >>> from rlcollect import MultiSyncCollector
-            >>> c = MultiSyncCollector("CartPole-v1", num_workers=2, frames_per_batch=20)
-            >>> c.worker_policy_versions()
-            [0, 0]
-            >>> c.shutdown()
-        """
-        return list(self._stats.worker_versions)
-
     # -- driven by an outer worker or node (rlcollect/source.py) ------------------------------------
     @property
     def weight_spec(self) -> dict | None:
@@ -413,116 +304,6 @@ class MultiCollectorBase(CollectorBase):
         not watched (each inner worker has its own)."""
         with self._guard():
             return self._member_control.run(self._gather.collect_into, buf, random, self._version)
-
-    # -- free running (freerun.py) ------------------------------------------------------------------
-    def start(self) -> None:
-        """Collect continuously into the replay buffer; returns at once.
-
-        Example:
-            >>> from rlcollect import MultiAsyncCollector, ReplayBuffer
-            >>> rb = ReplayBuffer(10_000)
-            >>> c = MultiAsyncCollector("CartPole-v1", num_workers=2, frames_per_batch=200, replay_buffer=rb)
-            >>> c.start()
-            >>> with c.pause():
-            ...     frozen = rb.write_count
-            >>> c.async_shutdown(); rb.close()
-        """
-        self._check_open()
-        if self.replay_buffer is None:
-            raise RuntimeError("start() needs a replay_buffer: batches collected while running free go there")
-        if self._running():
-            raise RuntimeError("start() was already called; use pause() to stop writing for a while")
-        if self.config.record is not None or self.config.replay is not None:
-            raise RuntimeError("start() cannot record or replay a run: use iteration with record= / replay=")
-        if self.config.trajs_per_batch is not None:
-            raise RuntimeError("start() cannot assemble whole trajectories (trajs_per_batch) in the multi-process "
-                               "collectors: iterate instead (a torchrl buffer gets whole trajectories), or use "
-                               "Collector.start()")
-        with self._guard():
-            self._member_control.discard()
-            self._free.start(self._next_batch_guarded)
-
-    @contextlib.contextmanager
-    def pause(self) -> Iterator[None]:
-        """Within the block nothing is written to the buffer (batches in progress finish first)."""
-        self._check_open()
-        if not self._running():
-            raise RuntimeError("pause() needs a collector running free: call start() first")
-        with self._guard():
-            self._member_control.count_free(self._free.suspend)
-        try:
-            yield
-        finally:
-            if not self._closed:
-                with self._guard():
-                    self._free.resume()
-
-    def _check_free(self) -> None:
-        """Surface a worker that failed while running free (restarting it when allowed)."""
-        if self._free is not None:
-            self._member_control.count_free(self._free.check)
-
-    @contextlib.contextmanager
-    def _control(self) -> Iterator[None]:
-        """Control calls made while running free pause the workers around themselves."""
-        if self._running():
-            with self.pause():
-                yield
-        else:
-            yield
-
-    def async_shutdown(self, timeout: float | None = None) -> None:
-        """Stop running free (writes stop after the batches in progress), then shut down
-        (``timeout=None``: 10 s, as ``shutdown``).
-
-        Args:
-            timeout (float | None): seconds to wait for the batches in progress and the
-                workers (default None: 10 s).
-        """
-        timeout = 10.0 if timeout is None else timeout
-        try:
-            if not self._closed and self._running():
-                with self._guard():
-                    self._member_control.count_free(self._free.stop, final=True)
-        finally:
-            self.shutdown(timeout)
-
-    # -- statistics (MemberStats, rlcollect/members.py) ---------------------------------------------------
-    def stats(self) -> dict[str, Any]:
-        """JSON-serialisable statistics: frames, rates, per-worker frames, liveness, restarts,
-        versions and env-step latency, the last batch's policy lag, time blocked waiting for the
-        workers (docs/observability.md defines every key).
-
-        Example:
-            >>> from rlcollect import MultiSyncCollector
-            >>> with MultiSyncCollector("CartPole-v1", num_workers=2, frames_per_batch=20, total_frames=20) as c:
-            ...     _ = list(c)
-            ...     s = c.stats()
-            >>> s["frames"], s["policy_lag_mean"], [w["env_step_p95_s"] > 0 for w in s["workers"]]
-            (20, 0.0, [True, True])
-        """
-        if self._running() and not self._closed:
-            with self._guard():
-                self._check_free()
-        alive = self._pool.alive() if self._pool is not None and not self._closed else [False] * self.num_workers
-        written = self._free.written() if self._running() and not self._closed else None  # live while free
-        out = self._stats.summary(frames=self._frames, batches=self._iter, version=self._version, alive=alive,
-                                  restarts=self._restart.counts, replay_buffer=self.replay_buffer, written=written)
-        extra = None if self._acting is None else self._acting.stats()
-        if extra is not None:
-            out["inference"] = extra
-        return self._torchrl_stats(out)
-
-    # -- observability ------------------------------------------------------------------------------
-    def enable_profile(self, path: str = "rlcollect_trace.json", *, rollouts=(0,), workers=(0,),
-                       **profiler_kwargs) -> None:
-        """Record torch.profiler traces of the chosen rollouts inside the chosen workers (torchrl's
-        arguments too); worker ``i`` writes ``<path stem>.worker<i><ext>`` (``Collector.enable_profile``)."""
-        path, rollouts, profiler_kwargs, workers = torchrl_args.profile_args(path, rollouts, profiler_kwargs, workers)
-        root, ext = os.path.splitext(os.fspath(path))
-        for i in workers:
-            self._broadcast(P.ENABLE_PROFILE, f"{root}.worker{i}{ext or '.json'}", tuple(rollouts), profiler_kwargs,
-                            worker=i)
 
     # -- shutdown -------------------------------------------------------------------------------------
     def _release(self, timeout: float) -> None:

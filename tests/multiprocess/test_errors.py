@@ -27,7 +27,7 @@ from mp_helpers import (
     wait_gone,
 )
 
-import rlcollect.multiprocess.collector as face
+import rlcollect.multiprocess.lifecycle as lifecycle
 from rlcollect import InjectedFault, MultiAsyncCollector, MultiSyncCollector, WorkerError
 
 pytestmark = pytest.mark.timeout(60)
@@ -38,12 +38,12 @@ CLASSES = [MultiSyncCollector, MultiAsyncCollector]
 # -- validation before any worker starts ------------------------------------------------------------------
 @pytest.fixture
 def no_workers(monkeypatch):
-    """Fail the test if a worker pool is started."""
+    """Fail the test if a worker pool is started (lifecycle.py starts it)."""
 
     def refuse(*args, **kwargs):
         raise AssertionError("a worker pool was started before the arguments were validated")
 
-    monkeypatch.setattr(face, "WorkerPool", refuse)
+    monkeypatch.setattr(lifecycle, "WorkerPool", refuse)
 
 
 def _locked_factory():
