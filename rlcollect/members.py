@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from rlcollect.metrics import BatchClock, batch_meta, merge_meta, policy_lag, stats_keys, worker_keys
 
@@ -119,6 +119,27 @@ class Gather(Protocol):
         """``set_seed(seed)`` was called (a recorded schedule notes it)."""
 
 
+class BatchGather(Gather, Protocol):
+    """A gather whose ``next_batch`` is the face's ``_collect_next`` (the multi-process wing's:
+    ``Members.next_batch`` runs it)."""
+
+    #: whether it holds the version lock (``max_policy_lag``) until the batch is delivered
+    held: bool
+
+    def next_batch(self, version: int, update: Callable[[Any], int]) -> tuple[Any, dict]:
+        """``(batch, where)``: the next batch and the keyword arguments of its delivery."""
+
+    def release(self) -> None:
+        """The batch is delivered (or failed): the version lock is let go."""
+
+
+class Repairable(Protocol):
+    """What ``count_free`` asks of free running (``multiprocess/freerun.py``)."""
+
+    def recovered(self, index: int) -> None:
+        """Worker ``index`` was replaced: it runs free again."""
+
+
 class Recovery(Protocol):
     """What ``Members`` asks of a recovery (both wings' ``recovery.py``)."""
 
@@ -170,8 +191,8 @@ class Members:
         ('batch', [1], [0])
     """
 
-    def __init__(self, pool: Pool, gather: Any, recovery: Recovery, stats: MemberStats | None,
-                 update: Callable[[Any], int] | None = None, free: Any = None):
+    def __init__(self, pool: Pool, gather: Gather, recovery: Recovery, stats: MemberStats,
+                 update: Callable[[Any], int] | None = None, free: Repairable | None = None):
         self.pool, self.gather, self.recovery, self.stats = pool, gather, recovery, stats
         self.update, self.free = update, free
 
@@ -181,7 +202,7 @@ class Members:
         batch back with it (``where["report"]``: ``MemberStats.note_batch``'s arguments), noted
         here. With ``max_policy_lag`` the gather holds the version from the check of the batch's
         lag: ``where["after"]`` releases it once the batch is delivered."""
-        gather = self.gather
+        gather = cast(BatchGather, self.gather)
         try:
             batch, where = self.run(gather.next_batch, self.stats.version, self.update)
         except BaseException:
@@ -308,7 +329,7 @@ class Members:
         self.stats.note_free_frames(frames)
         return frames
 
-    def _recover(self, index: int, error: BaseException, part: Any = None) -> None:
+    def _recover(self, index: int, error: BaseException, part: Gather | Repairable | None = None) -> None:
         """Replace member ``index`` (the recovery re-raises ``error`` when it may not), then have
         ``part`` (the gather by default) collect again what it lost, as often as replacements
         fail in turn."""

@@ -2,8 +2,10 @@
 each face holds one ``Members`` (rlcollect/members.py) over its pool, gather, recovery and
 statistics; recovery sits beside the gather, never inside it (no gather, nor free running,
 imports or calls a recovery); and no part writes another part's fields (the statistics own
-their counters: the gathers report). Read from the source with ``ast``: nothing is imported
-or run, so these hold in the fast tier."""
+their counters: the gathers report). Both pools answer the one pool contract (``Pool``), and the
+faces leave member control to ``Members``. Read from the source with ``ast``: nothing is imported
+or run, so these hold in the fast tier; one test has mypy check that the classes wired answer the
+``Protocol`` each part is handed as."""
 
 from __future__ import annotations
 
@@ -224,3 +226,58 @@ def test_the_faces_are_under_400_lines():
                                   "self._member_control.run(self._gather.discard)", "self._restart.seeds[i] = 1"])
 def test_the_scan_sees_member_control_in_a_face(line):
     assert len(_member_control(ast.parse(f"def f(self, i):\n    {line}\n"))) == 1
+
+
+# -- the parts' Protocols, checked by mypy against the classes wired ------------------------------
+#: Each wing's parts assigned to the Protocol they are handed as (what ``Members``, a gather or a
+#: recovery asks of them): mypy refuses the script when a class stops answering its Protocol.
+PROTOCOL_SCRIPT = """\
+from rlcollect.distributed.gather import Gather as NodeGather, Nodes
+from rlcollect.distributed.pool import NodePool
+from rlcollect.distributed.recovery import Nodes as RecoveryNodes, Recovery as NodeRecovery
+from rlcollect.members import BatchGather, Gather, Pool, Recovery, Repairable
+from rlcollect.multiprocess.freerun import BackgroundThread, FreeRunningWorkers
+from rlcollect.multiprocess.gather import SyncGather
+from rlcollect.multiprocess.gather_async import AsyncGather
+from rlcollect.multiprocess.pool import WorkerPool
+from rlcollect.multiprocess.recovery import Restarts, WorkerRestarts
+
+
+def wired(wp: WorkerPool, np_: NodePool, sg: SyncGather, ag: AsyncGather, ng: NodeGather, wr: WorkerRestarts,
+          nr: NodeRecovery, fw: FreeRunningWorkers, ft: BackgroundThread) -> None:
+    pools: list[Pool] = [wp, np_]
+    batch_gathers: list[BatchGather] = [sg, ag]
+    node_gather: Gather = ng
+    recoveries: list[Recovery] = [wr, nr]
+    free: list[Repairable] = [fw, ft]
+    node_pools: tuple[Nodes, RecoveryNodes] = (np_, np_)
+    worker_pool: Restarts = wp
+"""
+MYPY_INI = """\
+[mypy]
+ignore_missing_imports = True
+follow_imports = silent
+cache_dir = /dev/null
+
+[mypy-torch.*,tensordict.*,numpy.*,gymnasium.*,cloudpickle.*,torchrl.*,psutil.*]
+follow_imports = skip
+"""
+
+
+@pytest.mark.timeout(600)
+def test_the_wired_classes_answer_the_protocols_they_are_handed_as(tmp_path):
+    """Both pools answer ``Pool``, the gathers ``BatchGather`` / ``Gather``, both recoveries
+    ``Recovery``, free running ``Repairable``, ``NodePool`` the distributed gather's and
+    recovery's ``Nodes`` (mypy; the heavy libraries are left unknown, which keeps it to seconds)."""
+    pytest.importorskip("mypy")
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "wired.py").write_text(PROTOCOL_SCRIPT)
+    (tmp_path / "mypy.ini").write_text(MYPY_INI)
+    env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
+    run = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(tmp_path / "mypy.ini"),
+                          "--no-error-summary", str(tmp_path / "wired.py")],
+                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=540)
+    assert run.returncode == 0, run.stdout + run.stderr

@@ -52,7 +52,8 @@ class Nodes(Protocol):
     """What the gather asks of the ``NodePool`` (pool.py): waits (liveness checked throughout),
     credits, the nodes' batch notices and their batches."""
 
-    handles: Sequence[Handle]
+    @property
+    def handles(self) -> Sequence[Handle]: ...
 
     def serving(self) -> list[int]: ...
 
@@ -99,11 +100,14 @@ class Gather:
         self.round: dict[int, tuple[TensorDict, P.Message]] = {}
         self.round_open = False
         self.started = 0.0  # when the batch being gathered was first asked for
-        self.owed = None  # (Members' contract: no failure is met after a batch is taken here)
+        # (Members' contract: a failure met after a batch was taken; never here, where a node's
+        # failure is raised before its batch is taken)
+        self.owed: tuple[int, BaseException] | None = None
 
     # -- Members' contract (rlcollect/members.py) --------------------------------------------------
-    def take_owed(self) -> None:
-        """(never owed)"""
+    def take_owed(self) -> tuple[int, BaseException]:
+        """(never owed: ``owed`` stays None)"""
+        raise AssertionError("a distributed gather owes no failure")
 
     def recovered(self, index: int) -> None:
         """Node ``index`` was dropped or relaunched: ``round`` keeps the other nodes' parts."""

@@ -23,7 +23,8 @@ again. ``Recovery`` owns each node's restart count and the seed its replacement 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Sequence
+from typing import Protocol
 
 from rlcollect.distributed.nodes import NodeState
 from rlcollect.errors import WorkerError
@@ -31,6 +32,38 @@ from rlcollect.members import replacement_seed
 
 logger = logging.getLogger("rlcollect")
 
+
+
+class Policy(Protocol):
+    """What the recovery reads of the collector's ``DistributedConfig`` (config.py)."""
+
+    num_nodes: int
+    on_node_failure: str  # "raise", "continue" or "restart"
+    max_node_restarts: int
+
+    def relaunch_payload(self, node: int, incarnation: int, seed: int | None) -> bytes:
+        """The configuration node ``node``'s incarnation ``incarnation`` starts from."""
+
+
+class Handle(Protocol):
+    """What the recovery reads of a node's ``NodeHandle`` (nodes.py)."""
+
+    state: NodeState
+    incarnation: int
+
+
+class Nodes(Protocol):
+    """What the recovery asks of the ``NodePool`` (pool.py): it drops and relaunches nodes through
+    it only."""
+
+    @property
+    def handles(self) -> Sequence[Handle]: ...
+
+    def drop(self, i: int, for_good: bool) -> None: ...
+
+    def all_dropped(self) -> bool: ...
+
+    def restart(self, i: int, payload: bytes) -> None: ...
 
 
 class Recovery:
@@ -45,7 +78,7 @@ class Recovery:
         batch = members.run(next_batch)  # next_batch() again after each repaired failure
     """
 
-    def __init__(self, config: Any, pool: Any):
+    def __init__(self, config: Policy, pool: Nodes):
         self.config, self.pool = config, pool
         self.counts = [0] * config.num_nodes  # restarts of each node
         self.seeds: list[int | None] = [None] * config.num_nodes  # the seed each node was last given

@@ -126,6 +126,9 @@ class GatherBase:
     def abandon(self) -> None:
         """A failure was not repaired (raised): forget the step in progress."""
 
+    def rejoin(self) -> None:
+        """(no worker is ever on its way back: a failed one is replaced before the next step)"""
+
     def quiesce(self) -> None:
         """Wait for the replies workers still owe."""
 

@@ -13,7 +13,7 @@ import copy
 import logging
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Protocol
 
 import cloudpickle
 
@@ -74,6 +74,12 @@ class RestartPolicy:
         return cloudpickle.dumps(spec)
 
 
+class Restarts(Protocol):
+    """What ``WorkerRestarts`` asks of the ``WorkerPool`` (pool.py): a worker replaced."""
+
+    def restart(self, index: int, payload: bytes, check: Callable[[dict], None] | None = None) -> None: ...
+
+
 class WorkerRestarts:
     """Where a failed worker is replaced (``on_worker_failure="restart"``) or its error re-raised.
 
@@ -90,7 +96,7 @@ class WorkerRestarts:
             the workers raised in the main process: every worker waiting for it failed), or None.
     """
 
-    def __init__(self, policy: RestartPolicy, pool: Any, layouts: list, single: bool,
+    def __init__(self, policy: RestartPolicy, pool: Restarts, layouts: list, single: bool,
                  after: Callable[[int], None] | None = None,
                  give_up: Callable[[], BaseException | None] | None = None):
         self.policy, self.pool, self.layouts, self.single, self.after = policy, pool, layouts, single, after
