@@ -47,7 +47,8 @@ from typing import Any
 from rlcollect.data import deliver
 from rlcollect.errors import WorkerError
 from rlcollect.trajectories import new_assembler
-from rlcollect.torchrl_args import check_close_env, check_hook, check_timeout, register_with_torchrl, trimmed
+from rlcollect.torchrl_args import (TorchRLAttribute, check_close_env, check_hook, check_timeout, per_worker_stats,
+                                    register_with_torchrl, tracks_versions, trimmed)
 from rlcollect.weights.models import update_targets
 
 logger = logging.getLogger("rlcollect")
@@ -317,18 +318,29 @@ class CollectorBase:
             return
         self.update_policy_weights_(policy_or_weights, weights=weights, policy=policy)
 
-    def _torchrl_stats(self, stats: dict[str, Any]) -> dict[str, Any]:
+    def _torchrl_stats(self, stats: dict[str, Any], workers: str = "aggregate") -> dict[str, Any]:
         """``stats`` with torchrl 0.14's keys added after ours (``TORCHRL_STATS_KEYS``):
         ``total_frames`` (None for an endless collector, where torchrl leaves it out),
         ``completed``, ``requested_frames_per_batch``, ``workers_alive`` (``policy_version``
         is ours too). torchrl's ``"workers"`` (a count) is ours (a list of per-worker dicts):
-        its count is ``len(stats["workers"])``."""
+        its count is ``len(stats["workers"])``.
+
+        ``workers`` (the multi-process collectors' argument, torchrl's): ``"aggregate"`` (the
+        above), ``"per_worker"`` (torchrl's view: ``"workers"`` a count, ``"workers_alive"``,
+        and each worker's ``"worker_<i>/frames"``, ``"worker_<i>/batches"`` (its whole batches),
+        ``"worker_<i>/requested_frames_per_batch"``, and ``"worker_<i>/policy_version"`` when
+        versions are tracked) or ``"both"`` (the aggregate, ours, with the per-worker keys)."""
+        if workers not in ("aggregate", "per_worker", "both"):
+            raise ValueError(f"workers must be one of 'aggregate', 'per_worker' or 'both', got {workers!r}.")
         endless = self.total_frames < 0
         stats["total_frames"] = None if endless else self.total_frames
         stats["completed"] = not endless and self._frames >= self.total_frames
         stats["requested_frames_per_batch"] = getattr(self, "requested_frames_per_batch", None)
         stats["workers_alive"] = sum(bool(w.get("alive")) for w in stats.get("workers", []))
-        return stats
+        if workers == "aggregate":
+            return stats
+        sizes = [self.frames_per_batch_worker(i) for i in range(len(stats.get("workers", [])))]
+        return per_worker_stats(stats, sizes, tracks_versions(self.config), both=workers == "both")
 
     # -- torchrl's private face: called by torchrl's own code, so named as torchrl names it ----------
     def _dump_env_transform(self, step: int | None = None) -> None:
@@ -522,6 +534,12 @@ class CollectorBase:
 
     #: The policy version acting now (read without a call into Python: it is read per batch).
     _version = property(operator.attrgetter("_version_value"), _store_version)
+
+    # torchrl's public attributes, read from the config (torchrl_args.py's TorchRLAttribute)
+    worker_idx = TorchRLAttribute("worker_idx")
+    trajs_per_batch = TorchRLAttribute("trajs_per_batch")
+    trajs_per_write = TorchRLAttribute("trajs_per_write")
+    traj_format = TorchRLAttribute("traj_format")
 
     @property
     def policy_version(self) -> int:

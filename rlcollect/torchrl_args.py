@@ -330,3 +330,93 @@ def random_batches(init_random_frames: int, worker_frames: list[int]) -> int:
         if delivered >= init_random_frames:
             return count
         count += 1
+
+
+class TorchRLAttribute:
+    """One of torchrl's public collector attributes, read from the collector's ``config`` with
+    torchrl's value: ``worker_idx``, ``trajs_per_write`` (the arguments, None when a collector
+    has none), ``traj_format`` (None given reads ``"padded"``, as torchrl resolves it),
+    ``trajs_per_batch`` (None on a multi-process collector given a replay buffer: torchrl hands
+    the count to its workers then).
+
+    Example:
+        >>> class C:
+        ...     class config:
+        ...         traj_format = None
+        ...     traj_format = TorchRLAttribute("traj_format")
+        >>> C().traj_format
+        'padded'
+    """
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        value = getattr(obj.config, self.name, None)
+        if self.name == "traj_format":
+            return value or "padded"
+        if self.name == "trajs_per_batch" and hasattr(obj.config, "worker_frames"):  # (multiprocess's MultiConfig)
+            return None if getattr(obj, "replay_buffer", None) is not None else value
+        return value
+
+
+def _num_workers(collector: Any) -> int:
+    """torchrl's name for the number of nodes."""
+    return collector.config.num_nodes
+
+
+def _policy_factory(collector: Any) -> list:
+    """torchrl's: one policy factory (or None) per node."""
+    return list(collector.config.factories)
+
+
+def _tcp_port(collector: Any) -> str | None:
+    """torchrl's: the port of rank 0's store as a string (torchrl keeps the one it was given or
+    ``$TCP_PORT``/10003); here the one given or, once started, the free one picked."""
+    port = getattr(collector, "master_port", None) or collector.config.tcp_port
+    return None if port is None else str(port)
+
+
+#: torchrl's ``DistributedCollector``'s public attributes, as torchrl's sets them from the same
+#: arguments, read from our collector's ``config`` (``collector_class`` resolved to a class, as
+#: torchrl resolves ``"single"``/``"sync"``/``"async"``); set on ``DistributedCollector``.
+DISTRIBUTED_ATTRIBUTES: dict[str, Any] = {
+    **{name: TorchRLAttribute(name) for name in (
+        "collector_class", "collector_kwargs", "num_workers_per_collector", "launcher", "backend", "slurm_kwargs",
+        "update_after_each_batch", "max_weight_update_interval", "update_interval", "split_trajs", "postproc")},
+    "num_workers": property(_num_workers), "policy_factory": property(_policy_factory),
+    "tcp_port": property(_tcp_port),
+}
+
+
+def tracks_versions(config: Any) -> bool:
+    """Whether a collector's config tracks policy versions (a multi-process collector forwards
+    ``track_policy_version`` to its workers' collectors)."""
+    return bool(getattr(config, "track_policy_version", None)
+                or getattr(config, "inner_options", {}).get("track_policy_version"))
+
+
+def per_worker_stats(stats: dict, sizes: list[int], tracked: bool, both: bool = False) -> dict:
+    """torchrl's ``stats(workers="per_worker")`` view of our ``stats`` (whose ``"workers"`` is a
+    list of per-worker dicts; ``sizes``: each worker's frames per batch): ``"workers"`` a count,
+    ``"workers_alive"``, and ``"worker_<i>/frames"``, ``"worker_<i>/batches"`` (its whole
+    batches of frames), ``"worker_<i>/requested_frames_per_batch"``, ``"worker_<i>/policy_version"``
+    when ``tracked``. ``both``: ``stats`` (ours) with those per-worker keys added.
+
+    Example:
+        >>> per_worker_stats({"workers": [{"frames": 20, "policy_version": 0}], "workers_alive": 1}, [10], False)
+        {'workers': 1, 'workers_alive': 1, 'worker_0/frames': 20, 'worker_0/batches': 2, \
+'worker_0/requested_frames_per_batch': 10}
+    """
+    keys: dict[str, Any] = {}
+    for i, (worker, size) in enumerate(zip(stats.get("workers", []), sizes)):
+        keys[f"worker_{i}/frames"] = int(worker["frames"])
+        keys[f"worker_{i}/batches"] = int(worker["frames"]) // size if size else 0
+        keys[f"worker_{i}/requested_frames_per_batch"] = size
+        if tracked:
+            keys[f"worker_{i}/policy_version"] = int(worker["policy_version"])
+    if both:
+        return {**stats, **keys}
+    return {"workers": len(stats.get("workers", [])), "workers_alive": stats["workers_alive"], **keys}

@@ -25,6 +25,7 @@ from rlcollect.distributed.pool import NodePool
 from rlcollect.distributed.recovery import Recovery
 from rlcollect.distributed.stats import distributed_stats
 from rlcollect.members import Members, MemberStats
+from rlcollect.torchrl_args import DISTRIBUTED_ATTRIBUTES
 from rlcollect.weights.models import UnknownModelError, make_weight_updater
 from rlcollect.weights.schemes import NoWeightSyncScheme
 
@@ -367,3 +368,7 @@ def _run_secret(cfg: DistributedConfig) -> tuple[bytes, Any, Any]:
         logger.info(message)
         return secret, path, path
     return new_secret(), None, None  # "mp": through a pipe; "submitit": a 0600 file in the job folder
+
+
+for _name, _attribute in DISTRIBUTED_ATTRIBUTES.items():  # torchrl's public attributes (num_workers, backend, ...)
+    setattr(DistributedCollector, _name, _attribute)

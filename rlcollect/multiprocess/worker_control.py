@@ -150,10 +150,11 @@ class WorkerControl(CollectorBase):
         """
         return list(self._stats.worker_versions)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self, workers: str = "aggregate") -> dict[str, Any]:
         """JSON-serialisable statistics: frames, rates, per-worker frames, liveness, restarts,
         versions and env-step latency, the last batch's policy lag, time blocked waiting for the
-        workers (docs/observability.md defines every key).
+        workers (docs/observability.md defines every key). ``workers="per_worker"`` or
+        ``"both"``: torchrl's per-worker keys (``base.CollectorBase._torchrl_stats``).
 
         Example:
             >>> from rlcollect import MultiSyncCollector
@@ -173,7 +174,7 @@ class WorkerControl(CollectorBase):
         extra = None if self._acting is None else self._acting.stats()
         if extra is not None:
             out["inference"] = extra
-        return self._torchrl_stats(out)
+        return self._torchrl_stats(out, workers)
 
     def _running(self) -> bool:
         return self._free is not None and self._free.running
