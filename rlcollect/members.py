@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Protocol, TypeVar
 
 from rlcollect.metrics import BatchClock, batch_meta, merge_meta, policy_lag, stats_keys, worker_keys
 
@@ -120,8 +120,8 @@ class Gather(Protocol):
 
 
 class BatchGather(Gather, Protocol):
-    """A gather whose ``next_batch`` is the face's ``_collect_next`` (the multi-process wing's:
-    ``Members.next_batch`` runs it)."""
+    """A gather whose ``next_batch`` ``Members.next_batch`` runs under recovery (both wings':
+    the faces' ``_collect_next`` is ``Members.next_batch``)."""
 
     #: whether it holds the version lock (``max_policy_lag``) until the batch is delivered
     held: bool
@@ -198,11 +198,11 @@ class Members:
 
     def next_batch(self) -> tuple[Any, dict]:
         """``(batch, where)``: the gather's next batch under recovery, and the keyword arguments
-        of its delivery (the collector's ``_collect_next``). A gather may hand its report of the
+        of its delivery (the collector's ``_collect_next``, in both wings). A gather may hand its report of the
         batch back with it (``where["report"]``: ``MemberStats.note_batch``'s arguments), noted
         here. With ``max_policy_lag`` the gather holds the version from the check of the batch's
         lag: ``where["after"]`` releases it once the batch is delivered."""
-        gather = cast(BatchGather, self.gather)
+        gather: BatchGather = self.gather  # type: ignore[assignment]  (no cast: a call per batch)
         try:
             batch, where = self.run(gather.next_batch, self.stats.version, self.update)
         except BaseException:

@@ -12,7 +12,6 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from tensordict import TensorDict
 
 from rlcollect.base import CollectorBase
 from rlcollect.collector import SingleCollector
@@ -147,6 +146,7 @@ class DistributedCollector(CollectorBase):
         self._weights = NodeWeights(cfg, pool)
         self._gather = Gather(cfg, pool, self._push_due, lambda: self._version, self._stats)
         self._member_control = Members(pool, self._gather, self._recovery, self._stats)
+        self._collect_next = self._member_control.next_batch  # (CollectorBase._next_batch delivers it)
         self._finalizer = weakref.finalize(self, pool.close)
         self._closed = False
         try:
@@ -185,15 +185,6 @@ class DistributedCollector(CollectorBase):
 
     def _batch_frames(self) -> int:  # len() (rlcollect/base.py)
         return self.frames_per_batch
-
-    def _collect_next(self) -> tuple[TensorDict, dict]:
-        with self._guard():
-            batch = self._member_control.run(self._next_one)
-        return batch, {"storing_device": self.config.storing_device}
-
-    def _next_one(self) -> TensorDict:
-        self._pool.maybe_check()  # also when batches keep coming from the other nodes
-        return self._gather.next_sync(self._iter) if self.sync else self._gather.next_async(self._iter)
 
     # -- control: Members (rlcollect/members.py), over the pool contract both wings share -------------
     def _seed(self, seed: int, static_seed: bool) -> int:

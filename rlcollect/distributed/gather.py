@@ -36,6 +36,7 @@ class Options(Protocol):
 
     num_nodes: int
     sync: bool
+    storing_device: object  # where the delivered batches go (applied by the delivery)
     slots: int  # batches each async node keeps in flight
     init_random_frames: int
     lag_bound: int | None  # max_policy_lag (async)
@@ -56,6 +57,8 @@ class Nodes(Protocol):
     def handles(self) -> Sequence[Handle]: ...
 
     def serving(self) -> list[int]: ...
+
+    def maybe_check(self) -> None: ...
 
     def wait_for(self, predicate: Callable[[], bool], what: str, timeout: float | None = None) -> None: ...
 
@@ -103,6 +106,7 @@ class Gather:
         # (Members' contract: a failure met after a batch was taken; never here, where a node's
         # failure is raised before its batch is taken)
         self.owed: tuple[int, BaseException] | None = None
+        self.held = False  # (Members' contract: no version lock is held until a batch is delivered)
 
     # -- Members' contract (rlcollect/members.py) --------------------------------------------------
     def take_owed(self) -> tuple[int, BaseException]:
@@ -130,6 +134,20 @@ class Gather:
 
     def note_seed(self, seed: int) -> None:
         """(nothing recorded: a distributed run has no schedule)"""
+
+    def release(self) -> None:
+        """(no version lock is ever held here)"""
+
+    def next_batch(self, version: int, update: object = None) -> tuple[TensorDict, dict]:
+        """``(batch, where)``: the next batch (``next_sync`` or ``next_async``) and the keyword
+        arguments of its delivery; ``Members.next_batch`` runs it under recovery (the collector's
+        ``_collect_next``). The policy lag is measured against the ``version`` callable this
+        gather was built with, and the automatic weight pushes are ``push_due``'s: ``version``
+        and ``update`` (the multi-process gathers') are not used."""
+        self.pool.maybe_check()  # also when batches keep coming from the other nodes
+        yielded = self.stats.batches
+        batch = self.next_sync(yielded) if self.config.sync else self.next_async(yielded)
+        return batch, {"storing_device": self.config.storing_device}
 
     def take(self, msg: P.Message) -> TensorDict:
         """The batch ``msg`` announced (counted when delivered: ``deliver``)."""

@@ -1,7 +1,8 @@
 """The main-process hops of one distributed batch (docs/architecture.md's row, made by
 ``python -m bench.hops --collector distributed``): the files the trainer's thread passes through
 for one sync batch of two local nodes stay these. The hop count varies with the polls a batch
-waits through (97-102 measured; 100 with Members, 2026-12-07), so the files are pinned, and the count is bounded."""
+waits through (97-102 measured; 100 with Members; 94-96 with the face off the batch path, 2026-12-07), so the
+files are pinned, and the count is bounded."""
 
 from __future__ import annotations
 
