@@ -355,6 +355,28 @@ def test_central_inference_on_the_nested_env_gives_the_worker_inference_batches(
     assert split[0]["data"].batch_size == split[0]["next", "data"].batch_size == (2, 2, 5, 3)
 
 
+def async_batched(cls) -> list:
+    c = cls(create_env_fn=[multi_agent] * 2, policy=agents_policy(), frames_per_batch=8, total_frames=16)
+    try:
+        return [b.clone() for b in c]
+    finally:
+        c.shutdown()
+
+
+def test_async_batched_collector_gives_torchrls_layout_for_a_multi_agent_env():
+    # (torchrl's AsyncBatchedCollector batches whichever envs are ready, ours one worker's envs:
+    # docs/migrating-from-torchrl.md#asyncbatchedcollector; the layout, every key, is the same)
+    from torchrl.collectors import AsyncBatchedCollector as TorchRLAsyncBatched
+
+    from rlcollect import AsyncBatchedCollector
+
+    theirs, ours = async_batched(TorchRLAsyncBatched), async_batched(AsyncBatchedCollector)
+    assert len(theirs) == len(ours) == 2
+    ours_only = ("collector", ("next", "policy_version"))  # (documented: ours adds them)
+    assert [structure(b) for b in theirs] == [structure(b.exclude(*ours_only)) for b in ours]
+    assert ours[0]["agents"].batch_size == theirs[0]["agents"].batch_size == (8,)
+
+
 # -- replay buffers, free running ---------------------------------------------------------------------------
 def buffered(cls, env_fn, policy_fn, frames=10, n=3, **kwargs) -> ReplayBuffer:
     torch.manual_seed(0)
