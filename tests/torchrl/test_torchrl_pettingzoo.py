@@ -3,7 +3,9 @@ torchrl 0.14.1's ``PettingZooWrapper`` and ``Collector`` on the same game and po
 
 An AEC game (``tictactoe_v3``, deterministic: no seed to line up): torchrl keeps one group per
 player (``("player_1", ...)``, an agent dim of 1), ours one ``"agents"`` group of both players;
-agent ``i`` of ours is compared with torchrl's ``player_<i+1>``.
+agent ``i`` of ours is compared with torchrl's ``player_<i+1>``. A parallel env (MPE's
+``simple_spread_v3``): torchrl's group ``"agent"`` against our ``"agents"``, from the same
+episode of PettingZoo's seeded stream.
 """
 
 from __future__ import annotations
@@ -84,3 +86,53 @@ def test_an_aec_game_gives_torchrls_values_agent_by_agent():
         # "next" entries are real): every agent, every turn of tic-tac-toe
         assert torch.equal(theirs["next", player, "mask"][:, 0], ~acting)
         assert ours["next", "agents", "mask"][:, i].all()
+
+
+# -- a parallel env: MPE's simple_spread ------------------------------------------------------------------
+class Towards(nn.Module):
+    """A deterministic action from each agent's velocity signs (so both runs act alike)."""
+
+    def forward(self, observation):
+        return (observation[..., 0] > 0).to(torch.int64) + 2 * (observation[..., 1] > 0).to(torch.int64)
+
+
+def spread():
+    simple_spread_v3 = pytest.importorskip("mpe2.simple_spread_v3")
+    return simple_spread_v3.parallel_env(N=3, max_cycles=5)
+
+
+def test_a_parallel_env_gives_torchrls_values_agent_by_agent():
+    # Both start from the third episode drawn after a reset with seed 0: torchrl's wrapper resets
+    # with its seed when built, we reset once more, and its collector resets once; ours is
+    # reset with seed 0 here, probed once (a reset: do infos carry action masks?) and reset by
+    # the collector. Every later episode continues PettingZoo's stream in both.
+    env = PettingZooWrapper(spread(), use_mask=True, categorical_actions=True, seed=0)
+    env.reset()
+    group = list(env.group_map)[0]  # torchrl's MPE group: "agent"
+    c = TorchRLCollector(env, TensorDictModule(Towards(), in_keys=[(group, "observation")],
+                                               out_keys=[(group, "action")]), frames_per_batch=12, total_frames=12)
+    try:
+        theirs = next(iter(c))
+    finally:
+        c.shutdown()
+    raw = spread()
+    raw.reset(seed=0)
+    c = Collector(raw, TensorDictModule(Towards(), in_keys=[("agents", "observation")],
+                                        out_keys=[("agents", "action")]), frames_per_batch=12, total_frames=12)
+    try:
+        ours = next(iter(c))
+    finally:
+        c.shutdown()
+    assert ours["next", "done"].sum() == 2  # (two episodes of 5 steps end in the batch)
+    for key in theirs.keys(include_nested=True, leaves_only=True):
+        parts = (key,) if isinstance(key, str) else key
+        mine = tuple("agents" if p == group else p for p in parts)
+        if mine in (("agents", "done"), ("agents", "terminated"), ("agents", "truncated")):
+            continue  # torchrl's copies of the agents' flags at the root: ours has them under "next" only
+        if mine == ("next", "agents", "mask"):
+            # torchrl's: the agents left after the step (none once the episode ends); ours:
+            # the agents that acted, whose "next" entries are real
+            assert torch.equal(theirs[key], ~theirs["next", "done"].expand_as(theirs[key]))
+            assert ours[mine].all()
+            continue
+        assert torch.equal(theirs[key], ours[mine]), key
