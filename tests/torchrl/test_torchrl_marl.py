@@ -575,6 +575,36 @@ def test_a_torchrl_replay_buffer_gets_torchrls_frames_from_agents_of_different_s
     assert_same_stacks([theirs[:30]], [ours[:30]])
 
 
+def test_free_running_and_multi_sync_write_torchrls_frames_of_agents_of_different_shapes():
+    theirs = buffered(TorchRLCollector, heterogeneous, heterogeneous_policy)  # 30 frames
+    torch.manual_seed(0)
+    rb = ReplayBuffer(storage=LazyTensorStorage(1000))
+    c = Collector(heterogeneous(), heterogeneous_policy(), frames_per_batch=10, total_frames=-1, replay_buffer=rb)
+    try:
+        c.start()
+        while len(rb) < 30:
+            with c.pause():
+                pass
+        with c.pause():
+            ours = rb[:30]
+    finally:
+        c.async_shutdown()
+    assert_same_stacks([theirs[:30]], [ours])
+    # MultiSyncCollector extends each worker's batch on its own, as torchrl's workers do
+    multi = ReplayBuffer(storage=LazyTensorStorage(100))
+    c = MultiSyncCollector([heterogeneous, heterogeneous], heterogeneous_policy(), frames_per_batch=20,
+                           total_frames=20, replay_buffer=multi)
+    try:
+        assert list(c) == [None]
+    finally:
+        c.shutdown()
+    assert len(multi) == 20
+    written = multi[:20]
+    assert type(written["lazy"]).__name__ == "LazyStackedTensorDict"
+    ids = ("collector", "traj_ids")  # (worker 0's first 10 frames: the counting env is deterministic)
+    assert_same_stacks([theirs[:10].exclude(ids)], [written[:10].exclude(ids)])
+
+
 def test_split_trajs_of_agents_of_different_shapes_where_torchrls_collector_fails():
     # torchrl 0.14.1's split_trajectories stacks the agents densely and fails; ours splits each
     # agent's TensorDict as it splits a dense batch and stacks them lazily again
