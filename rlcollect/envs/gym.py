@@ -13,6 +13,7 @@ import torch
 
 from rlcollect.envs.base import ArraySpec, EnvBase, NestedKey, RandomActionBlocks, check_output
 from rlcollect.envs.gym_ids import make
+from rlcollect.envs.gym_state import load_plain_state, plain_state
 
 
 def _box_dtype(dtype: np.dtype) -> np.dtype:
@@ -372,17 +373,24 @@ class GymEnv(EnvBase):
 
     # -- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Pickled copies of the gymnasium envs and the action sampler's RNG state."""
+        """The gymnasium envs' state and the action sampler's RNG state.
+
+        Under ``"envs"``, one entry per copy: where every env allows it, each env's state as plain
+        data (a dict per env: the class and plain attributes of each layer of its wrapper chain,
+        see ``rlcollect.envs.gym_state``), which a checkpoint or a ``DistributedCollector`` node's
+        state carries without unpickling anything; otherwise (an attribute of any layer of any copy
+        that is not plain data) pickled copies of the envs (bytes), as before."""
         return {
-            "envs": [cloudpickle.dumps(e) for e in self._envs],
+            "envs": envs_state(self._envs),
             "pending_seeds": list(self._pending_seeds),
             **self._random.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore ``state_dict()``.  Its ``"envs"`` entries are pickles of the gymnasium envs,
-        and unpickling runs code: **only load states you trust** (your own checkpoints). A state
-        without ``"envs"`` (a ``DistributedCollector``'s: pickles never cross the network)
+        """Restore ``state_dict()``.  Plain env states (dicts) are set onto this env's gymnasium
+        envs, which must have the same wrapper chain (else ``ValueError`` naming the layer); pickled
+        ones (bytes) replace them, and unpickling runs code: **only load pickled states you trust**
+        (your own checkpoints). A state without ``"envs"`` (pickles never cross the network)
         restores the random actions and pending seeds and leaves the envs as they are."""
         missing = {"rng", "pending_seeds"} - set(state)
         if missing:
@@ -391,10 +399,7 @@ class GymEnv(EnvBase):
             if len(state["envs"]) != len(self._envs):
                 raise ValueError(
                     f"GymEnv.load_state_dict: state has {len(state['envs'])} envs, this env has {len(self._envs)}")
-            envs = [pickle.loads(blob) for blob in state["envs"]]
-            for env in self._envs:
-                env.close()
-            self._envs = envs
+            self._envs = load_envs_state(self._envs, state["envs"], "GymEnv.load_state_dict")
         self._random.load_state_dict(state)
         self._pending_seeds = list(state["pending_seeds"])
 
@@ -407,6 +412,31 @@ class GymEnv(EnvBase):
     def __repr__(self) -> str:
         name = self.env_id if self.env_id is not None else type(self._envs[0].unwrapped).__name__
         return f"GymEnv({name!r}, batch_size={list(self.batch_size)})"
+
+
+def envs_state(envs: list[gym.Env]) -> list:
+    """The state of ``envs`` (a GymEnv's copies, a SyncVectorEnv's sub-envs): plain data (a dict
+    per env) where every env allows it, else a pickle (bytes) of each."""
+    plain = [plain_state(e) for e in envs]
+    return plain if all(p is not None for p in plain) else [cloudpickle.dumps(e) for e in envs]
+
+
+def load_envs_state(envs: list[gym.Env], states: Any, where: str) -> list[gym.Env]:
+    """``envs`` restored from ``envs_state``'s ``states``: a plain state is set onto the env in
+    place (each is checked before any is set), a pickle replaces it (its env is closed)."""
+    plain = [s for s in states if isinstance(s, dict)]
+    if plain and len(plain) != len(states):
+        raise ValueError(f"{where}: 'envs' mixes plain env states and pickles")
+    if plain:
+        for env, s in zip(envs, plain):
+            load_plain_state(env, s, where, apply=False)
+        for env, s in zip(envs, plain):
+            load_plain_state(env, s, where)
+        return list(envs)
+    restored = [pickle.loads(blob) for blob in states]
+    for env in envs:
+        env.close()
+    return restored
 
 
 def draw_actions(space: gym.Space, rows: int, rng: np.random.Generator, steps: int) -> np.ndarray:

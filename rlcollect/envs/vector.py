@@ -20,18 +20,16 @@ way, in every mode.
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Callable
 from typing import Any
 
-import cloudpickle
 import gymnasium as gym
 import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
 
 from rlcollect.envs.base import EnvBase, NestedKey, RandomActionBlocks
-from rlcollect.envs.gym import _leaf_spec, _obs_writer, _observation_layout, draw_actions
+from rlcollect.envs.gym import _leaf_spec, _obs_writer, _observation_layout, draw_actions, envs_state, load_envs_state
 
 
 
@@ -274,8 +272,9 @@ class VectorEnv(EnvBase):
 
     # -- state ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The random-action stream and, for a ``SyncVectorEnv``, pickled copies of its
-        sub-envs. Other vector envs (``AsyncVectorEnv``'s sub-envs live in other processes,
+        """The random-action stream and, for a ``SyncVectorEnv``, the state of its sub-envs: plain
+        data where every sub-env allows it, else pickled copies (as ``GymEnv.state_dict``). Other
+        vector envs (``AsyncVectorEnv``'s sub-envs live in other processes,
         EnvPool's and ale-py's in C++) cannot be saved: this raises ``TypeError``."""
         if not isinstance(self.env, gym.vector.SyncVectorEnv):
             raise TypeError(
@@ -283,7 +282,7 @@ class VectorEnv(EnvBase):
                 "(only a SyncVectorEnv's sub-envs can be pickled)"
             )
         return {
-            "envs": [cloudpickle.dumps(e) for e in self.env.envs],
+            "envs": envs_state(self.env.envs),
             "pending_seeds": list(self._pending_seeds),
             **self._random.state_dict(),
         }
@@ -300,10 +299,7 @@ class VectorEnv(EnvBase):
                     f"{type(self).__name__}.load_state_dict: state has {len(state['envs'])} envs, "
                     f"this env has {self.num_rows}"
                 )
-            envs = [pickle.loads(blob) for blob in state["envs"]]
-            for env in self.env.envs:
-                env.close()
-            self.env.envs = envs
+            self.env.envs = load_envs_state(self.env.envs, state["envs"], f"{type(self).__name__}.load_state_dict")
         self._random.load_state_dict(state)
         self._pending_seeds = list(state["pending_seeds"])
 

@@ -1,10 +1,12 @@
 """Pickled env state never crosses the network, whatever holds it.
 
-A ``GymEnv`` / ``VectorEnv`` state keeps pickles of its gymnasium envs under ``"envs"``, and
-its ``load_state_dict`` unpickles each item, which runs code; ``pickle.loads`` takes any
-bytes-like object (``bytes``, ``bytearray``, ``memoryview``, a numpy array...).  The only
-other ``"envs"`` a collector state holds is an ``EnvGroup``'s (``SerialEnv``): a list of its
-members' states, each a dict.  So an ``"envs"`` entry that is not a list (or tuple) of dicts is
+A ``GymEnv`` / ``VectorEnv`` state keeps pickles of its gymnasium envs under ``"envs"`` where
+an env's state is not plain data, and its ``load_state_dict`` unpickles each item, which runs
+code; ``pickle.loads`` takes any bytes-like object (``bytes``, ``bytearray``, ``memoryview``, a
+numpy array...).  The other ``"envs"`` a collector state holds are lists of dicts: an
+``EnvGroup``'s (``SerialEnv``) members' states, and the plain-data env states of a ``GymEnv`` /
+``VectorEnv`` whose envs allow it (``rlcollect.envs.gym_state``: they cross, and set data only).
+So an ``"envs"`` entry that is not a list (or tuple) of dicts is
 pickled env state, whatever the container or the byte type; an ``EnvGroup``'s members are
 searched in turn.  Rank 0 leaves such entries out of what a node sends (``strip``) and refuses a
 state holding one before sending it (``find``); a node refuses one in what it receives, so a
