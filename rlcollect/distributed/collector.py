@@ -160,7 +160,7 @@ class DistributedCollector(CollectorBase):
             self.weight_updater = make_weight_updater(weight_updater, self)
         except BaseException as err:
             self.shutdown(_shutdown_timeout(err))
-            # The frames of the failed start-up hold the store and the process group: free
+            # The frames of the failed start-up hold the channel and the process groups: free
             # their locals so that the sockets close now, not when the traceback is dropped.
             traceback.clear_frames(err.__traceback__)
             raise

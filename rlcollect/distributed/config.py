@@ -38,7 +38,7 @@ DOC = """Collect on ``num_nodes`` nodes (processes or hosts) joined over torch.d
     never import your script: the env factories, policy and options travel to them pickled
     (cloudpickle: what your ``__main__`` defines goes by value). Nodes execute the code rank 0
     sends them, so rank 0 and the nodes must trust each other; every control message is
-    authenticated (HMAC-SHA256) with a per-run secret that never enters the store or a command
+    authenticated (HMAC-SHA256) with a per-run secret that never enters a message or a command
     line, while batches travel unauthenticated. Nodes exit by themselves when rank 0 dies or
     stops beating. The arguments are torchrl's ``DistributedDataCollector``'s where the names
     agree; rlcollect's own are marked so.
@@ -106,7 +106,7 @@ DOC = """Collect on ``num_nodes`` nodes (processes or hosts) joined over torch.d
             ``submit_nodes`` wait for rank 0), ``"external"`` (you start
             ``rlcollect node ...`` on any host; rank 0 prints the commands; these two need
             ``tcp_port``) or ``"ray"`` (each node a Ray actor on the Ray cluster; ``ray_options``).
-        tcp_port: the port rank 0's store listens on; ``None`` (the default) picks a free one
+        tcp_port: the port rank 0 listens on (the nodes' channels); ``None`` (the default) picks a free one
             (the "mp" and "submitit" launchers tell their nodes). A string of digits is
             accepted, as torchrl keeps it.
         master_addr: the address rank 0 listens on, on that interface only (a wildcard such as

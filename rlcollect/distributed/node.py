@@ -1,23 +1,24 @@
 """A distributed node: the process behind ``rlcollect node``, the "mp" launcher's processes and
 the submitit jobs.
 
-Life of a node: connect to rank 0's store (waiting up to ``timeout`` for rank 0 to be up),
-start its watch on rank 0, learn the run's nonce from two authentic beats of rank 0, say hello
-(signed with the run's secret: see ``auth.py``), read rank 0's answer (where to attach), open
-its channel to rank 0 (``wire.py``) and start its watcher (``watcher.py``), receive its
+Life of a node: connect to rank 0's listener (waiting up to ``timeout`` for rank 0 to be up),
+check rank 0's signed "welcome" (the run's nonce and a challenge of this connection), say hello
+on the same connection (signed with the run's secret: see ``auth.py``; repeating the nonce and
+the challenge), read rank 0's answer there (this connection is its channel from then on:
+``wire.py``), start its watch on rank 0 and its watcher (``watcher.py``), receive its
 configuration on the channel (the cloudpickled env factory, policy and collector options:
 **the node executes code rank 0 sends**; start nodes only for a rank 0 you trust), build its
-inner collector (``Collector``, ``MultiSyncCollector`` or
-``MultiAsyncCollector``), report the batch layout and weight shapes, join its pair process group
-with rank 0 (one per incarnation: 0, or how many times rank 0 relaunched this rank after a
-failure), then serve commands until "close".
+inner collector (``Collector``, ``MultiSyncCollector`` or ``MultiAsyncCollector``), report the
+batch layout and weight shapes, join its pair process group with rank 0 (its rendezvous through
+the channel: ``channel_store.py``; one group per incarnation: 0, or how many times rank 0
+relaunched this rank after a failure), then serve commands until "close".
 
 Each command has a small handler in ``Node.handlers``.  "collect" grants credits: the node
 collects one batch per credit into a preallocated flat buffer, posts it to rank 0 on the
 process group and then announces it on its channel; rank 0 only receives batches that were
 announced.  Commands are served between batches, never during one.
 
-The node ends by itself when rank 0 is gone (its channel or store closed, no authentic heartbeat
+The node ends by itself when rank 0 is gone (its channel closed, no authentic heartbeat
 of it for ``rank0_timeout`` seconds, or, for nodes rank 0 started itself, its process ended): see
 ``heartbeat.py`` and the "mp" launcher's bootstrap in ``launchers.py``.  Every message it takes
 is authenticated (MAC, session, counter) before anything of it is used; one that is not is
@@ -44,7 +45,8 @@ from rlcollect.distributed.control import env_state
 from rlcollect.distributed.control import protocol as P
 from rlcollect.distributed.control import transport, watcher
 from rlcollect.distributed.control.channel import NodeInbox
-from rlcollect.distributed.control.wire import Wire, WireClosed
+from rlcollect.distributed.control.channel_store import ChannelStore
+from rlcollect.distributed.control.wire import MAX_ATTACH_BYTES, Wire, WireClosed
 from rlcollect.distributed.control.auth import SECRET_ENV, DropLog, Keys, SecretError, check_secret, read_secret_file
 from rlcollect.distributed.control.heartbeat import NodeWatch
 from rlcollect.distributed.launch.node_args import LOG_LEVEL_ENV, RANK0_TIMEOUT_S, add_arguments, node_arguments
@@ -54,7 +56,6 @@ from rlcollect.envs.base import EnvPickleStash
 logger = logging.getLogger("rlcollect")
 
 EXIT_OK, EXIT_FAILED, EXIT_ORPHANED, EXIT_REJECTED = 0, 1, 3, 4
-_CONFIG_POLL_S = 0.02
 
 
 class Node:
@@ -73,6 +74,7 @@ class Node:
         self.credits: collections.deque[bool] = collections.deque()  # one "random" flag per batch owed
         self.seq = 0
         self.pg = None
+        self.store: Any = None  # the pair group's ChannelStore
         self.receives: list[Any] = []  # weight receives posted and not finished (transport.post_recv)
         self.closing = False
         # Commands answered on the reply queue; "collect" and "weights" are not (batches answer
@@ -243,28 +245,60 @@ def node_secret(secret: bytes | None = None, secret_file: str | None = None) -> 
                       f"or set ${SECRET_ENV}; see docs/distributed.md, 'Trust and the wire'")
 
 
-def _wait_config(store: Any, keys: Keys, rank: int, token: str, hello: bytes, deadline: float,
-                 drops: DropLog) -> P.Message | None:
-    """Rank 0's authentic answer to this session's hello (None: none before ``deadline``).
-    What does not verify is no news; a hello a foreign process overwrote is said again."""
-    key, bad, next_hello = P.config_key(rank, token), None, time.monotonic() + 1.0
+#: How long a node waits for rank 0's "welcome" on a new connection before it connects again.
+_WELCOME_S = 10.0
+
+
+def _recv(wire: Wire, deadline: float) -> bytes:
+    """One message of at most ``MAX_ATTACH_BYTES`` before ``deadline`` (``WireClosed``
+    otherwise: the connection is then useless, a message may be half read)."""
+    wire.sock.settimeout(max(0.01, deadline - time.monotonic()))
+    try:
+        return wire.recv(MAX_ATTACH_BYTES)
+    finally:
+        if not wire.closed:
+            wire.sock.settimeout(None)
+
+
+def _hello(master_addr: str, master_port: int, keys: Keys, rank: int, world_size: int, token: str,
+           deadline: float, drops: DropLog, watch: Any) -> tuple[Wire, P.Endpoint, P.Message] | None:
+    """Connect to rank 0's listener, check its "welcome" (signed: the run's nonce and this
+    connection's challenge), say hello (repeating both) and wait for rank 0's answer on the same
+    connection (``config`` or ``reject``; rank 0 beats meanwhile: ``watch.news``; ``watch``
+    starts once rank 0's port answered).  A connection that closes first (rank 0 not up yet;
+    or closed among strangers' connections before the hello came) is made again until
+    ``deadline``; then None."""
     while time.monotonic() < deadline:
-        if store.check([key]):
-            data = store.get(key)
-            if data != bad:
-                try:
-                    return P.decode(data, keys.to_node, kinds=("config", "reject"), to=rank, rank=P.MASTER_RANK,
-                                    token=token)
-                except P.ProtocolError as err:
-                    bad = data
-                    drops.drop("its configuration key", P.claimed_sender(data), str(err))
-        if time.monotonic() >= next_hello:
-            next_hello = time.monotonic() + 1.0
-            # Overwritten (a foreign write, or a second node for this rank) before rank 0 read
-            # it: say it again (rank 0 answers each session once).
-            if not store.check([P.hello_key(rank)]) or store.get(P.hello_key(rank)) != hello:
-                store.set(P.hello_key(rank), hello)
-        time.sleep(_CONFIG_POLL_S)
+        try:
+            wire = Wire.connect(master_addr, master_port, max(0.1, min(_WELCOME_S, deadline - time.monotonic())))
+        except OSError:
+            time.sleep(0.2)  # rank 0 is not up (yet)
+            continue
+        if not watch.started:  # from now on, rank 0 has rank0_timeout to show an authentic word
+            watch.start()
+        try:
+            welcome = P.decode(_recv(wire, min(deadline, time.monotonic() + _WELCOME_S)), keys.to_node,
+                               kinds=("welcome",), to=P.EVERYONE, rank=P.MASTER_RANK)
+            watch.news()
+            endpoint = P.Endpoint(wire, keys.to_rank0, rank, P.MASTER_RANK, token)
+            endpoint.send("hello", world_size=world_size, pid=os.getpid(), host=socket.gethostname(),
+                          run=welcome.token, challenge=welcome["challenge"])
+            last = 0
+            while True:
+                answer = P.decode(_recv(wire, deadline), keys.to_node, kinds=("beat", "config", "reject"), to=rank,
+                                  rank=P.MASTER_RANK, token=token, after=last)
+                last = answer.n
+                watch.news()
+                if answer.kind != "beat":
+                    return wire, endpoint, answer
+        except P.ProtocolError as err:
+            hint = " (is this node's secret the run's? see --secret-file)" if isinstance(err, P.AuthError) else ""
+            drops.drop("rank 0's welcome", "rank 0", f"{err}{hint}")
+            wire.close()
+            time.sleep(1.0)
+        except WireClosed:
+            wire.close()
+            time.sleep(0.1)
     return None
 
 
@@ -275,8 +309,8 @@ def run_node(master_addr: str, master_port: int, rank: int, world_size: int, tim
     ``master_addr:master_port``; returns the exit code (0 after rank 0 closed it).
 
     The run's secret comes from ``secret``, ``secret_file`` or ``$RLCOLLECT_SECRET`` (see
-    ``node_secret``).  The node exits by itself when rank 0 is gone: its store connection
-    broke, it has not beaten for ``rank0_timeout`` seconds, or (``parent``: rank 0's pid and
+    ``node_secret``).  The node exits by itself when rank 0 is gone: its channel broke, it has
+    not beaten for ``rank0_timeout`` seconds, or (``parent``: rank 0's pid and
     host, for nodes rank 0 started on its own host) its process ended."""
     if not (isinstance(world_size, int) and world_size >= 2 and isinstance(rank, int) and 1 <= rank < world_size):
         raise ValueError(f"rank must be in 1..world_size-1 (rank 0 is the DistributedCollector), got rank={rank!r} "
@@ -286,45 +320,29 @@ def run_node(master_addr: str, master_port: int, rank: int, world_size: int, tim
     except SecretError as err:
         logger.error("rlcollect node %d: %s", rank, err)
         return EXIT_FAILED
-    try:
-        store = transport.connect_store(master_addr, master_port, timeout)
-    except (RuntimeError, ValueError) as err:  # torch's DistStoreError / DistNetworkError
-        logger.error("rlcollect node %d: cannot reach rank 0 at %s:%s within %g s: %s", rank, master_addr,
-                     master_port, timeout, _first_line(err))
-        return EXIT_FAILED
-
     token = secrets.token_hex(16)  # this process's session
-    # The watch shares this store connection (the client serialises its calls): it reads the
-    # store only until the channel is attached, while this thread's calls never block long.  A
-    # connection of its own cost rank 0 one more socket per node for the whole run.
-    watch = NodeWatch(lambda: store, rank, keys, token, rank0_timeout, _orphaned(rank), _parent_watch(parent)).start()
     drops = DropLog(f"rlcollect node {rank}")
     node = commands = endpoint = watcher_process = None
     deadline = time.monotonic() + timeout
+    # The watch on rank 0 starts once rank 0's port answers (a node may be started before its
+    # rank 0: it then waits up to ``timeout`` to reach it).
+    watch = NodeWatch(rank, rank0_timeout, _orphaned(rank), _parent_watch(parent))
     try:
-        while not watch.run_known.wait(0.05):  # rank 0's beats (the watchdog ends a silent wait)
-            if time.monotonic() > deadline:
-                logger.error("rlcollect node %d: rank 0 at %s:%s showed no authentic heartbeat within %g s (another "
-                             "secret?)", rank, master_addr, master_port, timeout)
-                return EXIT_FAILED
-        hello = P.encode("hello", rank, keys.to_rank0, token, 0, to=P.MASTER_RANK, world_size=world_size,
-                         pid=os.getpid(), host=socket.gethostname(), run=watch.run)
-        store.set(P.hello_key(rank), hello)
-        config = _wait_config(store, keys, rank, token, hello, deadline, drops)
-        if config is None:
-            logger.error("rlcollect node %d: rank 0 did not answer its hello within %g s", rank, timeout)
+        said = _hello(master_addr, master_port, keys, rank, world_size, token, deadline, drops, watch)
+        if said is None:
+            what = "answered its hello" if watch.heard else "showed an authentic welcome (another secret?)"
+            logger.error("rlcollect node %d: rank 0 at %s:%s never %s within %g s", rank, master_addr, master_port,
+                         what, timeout)
             return EXIT_FAILED
+        wire, endpoint, config = said
         if config.kind == "reject":
-            store.set(P.refused_key(rank, token), b"1")
+            wire.close()
             logger.error("rlcollect node %d: rank 0 refused this node: %s", rank, config["reason"])
             return EXIT_REJECTED
-        # The channel: to the port rank 0's signed answer gives, on rank 0's address.
-        wire = Wire.connect(master_addr, config["port"], timeout)
-        endpoint = P.Endpoint(wire, keys.to_rank0, rank, P.MASTER_RANK, token)
-        commands = NodeInbox(wire, keys, rank, token, watch)
-        endpoint.send("attach", role="node")
+        commands = NodeInbox(wire, keys, rank, token, watch, last=config.n)
+        store = commands.store = ChannelStore(endpoint, timeout)
         watch.attach(endpoint)
-        watcher_process = watcher.start(master_addr, config["port"], rank, token, keys.to_rank0)
+        watcher_process = watcher.start(master_addr, master_port, rank, token, keys.to_rank0)
         setup = _wait_setup(commands, deadline)
         if setup is None:
             logger.error("rlcollect node %d: rank 0 sent no configuration on its channel within %g s", rank, timeout)
@@ -342,6 +360,7 @@ def run_node(master_addr: str, master_port: int, rank: int, world_size: int, tim
         gc.freeze()
         address = transport.local_address_towards(master_addr, master_port)
         node.pg = transport.pair_group(store, rank, config["incarnation"], False, address, timeout)
+        node.store = store  # torch holds only the C++ half of a Python store: keep this one alive
         node.say_started()
         transport.join([node.pg], False, timeout)
         logger.info("rlcollect node %d: %s collecting for rank 0 at %s:%s", rank, type(node.collector).__name__,
@@ -349,7 +368,7 @@ def run_node(master_addr: str, master_port: int, rank: int, world_size: int, tim
         node.serve(commands)
         endpoint.send("bye")
         return EXIT_OK
-    except (RuntimeError, WireClosed) as err:  # the store, the channel or a peer connection broke: rank 0 is gone
+    except (RuntimeError, WireClosed) as err:  # the channel or a peer connection broke: rank 0 is gone
         logger.error("rlcollect node %d: lost rank 0: %s", rank, _first_line(err))
         return EXIT_ORPHANED
     finally:

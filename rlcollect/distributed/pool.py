@@ -1,5 +1,5 @@
 """``NodePool``: rank 0's nodes, one ``NodeHandle`` each, and everything that keeps them: the
-store, rank 0's heartbeat, the launcher, the control channel, the handshake, the pair groups.
+pair groups' store, rank 0's heartbeat, the launcher, the control channel, the handshake, the pair groups.
 
 The pool answers the pool contract of both wings (rlcollect/members.py's ``Pool``: ``serving``,
 ``ask``, ``ask_all``, through which the collector's ``Members`` seeds, resets, reads and loads
@@ -83,20 +83,18 @@ class NodePool:
 
     # -- start -----------------------------------------------------------------------------------------
     def start(self) -> None:
-        """Open the store, start rank 0's heartbeat and the launcher, and handshake every node
-        (within ``start_timeout``); then each node serves."""
+        """Open the channel listener (``master_port``), start rank 0's heartbeat and the
+        launcher, and handshake every node (within ``start_timeout``); then each node serves."""
         cfg = self.config
-        self.store, self.master_port = transport.open_store(cfg.master_addr, cfg.tcp_port, cfg.timeout)
-        addr, port = cfg.master_addr, self.master_port
+        addr = cfg.master_addr
         self.address = transport.resolve(addr)
-
-        def connect() -> Any:
-            return transport.connect_store(addr, port, 30.0)
-
+        self.store = transport.pair_store()
         self._silence = Silence(self._by_rank, cfg.heartbeat_timeout)
-        self.channel = Channel(self.address, self._by_rank, self.keys, self._attached)
-        self.heartbeat = Rank0Beat(connect, self.keys, self.run, self.channel.beat_all).start()
-        self.handshake = Handshake(self.store, self.keys, self.run, self.world_size, self.channel)
+        self.channel = Channel(self.address, self._by_rank, self.keys, self._attached, self.run, cfg.tcp_port,
+                               self.store)
+        self.master_port = port = self.channel.port
+        self.heartbeat = Rank0Beat(self.channel.beat_all).start()
+        self.handshake = Handshake(self.keys, self.run, self.world_size, self.channel)
         self.launcher = make_launcher(cfg.launcher, cfg.launcher_options, self.secret, self.secret_file,
                                       cfg.rank0_timeout)
         # One INFO line per phase: a start that takes a minute on a busy machine is never silent.
@@ -433,8 +431,6 @@ class NodePool:
             if not self.launcher.owns_processes and h.configured:
                 self.channel.command(h.rank, "close")  # an external node that still listens leaves
         self.launcher.kill(h.rank)
-        with contextlib.suppress(Exception):
-            self.store.delete_key(P.config_key(h.rank, h.token))
         h.token = ""  # whatever it still sends is stale now
         self._release_pair(h, 1.0)
         h.configured, h.rejoin = False, None
@@ -448,9 +444,7 @@ class NodePool:
         """Start node ``i`` again (after ``drop``) as its next incarnation, configured with
         ``payload``; it rejoins through ``check_alive`` within ``start_timeout`` seconds, and
         serves again once ``admit`` has checked it."""
-        h, store = self.handles[i], self.store
-        for key in P.incarnation_keys(h.rank):
-            store.delete_key(key)
+        h = self.handles[i]
         h.incarnation += 1
         h.state = NodeState.RELAUNCHING
         self.launcher.relaunch(h.rank)
@@ -578,8 +572,6 @@ class NodePool:
         if channel is not None:
             with contextlib.suppress(Exception):
                 channel.close()
-        if self.handshake is not None:
-            self.handshake.store = None
         self.channel = self.store = self.heartbeat = self.launcher = self._silence = None
         remove_secret_file(self.own_secret_file, folder_too=True)
         self.own_secret_file = None

@@ -111,16 +111,19 @@ def read_line(process, prefix: str, timeout: float) -> str:
     raise AssertionError(f"no line starting with {prefix!r} within {timeout} s; got {buffer[-2000:]!r}")
 
 
-def channel_send(collector, *messages: bytes) -> list:
+def channel_send(collector, *messages) -> list:
     """Open a connection to ``collector``'s channel listener per message (what a foreign process
-    that reaches the port can do) and send it there as the connection's first message; returns
+    that reaches the port can do), read rank 0's welcome and send the message there as the
+    connection's first message (a callable: what it makes of the welcome's challenge); returns
     the connections (close them)."""
+    from rlcollect.distributed.control.messages import unverified_challenge
     from rlcollect.distributed.control.wire import Wire
 
     host = collector.stats()["master"].rsplit(":", 1)[0]
     wires = []
     for data in messages:
         wire = Wire.connect(host, collector._pool.channel.port, 10.0)
-        wire.send(data)
+        challenge = unverified_challenge(wire.recv())
+        wire.send(data(challenge) if callable(data) else data)
         wires.append(wire)
     return wires

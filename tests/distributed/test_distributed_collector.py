@@ -126,8 +126,8 @@ def test_malformed_forged_and_foreign_notices_are_dropped(sync_collector, caplog
         wires = channel_send(
             c, b"garbage",
             P.encode("ready", 1, b"x" * 32, token, 10**6, to=0, **ready),  # without the secret
-            P.encode("attach", 2, keys.to_rank0, "not-the-token", 10**6, to=0, role="node"),
-            P.encode("attach", 9, keys.to_rank0, token, 10**6, to=0, role="node"),
+            lambda ch: P.encode("attach", 2, keys.to_rank0, "not-the-token", 10**6, to=0, role="watch", challenge=ch),
+            lambda ch: P.encode("attach", 9, keys.to_rank0, token, 10**6, to=0, role="watch", challenge=ch),
             P.encode("ready", 1, keys.to_rank0, token, 10**6, to=0, **ready))  # a notice is not an attach
         batch = next(iter(c))
         deadline = time.monotonic() + 10

@@ -18,12 +18,14 @@ import pytest
 from dist_helpers import (ValuePolicy, counting5, failing_env, free_port, node_pids, read_line,
                           rlcollect_command, wait_gone)
 from rlcollect import FaultyEnv, InjectedFault, WorkerError
-from rlcollect.distributed.control import transport
+from rlcollect.distributed.control import wire
 from rlcollect.distributed.collector import DistributedCollector
 from rlcollect.distributed.node import EXIT_ORPHANED
 
 pytestmark = pytest.mark.timeout(180)
 HELPERS = str(Path(__file__).resolve().parent)
+#: The nodes import the helpers, and rlcollect from where this test runs (a worktree's PYTHONPATH).
+NODE_PATH = os.pathsep.join(filter(None, [HELPERS, os.environ.get("PYTHONPATH")]))
 
 
 @pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
@@ -93,7 +95,7 @@ def test_node_failing_at_start_up_raises_its_error():
 
 
 def test_busy_port_is_reported(monkeypatch):
-    monkeypatch.setattr(transport, "PORT_RETRY_S", 0.3)
+    monkeypatch.setattr(wire, "PORT_RETRY_S", 0.3)
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
@@ -143,7 +145,8 @@ def test_external_node_ends_when_rank0_is_killed(tmp_path):
     rank0 = _rank0(tmp_path, "external", port, nodes=1)
     node = subprocess.Popen([rlcollect_command(), "node", "--master-addr", "127.0.0.1", "--master-port", str(port),
                              "--rank", "1", "--world-size", "2", "--timeout", "120"],
-                            env={**os.environ, "PYTHONPATH": HELPERS, **SECRET_ENV}, stderr=subprocess.PIPE, text=True)
+                            env={**os.environ, "PYTHONPATH": NODE_PATH, **SECRET_ENV}, stderr=subprocess.PIPE,
+                            text=True)
     try:
         read_line(rank0, "PIDS", 120)
         time.sleep(1.0)

@@ -200,21 +200,22 @@ def test_a_message_sent_right_after_the_attach_reaches_the_wire():
     got: list[bytes] = []
     done = threading.Event()
 
-    def on_first(wire, data):
-        got.append(data)
+    def on_first(wire, data, challenge):
+        got.extend([data, challenge])
         got.append(wire.recv())
         got.append(wire.recv())
         wire.close()
         done.set()
 
-    listener = Listener("127.0.0.1", on_first)
+    listener = Listener("127.0.0.1", on_first, lambda: (b"welcome", "its challenge"))
     try:
         frame = struct.Struct("!Q").pack
         with socket.create_connection(("127.0.0.1", listener.port), timeout=10) as sock:
             big = b"y" * 300_000  # the rest of the second frame comes in later reads
             sock.sendall(frame(6) + b"attach" + frame(5) + b"first" + frame(len(big)) + big)
             assert done.wait(10.0)
-        assert got == [b"attach", b"first", big]
+            assert sock.recv(100) == frame(7) + b"welcome"  # what rank 0 says first, on every connection
+        assert got == [b"attach", "its challenge", b"first", big]
         assert listener.refused == 0
     finally:
         listener.close()

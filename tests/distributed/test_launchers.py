@@ -21,6 +21,8 @@ from rlcollect.distributed.node import EXIT_OK, EXIT_REJECTED
 
 pytestmark = pytest.mark.timeout(180)
 HELPERS = str(Path(__file__).resolve().parent)
+#: The nodes import the helpers, and rlcollect from where this test runs (a worktree's PYTHONPATH).
+NODE_PATH = os.pathsep.join(filter(None, [HELPERS, os.environ.get("PYTHONPATH")]))
 
 
 @pytest.fixture
@@ -31,7 +33,7 @@ def secret_file(tmp_path):
 def _node(port: int, rank: int, world_size: int, secret_file: str, *, env_vars: bool = False) -> subprocess.Popen:
     # The env factory and policy are pickled by reference to dist_helpers: like a user's own
     # module, it must be importable on the node.
-    env = {**os.environ, "PYTHONPATH": HELPERS}
+    env = {**os.environ, "PYTHONPATH": NODE_PATH}
     if env_vars:  # as torchrun would set them, and the secret in the environment
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
                    RLCOLLECT_SECRET=open(secret_file).read().strip())

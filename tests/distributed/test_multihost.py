@@ -26,6 +26,8 @@ from dist_helpers import rlcollect_command
 
 pytestmark = [pytest.mark.multihost, pytest.mark.timeout(240)]
 HELPERS = str(Path(__file__).resolve().parent)
+#: The nodes import the helpers, and rlcollect from where this test runs (a worktree's PYTHONPATH).
+NODE_PATH = os.pathsep.join(filter(None, [HELPERS, os.environ.get("PYTHONPATH")]))
 MASTER = "10.77.1.1"
 PORT = 29517
 
@@ -103,7 +105,7 @@ def test_nodes_in_other_namespaces_collect_over_veth(namespaces, tmp_path, sync)
     from rlcollect.distributed.control.auth import SECRET_ENV, new_secret
 
     # The secret, as a user would hand it to the nodes of another host: in the environment.
-    env = {**os.environ, "PYTHONPATH": HELPERS, SECRET_ENV: new_secret().decode()}
+    env = {**os.environ, "PYTHONPATH": NODE_PATH, SECRET_ENV: new_secret().decode()}
     rank0 = subprocess.Popen(["ip", "netns", "exec", ns0, sys.executable, str(script)], stdout=subprocess.PIPE,
                              text=True, env=env)
     nodes = [subprocess.Popen(["ip", "netns", "exec", ns, rlcollect_command(), "node", "--master-addr", MASTER,

@@ -62,7 +62,7 @@ def _pool(num_nodes=2, on_node_failure="restart"):
                                    max_node_restarts=2, relaunch_payload=payload)
     pool = NodePool(config, new_secret())
     pool.store, pool.launcher = FakeStore(), FakeLauncher()
-    pool.handshake = Handshake(pool.store, pool.keys, pool.run, pool.world_size, channel=None)
+    pool.handshake = Handshake(pool.keys, pool.run, pool.world_size, channel=None)
     pool.started = True
     for h in pool.handles:
         h.state, h.configured, h.token = NodeState.SERVING, True, f"token-{h.rank}" * 2
@@ -86,7 +86,6 @@ def test_failed_relaunching_serving_then_dropped_then_closed():
     pool = _pool()
     h = pool.handles[1]
     h.outstanding, h.expected_seq, h.batch_started = 2, 7, 1.0
-    pool.store.keys[P.hello_key(2)] = b"the failed incarnation's hello"
     pool.drop(1, for_good=False)
     # Its batches in flight are lost and counted; its session is forgotten.
     assert h.state is NodeState.FAILED and pool.launcher.killed == [2]
@@ -96,7 +95,6 @@ def test_failed_relaunching_serving_then_dropped_then_closed():
     pool.restart(1, b"its configuration")
     assert h.state is NodeState.RELAUNCHING and h.incarnation == 1 and pool.launcher.relaunched == [2]
     assert h.rejoin.payload == b"its configuration" and not h.rejoin.configured
-    assert P.hello_key(2) not in pool.store.keys  # the new incarnation says hello afresh
     assert not pool.settled() and pool.serving() == [0]
     # Rejoined (its handshake done, its pair group joined): admitted once its layout matches.
     layout = object()

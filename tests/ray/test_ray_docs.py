@@ -92,7 +92,7 @@ def test_manifest_is_a_rayjob_that_runs_the_training_script():
         env = {e["name"]: e for e in c["env"]}
         assert env["RAY_AUTH_MODE"]["value"] == "token"
         assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "ppo-cartpole-ray-token"
-    # The head pod (the trainer, rank 0) opens the store port the script gives as tcp_port.
+    # The head pod (the trainer, rank 0) opens the port the script gives as tcp_port (its channel listener).
     ports = {p["containerPort"] for p in head["containers"][0]["ports"]}
     script = _blocks("py")[1]
     port = int(re.search(r"tcp_port=(\d+)", script).group(1))

@@ -30,6 +30,8 @@ from rlcollect.distributed.control.auth import new_secret, write_secret_file  # 
 
 pytestmark = pytest.mark.timeout(180)
 HELPERS = os.pathsep.join(str(Path(__file__).resolve().parents[1] / d) for d in ("distributed", "security"))
+#: The nodes import the helpers, and rlcollect from where this test runs (a worktree's PYTHONPATH).
+NODE_PATH = os.pathsep.join(filter(None, [HELPERS, os.environ.get("PYTHONPATH")]))
 
 _RANK0 = """
 import sys, time
@@ -51,7 +53,7 @@ def _rank0(tmp_path, env: str = "counting5", **kwargs) -> subprocess.Popen:
     script.write_text(textwrap.dedent(_RANK0.format(helpers=HELPERS, env=env, kwargs=args)))
     # Its own process group: a Ctrl-C test signals that group, as a terminal would.
     return subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True, env={**os.environ, "PYTHONPATH": HELPERS})
+                            start_new_session=True, env={**os.environ, "PYTHONPATH": NODE_PATH})
 
 
 def _children(pid: int) -> list[int]:
@@ -141,7 +143,7 @@ def test_nodes_of_a_frozen_rank_0_exit_after_rank0_timeout_and_say_why(tmp_path,
         nodes = [subprocess.Popen([rlcollect_command(), "node", "--master-addr", "127.0.0.1", "--master-port",
                                    str(port), "--rank", str(r), "--world-size", "3", "--timeout", "60",
                                    "--secret-file", secret_file, "--rank0-timeout", f"{rank0_timeout:g}"],
-                                  env={**os.environ, "PYTHONPATH": HELPERS}, stderr=subprocess.PIPE)
+                                  env={**os.environ, "PYTHONPATH": NODE_PATH}, stderr=subprocess.PIPE)
                  for r in (1, 2)]
         pids = [p.pid for p in nodes]
     else:

@@ -15,9 +15,8 @@ transfer shows life by itself), never into a peer that stopped reading.
 - A node watches rank 0 (``NodeWatch``): it ends when rank 0's channel closes (rank 0 died: its
   sockets close at once), when rank 0 has not beaten for ``rank0_timeout`` seconds (a frozen or
   unreachable rank 0; a watchdog thread times it), or, for nodes rank 0 started itself, when
-  that parent process is gone.  Before its channel exists, a node reads rank 0's beat from the
-  store (``heartbeat_key(0)``), which also tells it the run's nonce (``run``); a value there
-  that does not verify is "no news".
+  that parent process is gone.  Rank 0 beats on a node's connection from the moment its hello
+  verified, while the node waits for its answer.
 """
 
 from __future__ import annotations
@@ -29,13 +28,10 @@ from collections.abc import Callable
 from typing import Any
 
 from rlcollect.distributed.control import protocol as P
-from rlcollect.distributed.control.auth import DropLog, Keys
 
 logger = logging.getLogger("rlcollect")
 
 PERIOD_S = 0.5
-#: Rank 0's beat is for every node.
-EVERYONE = -1
 _WATCHDOG_S = 0.1
 
 
@@ -44,157 +40,87 @@ def _first_line(err: BaseException) -> str:
     return text[0] if text else type(err).__name__
 
 
-def _is_timeout(err: BaseException) -> bool:
-    return "timeout" in str(err).lower() or "timed out" in str(err).lower()
-
-
 class _Beater:
-    """A daemon thread that writes ``rank``'s signed beat every ``PERIOD_S`` (and, in
-    subclasses, reads something after each beat)."""
+    """A daemon thread that calls ``beat()`` every ``PERIOD_S``."""
 
-    def __init__(self, connect: Callable[[], Any], rank: int, key: bytes, token: str):
-        self._connect, self.rank, self._key, self.token = connect, rank, key, token
+    def __init__(self, rank: int):
+        self.rank = rank
         self._stop = threading.Event()
-        self._count = 0
         self._thread = threading.Thread(target=self._run, name=f"rlcollect-heartbeat-{rank}", daemon=True)
 
     def start(self):
         self._thread.start()
         return self
 
+    @property
+    def started(self) -> bool:
+        return self._thread.ident is not None
+
     def stop(self, timeout: float = 2.0) -> None:
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
 
-    def beat(self, store: Any) -> None:
-        self._count += 1
-        to = EVERYONE if self.rank == P.MASTER_RANK else P.MASTER_RANK
-        store.set(P.heartbeat_key(self.rank), P.encode("beat", self.rank, self._key, self.token, self._count, to=to))
+    def beat(self) -> None:
+        raise NotImplementedError
 
     def _run(self) -> None:
-        try:
-            store = self._connect()
-        except Exception as err:  # noqa: BLE001
-            self._store_error(err, connecting=True)
-            return
-        try:
-            while not self._stop.is_set():
-                try:
-                    self.beat(store)
-                    self.after_beat(store)
-                except Exception as err:  # noqa: BLE001
-                    if self._store_error(err, connecting=False):
-                        return
-                self._stop.wait(PERIOD_S)
-        finally:
-            del store
-
-    def after_beat(self, store: Any) -> None:
-        pass
-
-    def _store_error(self, err: BaseException, connecting: bool) -> bool:
-        """Handle a failed store call; True to end the thread."""
-        logger.warning("rlcollect rank %d: heartbeat store call failed: %s", self.rank, _first_line(err))
-        return False
+        while not self._stop.is_set():
+            try:
+                self.beat()
+            except Exception as err:  # noqa: BLE001  (a beat never ends the thread)
+                logger.warning("rlcollect rank %d: a heartbeat failed: %s", self.rank, _first_line(err))
+            self._stop.wait(PERIOD_S)
 
 
 class Rank0Beat(_Beater):
-    """Rank 0's beat: on the store (its token: the run's nonce), for the nodes still joining,
-    and ``beat_channels()`` on every attached node's channel.  A failing store call never ends
-    it: it logs and beats again."""
+    """Rank 0's beat: ``beat_channels()`` (on every node's channel, and to every node waiting
+    for its answer)."""
 
-    def __init__(self, connect: Callable[[], Any], keys: Keys, run: str, beat_channels: Callable[[], None]):
-        super().__init__(connect, P.MASTER_RANK, keys.to_node, run)
-        self._warned = False
-        self._beat_channels = beat_channels
-
-    def after_beat(self, store: Any) -> None:
-        self._beat_channels()
-
-    def _store_error(self, err: BaseException, connecting: bool) -> bool:
-        if not self._warned and not self._stop.is_set():
-            self._warned = True
-            logger.warning("rlcollect: rank 0's heartbeat could not be written: %s", _first_line(err))
-        return connecting
+    def __init__(self, beat_channels: Callable[[], None]):
+        super().__init__(P.MASTER_RANK)
+        self.beat = beat_channels
 
 
 class NodeWatch(_Beater):
-    """A node's beat, and its watch on rank 0.
+    """A node's beat, and its watch on rank 0 (started once rank 0's port answered).
 
     Args:
-        connect: returns a new store connection (called in the thread; used until ``attach``).
-        rank: this node's rank; ``token``: its session token.
-        keys: the run's keys.
-        rank0_timeout: seconds without a new authentic beat of rank 0 before ``on_lost``.
+        rank: this node's rank.
+        rank0_timeout: seconds without an authentic message of rank 0 before ``on_lost``.
         on_lost: called once, from a watcher thread, with the reason rank 0 is gone.
         parent_alive: for nodes rank 0 started itself: False once that process is gone.
     """
 
-    def __init__(self, connect: Callable[[], Any], rank: int, keys: Keys, token: str, rank0_timeout: float,
-                 on_lost: Callable[[str], None], parent_alive: Callable[[], bool] | None = None):
-        super().__init__(connect, rank, keys.to_rank0, token)
-        self._check_key, self.rank0_timeout = keys.to_node, rank0_timeout
+    def __init__(self, rank: int, rank0_timeout: float, on_lost: Callable[[str], None],
+                 parent_alive: Callable[[], bool] | None = None):
+        super().__init__(rank)
+        self.rank0_timeout = rank0_timeout
         self._on_lost, self._parent_alive = on_lost, parent_alive
-        self._drops = DropLog(f"rlcollect node {rank}")
-        self.run: str | None = None  # the run's nonce, once two authentic beats of rank 0 showed it
-        self.run_known = threading.Event()
-        self._candidate: tuple[str, int] | None = None
-        self._last_n = 0
         self._last_news = time.monotonic()
+        self.heard = False  # an authentic word of rank 0 came
         self._endpoint: Any = None
         self._lost_once = threading.Lock()
         self._watchdog = threading.Thread(target=self._watch, name=f"rlcollect-watchdog-{rank}", daemon=True)
 
     def start(self) -> NodeWatch:
+        self._last_news = time.monotonic()
         super().start()
         self._watchdog.start()
         return self
 
     def attach(self, endpoint: Any) -> None:
-        """From now on beat on ``endpoint`` (this node's channel) and take rank 0's news from it
-        (``news``); the store is no longer read."""
-        self._last_news = time.monotonic()
+        """From now on beat on ``endpoint`` (this node's channel, once configured)."""
         self._endpoint = endpoint
 
     def news(self) -> None:
-        """An authentic message of rank 0 came on the channel."""
+        """An authentic message of rank 0 came."""
         self._last_news = time.monotonic()
+        self.heard = True
 
-    def beat(self, store: Any) -> None:
+    def beat(self) -> None:
         if self._endpoint is not None:
             self._endpoint.try_send("beat")
-
-    def after_beat(self, store: Any) -> None:
-        if self._endpoint is not None:
-            return
-        key = P.heartbeat_key(P.MASTER_RANK)
-        if not store.check([key]):
-            return
-        data = store.get(key)
-        try:
-            msg = P.decode(data, self._check_key, kinds=("beat",), to=EVERYONE, rank=P.MASTER_RANK)
-        except P.ProtocolError as err:
-            hint = " (is this node's secret the run's? see --secret-file)" if isinstance(err, P.AuthError) else ""
-            self._drops.drop("rank 0's heartbeat key", P.claimed_sender(data), f"{err}{hint}")
-            return
-        if self.run is None:
-            # A beat seen once may be a replay of another run's; one that moves is rank 0's.
-            if self._candidate is not None and self._candidate[0] == msg.token and msg.n > self._candidate[1]:
-                self.run, self._last_n, self._last_news = msg.token, msg.n, time.monotonic()
-                self.run_known.set()
-            else:
-                self._candidate = (msg.token, msg.n)
-        elif msg.token == self.run and msg.n > self._last_n:
-            self._last_n, self._last_news = msg.n, time.monotonic()
-
-    def _store_error(self, err: BaseException, connecting: bool) -> bool:
-        if self._stop.is_set() or self._endpoint is not None:
-            return self._stop.is_set()  # attached: the store no longer matters
-        if not connecting and _is_timeout(err):
-            return False  # rank 0 is slow or frozen: no news; the watchdog decides
-        self._lost(f"lost rank 0's store: {_first_line(err)}")
-        return True
 
     def _watch(self) -> None:
         while not self._stop.wait(_WATCHDOG_S):
@@ -203,7 +129,7 @@ class NodeWatch(_Beater):
                 return
             silent = time.monotonic() - self._last_news
             if silent > self.rank0_timeout:
-                what = "has not beaten" if self.run is not None else "has not shown an authentic heartbeat"
+                what = "has not beaten" if self.heard else "has not shown an authentic heartbeat"
                 self._lost(f"rank 0 {what} for {silent:.0f} s (rank0_timeout={self.rank0_timeout:g}): it is frozen, "
                            "unreachable, or runs with another secret")
                 return

@@ -15,7 +15,7 @@ from typing import Any
 
 from rlcollect.distributed.control import auth
 
-PROTOCOL_VERSION = 5  # 5: commands, replies, notices, beats and the node spec travel on per-node channels
+PROTOCOL_VERSION = 6  # 6: no store; the hello and the pair groups' rendezvous travel on the channel too
 MAGIC = b"RLC:"
 
 # -- message formats -------------------------------------------------------------------------------
@@ -24,11 +24,16 @@ _NUMBER = (int, float)
 #: The header fields of each kind of message, and the types they must have.
 SCHEMAS: dict[str, dict[str, Any]] = {
     "beat": {},
-    "hello": {"world_size": int, "pid": int, "host": str, "run": str},
-    # Through the store (the rendezvous): rank 0's answer to a hello: where to attach.
-    "config": {"node_index": int, "incarnation": int, "port": int},
-    # On a channel: its first message ("node": the node process; "watch": its watcher).
-    "attach": {"role": str},
+    # Rank 0's first message on every connection to its listener (its token: the run's nonce):
+    # a fresh challenge, which the connection's first message must repeat (a replay on another
+    # connection is refused).
+    "welcome": {"challenge": str},
+    # A node's first message on its connection (its channel from then on).
+    "hello": {"world_size": int, "pid": int, "host": str, "run": str, "challenge": str},
+    # Rank 0's answer to a hello, on the same connection.
+    "config": {"node_index": int, "incarnation": int},
+    # A watcher's first message on its connection ("watch": the only role left).
+    "attach": {"role": str, "challenge": str},
     "setup": {},  # payload: the cloudpickled node spec
     "state": {"state": str, "pid": int},  # a watcher's report of its node process (/proc state letter)
     "reject": {"reason": str},
@@ -41,6 +46,10 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "ready": {"seq": int, "slot": int, "frames": int, "version": int, "seconds": _NUMBER, "version_min": int,
               "version_mean": _NUMBER, "step_mean_s": (*_NUMBER, _NONE), "step_p95_s": (*_NUMBER, _NONE)},
     "bye": {},
+    # The pair group's rendezvous (``channel_store.py``): a node's store call ("set", "get" or
+    # "check"; payload: the value set) and rank 0's answer (payload: the value got).
+    "store": {"id": int, "op": str, "keys": list},
+    "stored": {"id": int, "found": bool},
 }
 #: Commands a node serves, with the arguments each takes (node.py has the handlers).
 COMMANDS: dict[str, dict[str, Any]] = {
@@ -54,6 +63,8 @@ COMMANDS: dict[str, dict[str, Any]] = {
 }
 #: Rank 0 is the collector; nodes are ranks 1..world_size-1.
 MASTER_RANK = 0
+#: The receiver of what rank 0 says to whoever connects (its "welcome").
+EVERYONE = -1
 
 
 class ProtocolError(ValueError):
@@ -158,6 +169,21 @@ def decode(data: Any, key: bytes, *, kinds: tuple[str, ...], to: int, rank: int 
     if kind == "command":
         check_command(fields["name"], fields["args"])
     return Message(kind, sender, header["token"], fields, payload, counter, receiver)
+
+
+def unverified_challenge(data: Any) -> str:
+    """The challenge of a "welcome" without checking its MAC (a watcher, which holds only the
+    key it signs with, repeats it in its signed "attach"; the challenge is no secret).  Raises
+    ``ProtocolError`` when there is none."""
+    try:
+        head = bytes(data[len(MAGIC) + auth.MAC_BYTES:]).partition(b"\n")[0]
+        header = json.loads(head)
+        challenge = header["challenge"] if header.get("kind") == "welcome" else None
+    except Exception:  # noqa: BLE001  (anything goes in an unverified message)
+        challenge = None
+    if not isinstance(challenge, str):
+        raise ProtocolError("rank 0's first message is not a welcome")
+    return challenge
 
 
 def check_command(name: str, args: dict) -> None:

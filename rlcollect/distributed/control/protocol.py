@@ -1,12 +1,13 @@
-"""The control protocol between rank 0 and its nodes: the store's rendezvous keys, the message
-formats (``messages.py``, re-exported here), and the decoding of what nodes send back.
+"""The control protocol between rank 0 and its nodes: the message formats (``messages.py``,
+re-exported here), the pair groups' rendezvous keys, and the decoding of what nodes send back.
 
-The store (rank 0's TCPStore) is a rendezvous only: rank 0's heartbeat key (its token is the
-run's nonce), each node's hello, rank 0's answer, and the pair process groups' keys.  Everything
-else (the node's spec, commands, replies, "batch ready" notices, failures, heartbeats in both
-directions) travels on a per-node channel (``wire.py``): a TCP connection from the node to a
-listener rank 0 opens, whose port rank 0's signed answer gives.  Batches and weights travel
-over torch.distributed point-to-point (see ``transport.py``).
+Rank 0 opens one port (``master_port``): its channel listener (``wire.py``).  Everything of the
+control plane travels on a per-node channel, a TCP connection from the node to that listener:
+the hello and rank 0's answer, the node's spec, commands, replies, "batch ready" notices,
+failures, heartbeats in both directions, and the pair process groups' rendezvous (gloo's store
+calls: ``channel_store.py``).  Batches and weights travel over torch.distributed point-to-point
+(see ``transport.py``).  Rank 0 hosts no store server: nothing of the run is reachable without
+the secret but the listener, which holds at most ``wire.MAX_PENDING`` strangers' connections.
 
 A message is ``MAGIC + MAC + JSON header + b"\\n" + payload``: ``MAC`` is an HMAC-SHA256, with
 the key of its direction (``auth.Keys``), over everything after it.  ``decode`` checks the MAC
@@ -25,18 +26,22 @@ freely what a node sends: headers are JSON, and the few payloads that need more 
 ``state_dict``) go through ``loads_data``, an unpickler that only rebuilds containers, numbers,
 strings, numpy arrays and tensors.
 
-Flow: rank 0 beats on ``heartbeat_key(0)``; a node reads two of its beats to learn the run
-nonce and says ``hello`` (carrying the nonce, so a hello from another run is refused); rank 0
-answers on ``config_key(rank, token)`` with ``config`` (the channel's port and the node's
-incarnation: 0, then 1, 2, ... for a node relaunched after a failure) or ``reject``.  The node
-connects to that port and says ``attach``; rank 0 sends its spec (``setup``); the node builds
-its collector and says ``started`` (with its batch layout and weight shapes) or ``failed``.
-Then rank 0 sends ``command`` messages and the node answers: a ``reply`` to each command,
-except ``collect``, answered by a ``ready`` notice per batch (sent after the batch itself was
-posted on the process group), and ``weights``; any failure outside a reply is a ``failed``
-message.  Both sides send a ``beat`` every 0.5 s; a node's watcher (``watcher.py``) attaches
-a second channel and reports the node process's ``state``.  A node that leaves after "close"
-says ``bye``.
+Flow: a node connects to rank 0's listener; rank 0 sends every connection a signed ``welcome``
+(its token: the run's nonce; a fresh ``challenge``), before it has read anything.  The node
+checks it and says ``hello`` (the nonce and the challenge repeated, its session token, world
+size, pid and host).  Rank 0's listener thread checks that first message (MAC, run, challenge)
+and closes the connection unless it verifies; an authentic hello waits for the main thread
+(beaten meanwhile), which answers on the same connection with ``config`` (the node's index and
+incarnation: 0, then 1, 2, ... for a node relaunched after a failure) or ``reject``.  That
+connection is the node's channel from then on: rank 0 sends its spec (``setup``); the node
+builds its collector and says ``started`` (with its batch layout and weight shapes) or
+``failed``, builds its pair group (``store`` calls, answered by ``stored``) and joins it.  Then
+rank 0 sends ``command`` messages and the node answers: a ``reply`` to each command, except
+``collect``, answered by a ``ready`` notice per batch (sent after the batch itself was posted on
+the process group), and ``weights``; any failure outside a reply is a ``failed`` message.  Both
+sides send a ``beat`` every 0.5 s; a node's watcher (``watcher.py``) connects too, its first
+message an ``attach`` repeating its own connection's challenge, and reports the node process's
+``state``.  A node that leaves after "close" says ``bye``.
 """
 
 from __future__ import annotations
@@ -51,42 +56,17 @@ import numpy as np
 import torch
 
 from rlcollect.distributed.control.messages import (  # noqa: F401  (re-exported: P.encode, P.decode, ...)
-    COMMANDS, MAGIC, MASTER_RANK, PROTOCOL_VERSION, SCHEMAS, AuthError, Endpoint, Message, ProtocolError,
-    _is, check_command, claimed_sender, decode, encode)
+    COMMANDS, EVERYONE, MAGIC, MASTER_RANK, PROTOCOL_VERSION, SCHEMAS, AuthError, Endpoint, Message, ProtocolError,
+    _is, check_command, claimed_sender, decode, encode, unverified_challenge)
 
 
-# -- store keys (the rendezvous only) --------------------------------------------------------------
+# -- the pair groups' rendezvous keys ----------------------------------------------------------------
 _ROOT = "rlc"
-
-
-def hello_key(rank: int) -> str:
-    return f"{_ROOT}/hello/{rank}"
-
-
-def config_key(rank: int, token: str) -> str:
-    """Where rank 0 answers the hello of node ``rank``'s session ``token``."""
-    return f"{_ROOT}/config/{rank}/{token}"
-
-
-def heartbeat_key(rank: int) -> str:
-    """Rank 0's heartbeat (``rank`` 0; nodes beat on their channel)."""
-    return f"{_ROOT}/hb/{rank}"
-
-
-def refused_key(rank: int, token: str) -> str:
-    """Where a refused node acknowledges its refusal (rank 0 waits for it before it exits)."""
-    return f"{_ROOT}/refused/{rank}/{token}"
 
 
 def pg_prefix(rank: int, incarnation: int) -> str:
     """The store prefix of the process group between rank 0 and one incarnation of a node."""
     return f"{_ROOT}/pg/{rank}/{incarnation}/"
-
-
-def incarnation_keys(rank: int) -> list[str]:
-    """What one incarnation of node ``rank`` leaves in the store: cleared before a relaunch so
-    that the new process can say hello afresh (its answer key is per session: see ``config_key``)."""
-    return [hello_key(rank)]
 
 
 # -- errors ----------------------------------------------------------------------------------------

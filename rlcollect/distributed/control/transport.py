@@ -1,5 +1,5 @@
-"""Where a batch crosses the process (and host) boundary: the store server rank 0 hosts, the
-gloo process group, the flat batch buffers and the packing of weights.
+"""Where a batch crosses the process (and host) boundary: the gloo pair process groups (their
+rendezvous store), the flat batch buffers and the packing of weights.
 
 A batch travels as one flat ``uint8`` tensor (one point-to-point message, whatever the number of
 fields), carved into typed fields exactly as the multi-process shared-memory slots are
@@ -12,14 +12,14 @@ Batches and weights travel on private two-rank ``ProcessGroupGloo`` groups, one 
 (a trainer may use torch.distributed for itself).  Nodes never talk to each other, and a pair of
 its own per node isolates failures: a node that dies breaks only its own pair, and a node
 relaunched after a failure joins a new pair (a new store prefix per incarnation) while the other
-nodes keep sending on theirs.
+nodes keep sending on theirs.  Their rendezvous keys live in rank 0's memory (``pair_store``),
+which nodes reach through their authenticated channel: rank 0 hosts no store server.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
-import errno
 import functools
 import ipaddress
 import logging
@@ -29,9 +29,10 @@ import time
 from typing import Any
 
 import torch
-from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
+from torch.distributed import HashStore, PrefixStore, ProcessGroupGloo
 
 from rlcollect.data import BatchBuffer, BatchLayout, carve, field_bytes
+from rlcollect.distributed.control import pair_ports
 from rlcollect.distributed.control.protocol import MASTER_RANK, pg_prefix
 
 logger = logging.getLogger("rlcollect")
@@ -39,8 +40,6 @@ logger = logging.getLogger("rlcollect")
 BATCH_TAG = 1
 WEIGHTS_TAG = 2
 JOIN_TAG = 3
-#: How long a user-given port may stay busy (a previous run's socket closing) before we give up.
-PORT_RETRY_S = 3.0
 _ALIGN = 64
 
 
@@ -84,60 +83,22 @@ def local_address_towards(host: str, port: int) -> str:
         return probe.getsockname()[0]
 
 
-# -- the store ------------------------------------------------------------------------------------
-def open_store(host: str, port: int | None, timeout: float) -> tuple[TCPStore, int]:
-    """Host the TCPStore on ``host`` (only that interface) and return it with its port.
-
-    We bind the listening socket ourselves and hand it to the store: that is how the store
-    listens on one interface only (docs/distributed.md, "Launchers"), and with
-    ``port=None`` the OS picks a free port on the socket we keep, so no other process can take it
-    between choosing and listening.  A user-given port that is busy is retried for
-    ``PORT_RETRY_S`` seconds, then reported."""
-    address = resolve(host)
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    raise_fd_limit()
-    deadline = time.monotonic() + PORT_RETRY_S
-    while True:
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((address, port or 0))
-            sock.listen(1024)
-            break
-        except OSError as err:
-            sock.close()
-            if err.errno == errno.EADDRINUSE and time.monotonic() < deadline:
-                time.sleep(0.2)
-                continue
-            if err.errno == errno.EADDRINUSE:
-                raise OSError(errno.EADDRINUSE, f"tcp_port={port} is already in use on {address} (tried for "
-                              f"{PORT_RETRY_S:g} s): pass another tcp_port, or tcp_port=None to pick a free "
-                              "one") from None
-            if err.errno == errno.EADDRNOTAVAIL:
-                raise ValueError(f"master_addr={host!r} ({address}) is not an address of this host: give the "
-                                 "address of one of its interfaces, the one the nodes can reach") from None
-            raise
-    port = sock.getsockname()[1]
-    try:
-        store = TCPStore(address, port, None, True, _seconds(timeout), wait_for_workers=False,
-                         master_listen_fd=sock.fileno(), use_libuv=True)
-    except BaseException:
-        sock.close()
-        raise
-    sock.detach()  # the store owns the descriptor now and closes it
-    return store, port
+# -- the pair groups' store ----------------------------------------------------------------------
+def pair_store() -> HashStore:
+    """Rank 0's in-process store of the pair groups' rendezvous keys: rank 0's side uses it
+    directly, the nodes through their channel (``channel_store.py``); no port is opened for it."""
+    return HashStore()
 
 
-#: The soft limit of open files rank 0 raises itself to (within the hard limit) when it hosts the store.
+#: The soft limit of open files rank 0 raises itself to (within the hard limit) when it listens.
 FD_LIMIT = 65536
 
 
 def raise_fd_limit(target: int = FD_LIMIT) -> None:
     """Raise this process's soft limit of open files towards ``target`` (never above the hard
-    limit, never lower).  The store server lives in rank 0's process and keeps a descriptor per
-    client connection, foreign ones included: at the usual soft limit of 1,024, idle
-    connections opened by anyone who reaches the port left rank 0 unable to relaunch a node
-    (EMFILE)."""
+    limit, never lower): room for many nodes' channels and pair groups.  Strangers' connections
+    cannot take it (the listener holds at most ``wire.MAX_PENDING`` of them), so a hard limit
+    that cannot be raised is no weakness."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -150,26 +111,30 @@ def raise_fd_limit(target: int = FD_LIMIT) -> None:
             logger.warning("rlcollect: could not raise the open-files limit from %d: %s", soft, err)
 
 
-def connect_store(host: str, port: int, timeout: float) -> TCPStore:
-    """A client of rank 0's store; retries connecting for up to ``timeout`` seconds."""
-    return TCPStore(resolve(host), port, None, False, _seconds(timeout))
-
-
 # -- the process groups --------------------------------------------------------------------------
 #: The node's rank in its pair group with rank 0 (rank 0 is ``MASTER_RANK`` there too).
 NODE_IN_PAIR = 1
 
 
+#: gloo listeners of pair groups made here and not joined yet (``(fd, inode)``).
+_UNSEALED: list[tuple[int, int]] = []
+
+
 def pair_group(store: Any, node_rank: int, incarnation: int, master: bool, address: str,
                timeout: float) -> ProcessGroupGloo:
     """The gloo group of rank 0 and one incarnation of node ``node_rank`` (``master``: rank 0's
-    side), its sockets bound to ``address``; the pair connects on first use (see ``join``)."""
+    side), its sockets bound to ``address``; the pair connects on first use (see ``join``, which
+    then closes the group's listener: ``pair_ports.py``)."""
     options = ProcessGroupGloo._Options()
-    options._devices = [ProcessGroupGloo.create_device(hostname=address, lazy_init=True)]
     options._timeout = _seconds(timeout)
     options._threads = 1  # point-to-point only: no collective needs worker threads
     own_rank = MASTER_RANK if master else NODE_IN_PAIR
-    return ProcessGroupGloo(PrefixStore(pg_prefix(node_rank, incarnation), store), own_rank, 2, options)
+    before = pair_ports.listening()
+    options._devices = [ProcessGroupGloo.create_device(hostname=address, lazy_init=True)]
+    pg = ProcessGroupGloo(PrefixStore(pg_prefix(node_rank, incarnation), store), own_rank, 2, options)
+    # gloo's listener of this pair: closed once the pair connected (``join``).
+    _UNSEALED.extend((fd, inode) for fd, inode in pair_ports.listening().items() if before.get(fd) != inode)
+    return pg
 
 
 def join(groups: list[ProcessGroupGloo], master: bool, timeout: float) -> None:
@@ -182,8 +147,12 @@ def join(groups: list[ProcessGroupGloo], master: bool, timeout: float) -> None:
     sends = [pg.send([torch.ones(1, dtype=torch.uint8)], peer, JOIN_TAG) for pg in groups]
     received = [torch.zeros(1, dtype=torch.uint8) for _ in groups]
     recvs = [pg.recv([buf], peer, JOIN_TAG) for buf, pg in zip(received, groups)]
+    made = _UNSEALED[:]
+    _UNSEALED.clear()  # (a group whose join failed is freed: its listener goes with it)
     for work in (*sends, *recvs):
         wait(work, timeout)
+    for fd, inode in made:  # connected: their peers came, nobody else may (see pair_ports.py)
+        pair_ports.seal(fd, inode)
 
 
 def post_recv(pg: Any, flat: torch.Tensor, peer: int, tag: int, pending: list) -> Any:

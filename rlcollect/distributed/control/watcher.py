@@ -1,6 +1,7 @@
 """A node's watcher: a tiny process beside each node process (``python -m
 rlcollect.distributed.control.watcher``, started by the node once its channel is attached) that
-reports the node process's state to rank 0 on a channel of its own.
+reports the node process's state to rank 0 on a channel of its own (to rank 0's listener, like
+its node: its first message, "attach", repeats the challenge of rank 0's welcome).
 
 Why: a node's heartbeat thread needs the GIL, so an env step that holds it for seconds (a C
 extension, a long reset) silences the beat of a node that is only busy.  The watcher reads the
@@ -107,8 +108,8 @@ def main() -> int:
     orders: dict[str, Any] = json.loads(sys.stdin.readline())
     if not die_with_parent(int(orders["pid"])) and os.getppid() != int(orders["pid"]):
         return 0  # the node is gone already
-    from rlcollect.distributed.control.messages import MASTER_RANK, Endpoint
-    from rlcollect.distributed.control.wire import Wire, WireClosed
+    from rlcollect.distributed.control.messages import MASTER_RANK, Endpoint, ProtocolError, unverified_challenge
+    from rlcollect.distributed.control.wire import MAX_ATTACH_BYTES, Wire, WireClosed
 
     pid = int(orders["pid"])
     node_gone = threading.Event()
@@ -121,8 +122,11 @@ def main() -> int:
     threading.Thread(target=watch_stdin, daemon=True).start()
     try:
         wire = Wire.connect(orders["host"], int(orders["port"]), 30.0)
+        wire.sock.settimeout(10.0)
+        challenge = unverified_challenge(wire.recv(MAX_ATTACH_BYTES))  # rank 0's welcome
+        wire.sock.settimeout(None)
         endpoint = Endpoint(wire, bytes.fromhex(orders["key"]), int(orders["rank"]), MASTER_RANK, orders["token"])
-        endpoint.send("attach", role="watch", timeout=10.0)
+        endpoint.send("attach", role="watch", challenge=challenge, timeout=10.0)
         os.write(1, b"1")  # attached: the node goes on
         while True:
             state = "gone" if node_gone.is_set() else proc_state(pid)
@@ -130,7 +134,7 @@ def main() -> int:
             if state in ("gone", "Z", "X"):
                 return 0
             node_gone.wait(PERIOD_S)
-    except (OSError, WireClosed):  # rank 0 is gone (or never answered): nothing left to report to
+    except (OSError, WireClosed, ProtocolError):  # rank 0 is gone (or never answered): nothing left to report to
         return 0
 
 

@@ -200,30 +200,27 @@ class Reader:
 
 
 class Listener:
-    """Rank 0's channel listener on ``address`` (an ephemeral port, that interface only).
+    """Rank 0's listener on ``address``, the one port a node is told (``port``; 0: one the OS
+    picks).
 
-    A thread accepts connections and reads each one's first message (at most
+    A thread accepts connections, sends each ``greet()``'s bytes at once (rank 0's "welcome":
+    a fresh challenge, which ``greet`` returns too) and reads each one's first message (at most
     ``MAX_ATTACH_BYTES``, within ``ATTACH_S`` seconds; many at once, none can hold up the
-    others); ``on_first(wire, data)`` gets it (in that thread) and keeps the wire, or closes it.
-    At most ``MAX_PENDING`` connections wait for their first message (beyond, the oldest are
-    closed), so idle foreign connections cannot pile up in rank 0's file descriptors.
+    others); ``on_first(wire, data, challenge)`` gets it (in that thread) and keeps the wire,
+    or closes it.  At most ``MAX_PENDING`` connections wait for their first message (beyond,
+    the oldest are closed), so idle foreign connections cannot pile up in rank 0's file
+    descriptors.
     """
 
-    def __init__(self, address: str, on_first: Callable[[Wire, bytes], None]):
-        family = socket.AF_INET6 if ":" in address else socket.AF_INET
-        self.sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            self.sock.bind((address, 0))
-            self.sock.listen(128)
-            self.sock.setblocking(False)
-        except BaseException:
-            self.sock.close()
-            raise
+    def __init__(self, address: str, on_first: Callable[[Wire, bytes, str], None],
+                 greet: Callable[[], tuple[bytes, str]], port: int | None = None):
+        self.sock = bind(address, port)
         self.port = self.sock.getsockname()[1]
-        self._on_first = on_first
+        self._on_first, self._greet = on_first, greet
         self._stop = threading.Event()
-        self._pending: collections.OrderedDict[socket.socket, tuple[float, bytearray]] = collections.OrderedDict()
-        self.refused = 0  # connections closed without an attach (for the tests and stats)
+        self._pending: collections.OrderedDict[socket.socket, tuple[float, bytearray, str]] = \
+            collections.OrderedDict()
+        self.refused = 0  # connections closed without an authentic first message (for the tests and stats)
         self._thread = threading.Thread(target=self._run, name="rlcollect-channel-listener", daemon=True)
         self._thread.start()
 
@@ -238,7 +235,7 @@ class Listener:
                     else:
                         self._read(sel, key.fileobj)
                 now = time.monotonic()
-                for conn, (deadline, _) in list(self._pending.items()):
+                for conn, (deadline, _, _) in list(self._pending.items()):
                     if now > deadline:
                         self._drop(sel, conn)
         except Exception:  # noqa: BLE001  (the listener is closed under us at shutdown)
@@ -263,11 +260,20 @@ class Listener:
             conn.setblocking(False)
             if len(self._pending) >= MAX_PENDING:
                 self._drop(sel, next(iter(self._pending)))
-            self._pending[conn] = (time.monotonic() + ATTACH_S, bytearray())
+            welcome, challenge = self._greet()
+            try:  # a few hundred bytes into an empty socket buffer: never blocks
+                sent = conn.send(_LENGTH.pack(len(welcome)) + welcome, socket.MSG_DONTWAIT)
+            except OSError:
+                sent = 0
+            if sent != _LENGTH.size + len(welcome):
+                self.refused += 1
+                conn.close()
+                continue
+            self._pending[conn] = (time.monotonic() + ATTACH_S, bytearray(), challenge)
             sel.register(conn, selectors.EVENT_READ)
 
     def _read(self, sel: selectors.BaseSelector, conn: Any) -> None:
-        deadline, buf = self._pending[conn]
+        deadline, buf, challenge = self._pending[conn]
         try:
             chunk = conn.recv(MAX_ATTACH_BYTES + _LENGTH.size - len(buf))
         except BlockingIOError:
@@ -290,7 +296,7 @@ class Listener:
         del self._pending[conn]
         end = _LENGTH.size + size
         try:  # what follows the attach (a watcher's first report) is the wire's to read, each message checked
-            self._on_first(Wire(conn, received=bytes(buf[end:])), bytes(buf[_LENGTH.size:end]))
+            self._on_first(Wire(conn, received=bytes(buf[end:])), bytes(buf[_LENGTH.size:end]), challenge)
         except Exception:  # noqa: BLE001
             logger.exception("rlcollect: handling a channel connection failed")
             conn.close()
@@ -308,3 +314,39 @@ class Listener:
         self._stop.set()
         self._thread.join(1.0)
         self.sock.close()
+
+
+#: How long a user-given port may stay busy (a previous run's socket closing) before we give up.
+PORT_RETRY_S = 3.0
+
+
+def bind(address: str, port: int | None) -> socket.socket:
+    """A listening socket on ``address`` (a numeric address: only that interface) and ``port``
+    (None or 0: a free one the OS picks, on the socket we keep, so that no other process can
+    take it between choosing and listening).  A user-given port that is busy is retried for
+    ``PORT_RETRY_S`` seconds, then reported."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    deadline = time.monotonic() + PORT_RETRY_S
+    while True:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((address, port or 0))
+            # A long backlog: a node connecting during a stranger's flood waits in it, not in
+            # SYN retries (the listener drains it as fast as connections come).
+            sock.listen(1024)
+            sock.setblocking(False)
+            return sock
+        except OSError as err:
+            sock.close()
+            if err.errno == errno.EADDRINUSE and time.monotonic() < deadline:
+                time.sleep(0.2)
+                continue
+            if err.errno == errno.EADDRINUSE:
+                raise OSError(errno.EADDRINUSE, f"tcp_port={port} is already in use on {address} (tried for "
+                              f"{PORT_RETRY_S:g} s): pass another tcp_port, or tcp_port=None to pick a free "
+                              "one") from None
+            if err.errno == errno.EADDRNOTAVAIL:
+                raise ValueError(f"master_addr {address} is not an address of this host: give the address of "
+                                 "one of its interfaces, the one the nodes can reach") from None
+            raise

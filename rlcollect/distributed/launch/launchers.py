@@ -115,7 +115,7 @@ class Launcher:
 
     def stop(self, timeout: float, failed: set[int] = frozenset()) -> None:
         """Make sure no node is left (``failed``: nodes known dead or hung, not waited for).
-        Here nothing to do: nodes exit on "close", or when rank 0's store goes away."""
+        Here nothing to do: nodes exit on "close", or when rank 0's channel goes away."""
 
     def kill(self, rank: int, timeout: float = 5.0) -> None:
         """End node ``rank`` now, if it still runs (a failed or hung node); here nothing can be
@@ -324,7 +324,7 @@ def submit_nodes(master_addr: str, master_port: int, world_size: int, *, secret_
     read_secret_file(secret_file)  # a missing or unprotected file is reported here, not in the jobs
     executor = make_executor(slurm_kwargs)
     if parent is not None and getattr(executor, "cluster", type(executor).__name__) not in ("local", "LocalExecutor"):
-        parent = None  # rank 0 runs on another host than a SLURM job: its store connection tells its death
+        parent = None  # rank 0 runs on another host than a SLURM job: its channel tells its death
     ranks = list(range(1, world_size)) if ranks is None else ranks
     return [executor.submit(run_node, master_addr, master_port, rank, world_size, timeout, secret_file=secret_file,
                             rank0_timeout=rank0_timeout, parent=parent) for rank in ranks]
@@ -365,7 +365,7 @@ class SubmititLauncher(Launcher):
         master_addr, master_port, world_size, timeout, parent = self._launch
         executor = make_executor(self.slurm_kwargs)
         if getattr(executor, "cluster", type(executor).__name__) not in ("local", "LocalExecutor"):
-            parent = None  # rank 0 runs on another host than a SLURM job: its store connection tells its death
+            parent = None  # rank 0 runs on another host than a SLURM job: its channel tells its death
         # The job is job_bootstrap.py run by path: it watches rank 0 before its slow imports.
         script = str(Path(__file__).with_name("job_bootstrap.py"))
         return [executor.submit(runpy.run_path, script, {"RLCOLLECT_NODE_ARGS": dict(

@@ -1,10 +1,10 @@
 """The Ray actor behind each node of ``launcher="ray"``: a thin shell around the same node loop
 as ``rlcollect node`` (``node.run_node``).
 
-Ray places, starts, watches and ends this actor; what the node does inside it (the store, the
-signed control messages, its pair process group with rank 0, batches, weights) is unchanged.
-The run's secret arrives in the constructor's arguments (Ray's task specification), never in
-rank 0's store nor on a command line.
+Ray places, starts, watches and ends this actor; what the node does inside it (its channel to
+rank 0, the signed control messages, its pair process group with rank 0, batches, weights) is
+unchanged.  The run's secret arrives in the constructor's arguments (Ray's task specification),
+never in a message nor on a command line.
 
 This module imports neither torch nor rlcollect's node at import time: Ray imports it in every
 fresh worker process before the actor exists, and the node loop's imports (torch) happen in
