@@ -131,9 +131,10 @@ def _socket_ports() -> dict[str, tuple[int, int]]:
 
 
 def classify_fds(new: dict[int, str], store_port: int | None, channel_port: int | None) -> dict[str, int]:
-    """Count the descriptors ``new`` by what they are for: the store's and the channel's
-    connections (by port), other TCP sockets (gloo's pair groups: their listeners and pair
-    connections), pipes, epoll and event fds (gloo's and the store's event loops), other."""
+    """Count the descriptors ``new`` by what they are for: the store's (``store_port``: None
+    since rank 0 hosts no store) and the channel's connections (by port), other TCP sockets
+    (gloo's pair groups: their listeners and pair connections), pipes, epoll and event fds
+    (gloo's event loops), other."""
     ports = _socket_ports()
     kinds: collections.Counter[str] = collections.Counter()
     for target in new.values():
@@ -204,7 +205,8 @@ def measure_row(nodes: int, mode: str, size_name: str, seconds: float, pushes: i
         row.first_batch_s = time.perf_counter() - started
         new = {fd: target for fd, target in open_fds().items() if fd not in fds_before}
         row.fds, row.fds_per_node = len(new), len(new) / nodes
-        row.fds_by_kind = classify_fds(new, collector.master_port, collector._pool.channel.port)
+        # rank 0 has one port since issue 36 (F6): master_port is its channel listener, no store.
+        row.fds_by_kind = classify_fds(new, None, collector.master_port)
         row.threads = _threads() - threads_before
         row.mb_per_batch = nbytes(batch) / 1e6
         # Warm up (every node has delivered, the receive buffers are touched), then the window.

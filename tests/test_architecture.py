@@ -220,11 +220,7 @@ def _declared_hooks(node: ast.ClassDef) -> set[str]:
 
 
 #: Overrides outside this branch's rooms, named with their reason (none in rlcollect's collectors).
-KNOWN_OVERRIDES = {
-    # distributed/control/heartbeat.py: a beater's error is stored by each kind (a kind-specific hook)
-    "rlcollect.distributed.control.heartbeat.NodeWatch._store_error",
-    "rlcollect.distributed.control.heartbeat.Rank0Beat._store_error",
-}
+KNOWN_OVERRIDES: set[str] = set()
 
 
 def _private_overrides() -> list[str]:
