@@ -315,12 +315,14 @@ class SingleCollector(CollectorBase):
         """Stop running free (if started) and close the env."""
         if self._closed:
             return
-        self._closed = True
+        # The background loop stops first (it finishes the batch in progress): closed before
+        # it, the loop's next step would fail on "has been shut down" and stop() re-raise that.
         loop, self._loop = getattr(self, "_loop", None), None
         try:
             if loop is not None:
                 loop.stop(timeout)
         finally:
+            self._closed = True
             self.env.close()
 
     # -- free-running ------------------------------------------------------------------------

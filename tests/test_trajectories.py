@@ -215,3 +215,16 @@ def test_the_multi_process_collectors_refuse_to_run_free_with_trajs_per_batch():
             c.start()
     finally:
         c.shutdown()
+
+
+def test_shutting_down_while_running_free_never_fails_on_its_own_closing():
+    # The loop's next batch began after shutdown() had marked the collector closed: the batch
+    # failed on "has been shut down" and async_shutdown() re-raised it (the loaded `make test`
+    # of 2026-12-07). Many short runs, each stopped at a random point between batches.
+    rb = ReplayBuffer(10_000)
+    for i in range(150):
+        c = Collector("CartPole-v1", frames_per_batch=1, replay_buffer=rb)
+        c.start()
+        time.sleep(0.0005 * (i % 5))
+        c.async_shutdown()
+    rb.close()
