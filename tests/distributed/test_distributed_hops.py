@@ -22,11 +22,16 @@ FILES = {
     "distributed/control/auth.py", "distributed/control/transport.py",
 }
 
+#: Passed only when the batch waits long enough for the pool's periodic liveness check of the
+#: nodes (their processes, their beats) to run in the trainer's thread: on a loaded machine
+#: (the loaded `make test` of 2026-12-07, load ~7-17) the same batch passes these two more.
+LIVENESS = {"distributed/launch/launchers.py", "distributed/control/heartbeat.py"}
+
 
 def test_one_distributed_batch_passes_these_files_in_the_main_process():
     walk: list[tuple[str, bool]] = []
     sequence = count_hops(DistributedCollector, returns=walk)
-    assert set(sequence) == FILES, " > ".join(sequence)
+    assert FILES <= set(sequence) <= FILES | LIVENESS, " > ".join(sequence)
     assert sequence[0] == "base.py" and sequence[-3:] == ["base.py", "data.py", "base.py"]  # delivered by the base
     assert len(sequence) - 1 <= 120, " > ".join(sequence)  # 97-102 measured (2026-12-07)
     assert [name for name, _ in walk][0] == "base.py" and len(walk) >= len(sequence)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from loadscale import scaled
 import torch
 from tensordict import TensorDict
 
@@ -520,7 +521,7 @@ def fault_children(tmp_path_factory):
 def test_faulty_process_ending_faults(fault_children, name):
     proc, progress = fault_children[name]
     *_, expected_code, last_line = CHILDREN[name]
-    proc.join(timeout=50)
+    proc.join(timeout=scaled(50, cap=200))  # spawned: each child imports what it needs (loaded: minutes)
     assert not proc.is_alive(), f"{name} child still running; progress: {progress_lines(progress)}"
     assert proc.exitcode == expected_code
     lines = progress_lines(progress)
