@@ -158,3 +158,60 @@ def test_gloo_pair_listeners_are_closed_once_the_pair_joined_and_the_group_still
                           env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
                               os.getcwd(), os.environ.get("PYTHONPATH")]))})
     assert done.returncode == 0 and "SEALED 2" in done.stdout, done.stderr[-3000:]
+
+
+_OTHERS_KEPT = """
+import os, selectors, socket, threading
+from torch.distributed import HashStore
+from rlcollect.distributed.control import pair_ports, transport
+
+real, others = transport.ProcessGroupGloo.create_device, []
+loop = selectors.DefaultSelector()  # the program's own event loop, made before
+
+
+def opened_meanwhile(*args, **kwargs):
+    # While a pair group is made, the program opens listening sockets of its own (as another
+    # thread could): on the group's address in its existing event loop, on another address in a
+    # new event loop, on the group's address in no event loop.
+    for register in ("old loop", "new loop", None):
+        s = socket.socket()
+        s.bind(("127.0.0.2" if register == "new loop" else "127.0.0.1", 0))
+        s.listen(8)
+        if register == "old loop":
+            loop.register(s, selectors.EVENT_READ)
+        elif register == "new loop":
+            fresh = selectors.DefaultSelector()
+            fresh.register(s, selectors.EVENT_READ)
+            others.append(fresh)
+        others.append(s)
+    return real(*args, **kwargs)
+
+
+transport.ProcessGroupGloo.create_device = staticmethod(opened_meanwhile)
+store, groups = HashStore(), {}
+for rank in (0, 1):
+    groups[rank] = transport.pair_group(store, 1, 0, rank == 0, "127.0.0.1", 20.0)
+threads = [threading.Thread(target=transport.join, args=([groups[r]], r == 0, 20.0)) for r in (0, 1)]
+[t.start() for t in threads]; [t.join() for t in threads]
+kept = 0
+for s in others:
+    if isinstance(s, socket.socket):
+        socket.create_connection(s.getsockname(), timeout=2).close()  # still listening
+        kept += 1
+groups.clear()
+print("KEPT", kept, flush=True)
+"""
+
+
+def test_sealing_leaves_the_programs_own_listeners_alone():
+    """pair_ports.made_since: listening sockets the program opens while a pair group is made
+    (in its own event loop, in a new one on another address, in none) are not taken for gloo's
+    and stay open after ``join`` seals gloo's (a subprocess, as above)."""
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _OTHERS_KEPT], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
+                              os.getcwd(), os.environ.get("PYTHONPATH")]))})
+    assert done.returncode == 0 and "KEPT 6" in done.stdout, done.stderr[-3000:]

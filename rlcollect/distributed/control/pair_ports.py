@@ -12,6 +12,13 @@ removed at once) and registers it in gloo's epoll set with gloo's own handler, s
 sees a connection again and its own teardown (``EPOLL_CTL_DEL``, ``close``) finds what it
 expects.  What strangers connected before the seal stays gloo's until the group is freed.
 
+Which listener is gloo's: ``before()`` is taken just before a pair group is made and
+``made_since(before, address)`` just after; a listening socket counts as the group's only if it
+appeared in between, is bound to the group's ``address`` and sits in an epoll set that also
+appeared in between (each gloo device makes its own event loop).  A listening socket another
+thread of the program opens meanwhile is left alone unless that thread also makes a new epoll
+set, registers the socket there and binds it to the same address within the same milliseconds.
+
 Linux only (``/proc``, ``epoll``); anywhere it cannot find what it expects it leaves the
 listener as it is and logs why.
 """
@@ -52,6 +59,61 @@ def _sockets() -> dict[int, int]:
         if target.startswith("socket:["):
             out[int(name)] = int(target[8:-1])
     return out
+
+
+def _epolls() -> set[int]:
+    """This process's epoll descriptors."""
+    out = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{name}") == "anon_inode:[eventpoll]":
+                out.add(int(name))
+        except OSError:
+            continue
+    return out
+
+
+def before() -> tuple[dict[int, int], set[int]]:
+    """What listens and which epoll sets exist now (``made_since``'s reference)."""
+    return listening(), _epolls()
+
+
+def _addresses(host: str) -> set[str]:
+    """The IP addresses ``host`` names (empty if it does not resolve)."""
+    try:
+        return {info[4][0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)}
+    except OSError:
+        return set()
+
+
+def made_since(reference: tuple[dict[int, int], set[int]], address: str) -> list[tuple[int, int]]:
+    """``(fd, inode)`` of the listening sockets that appeared since ``reference`` (``before()``),
+    bound to ``address`` and registered in an epoll set that also appeared since: the listener
+    of the gloo device made in between."""
+    listened, epolls = reference
+    wanted = _addresses(address)
+    found = []
+    for fd, inode in listening().items():
+        if listened.get(fd) == inode:
+            continue
+        try:
+            probe = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        try:
+            bound = probe.getsockname()[0]
+        except OSError:
+            continue
+        finally:
+            probe.close()
+        if wanted and bound not in wanted:
+            continue
+        registered = _registration(fd, inode)
+        if registered is not None and registered[0] not in epolls:
+            found.append((fd, inode))
+    if not found:
+        logger.warning("rlcollect: gloo's pair listener on %s was not found; it stays open", address)
+    return found
 
 
 def listening() -> dict[int, int]:

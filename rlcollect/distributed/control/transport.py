@@ -129,11 +129,11 @@ def pair_group(store: Any, node_rank: int, incarnation: int, master: bool, addre
     options._timeout = _seconds(timeout)
     options._threads = 1  # point-to-point only: no collective needs worker threads
     own_rank = MASTER_RANK if master else NODE_IN_PAIR
-    before = pair_ports.listening()
+    before = pair_ports.before()
     options._devices = [ProcessGroupGloo.create_device(hostname=address, lazy_init=True)]
     pg = ProcessGroupGloo(PrefixStore(pg_prefix(node_rank, incarnation), store), own_rank, 2, options)
     # gloo's listener of this pair: closed once the pair connected (``join``).
-    _UNSEALED.extend((fd, inode) for fd, inode in pair_ports.listening().items() if before.get(fd) != inode)
+    _UNSEALED.extend(pair_ports.made_since(before, address))
     return pg
 
 
