@@ -15,6 +15,11 @@ faults its nodes from outside, rotating SIGKILL and SIGSTOP (a frozen node, foun
 heartbeat and its watcher's report) through the nodes; the summary adds the lost batches and
 checks that the frames delivered equal ``stats()["frames"]``.
 
+    python -m bench.soak --nodes 2 --launcher ray --minutes 10 --fault-every 30
+
+the same with Ray actors as nodes (``launcher="ray"``, on a local Ray instance the soak starts
+with ``ray.init``): the faults SIGKILL and SIGSTOP the actors' processes.
+
     python -m bench.soak --free-running --minutes 10 --fault-every 30
 
 runs the workers free (``start()`` into a shared ``ReplayBuffer``) and SIGKILLs one worker per
@@ -77,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=("sync", "async"), default="async")
     parser.add_argument("--frames-per-batch", type=int, default=2000)
     parser.add_argument("--nodes", type=int, default=0, help="soak a DistributedCollector with this many nodes")
+    parser.add_argument("--launcher", choices=("mp", "ray"), default="mp",
+                        help="with --nodes: how the nodes are started (ray: a local Ray instance)")
     parser.add_argument("--free-running", action="store_true",
                         help="workers write a shared ReplayBuffer on their own (start()); faults are SIGKILLs")
     parser.add_argument("--json", metavar="PATH", help="also write the samples and summary as JSON")
@@ -88,6 +95,13 @@ def main(argv: list[str] | None = None) -> int:
     env = functools.partial(FaultyEnv, at_step=None, trigger_file=trigger, max_steps=200)
     policy = SoakPolicy()
     cls = MultiSyncCollector if args.mode == "sync" else MultiAsyncCollector
+    if args.free_running:
+        return _soak_free_running(args, cls, policy, open_fds(), shm_entries())
+    ray = None
+    if args.nodes and args.launcher == "ray":
+        import ray  # (the [ray] extra)
+
+        ray.init(address="local", num_cpus=args.nodes + 2, include_dashboard=False, logging_level="WARNING")
     start_fds, start_shm = open_fds(), shm_entries()
     if args.nodes:
         collector = DistributedCollector(
@@ -95,13 +109,11 @@ def main(argv: list[str] | None = None) -> int:
             frames_per_batch=args.frames_per_batch * (args.nodes if args.mode == "sync" else 1),
             sync=args.mode == "sync",
             on_node_failure="restart", max_node_restarts=10_000, heartbeat_timeout=3.0,
-            collector_kwargs={"track_policy_version": True})
+            launcher=args.launcher, collector_kwargs={"track_policy_version": True})
     else:
         collector = cls(env, policy, num_workers=args.workers, frames_per_batch=args.frames_per_batch,
                         on_worker_failure="restart", max_worker_restarts=10_000, worker_timeout=5.0,
                         track_policy_version=True)
-    if args.free_running:
-        return _soak_free_running(args, cls, policy, start_fds, start_shm)
     began = time.monotonic()
     deadline = began + args.minutes * 60
     next_fault, next_report, faults = began + args.fault_every, began, 0
@@ -139,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         stats = collector.stats()
     finally:
         collector.shutdown()
+        if ray is not None:
+            ray.shutdown()
     after_minute = [s for s in samples if s["t_s"] >= 60] or samples
     summary = {
         "frames": frames, "seconds": round(time.monotonic() - began, 1), "faults_injected": faults,
@@ -147,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         "fds_start": start_fds, "fds_end": open_fds(), "shm_start": start_shm, "shm_end": shm_entries(),
         "frames_equal_stats": frames == stats["frames"], "lost_batches": stats.get("lost_batches", 0),
     }
+    if args.nodes:
+        summary["launcher"] = args.launcher
     print("summary", json.dumps(summary), flush=True)
     if args.json:
         with open(args.json, "w") as f:

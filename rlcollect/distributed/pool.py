@@ -138,13 +138,16 @@ class NodePool:
             if time.monotonic() > deadline:
                 missing = [h for h in self.handles if h.rank not in started]
                 where = "; ".join(f"node {h.index} (rank {h.rank}): " + ("configured, building its collector"
-                                  if h.configured else "no authentic hello") for h in missing)
+                                  if h.configured else "has not reached rank 0 (no authentic hello)")
+                                  for h in missing)
                 forged = (f"; {shake.drops.total} message(s) failed authentication or were replays (a node without "
                           "this run's secret?)") if shake.drops.total else ""
                 raise node_error(f"nodes {[h.index for h in missing]} did not start within start_timeout="
                                  f"{cfg.start_timeout:g} s, during start-up ({where}; launcher={cfg.launcher!r}, "
                                  f"rank 0 at {cfg.master_addr}:{self.master_port}){forged}; the nodes still starting "
-                                 "are stopped", missing[0].index)
+                                 "are stopped (a node still importing torch on a loaded machine needs a longer "
+                                 "start_timeout)",
+                                 missing[0].index)
             time.sleep(_RENDEZVOUS_POLL_S)
 
     def _poll_hello(self, h: NodeHandle, payload: bytes | None) -> bool:

@@ -97,7 +97,8 @@ def test_external_launcher_times_out_clearly(capfd):
 
     port = free_port()
     with pytest.raises(WorkerError, match=r"nodes \[0\] did not start within start_timeout=1 s, during start-up "
-                                          r"\(node 0 \(rank 1\): no authentic hello") as info:
+                                          r"\(node 0 \(rank 1\): has not reached rank 0 \(no authentic hello\)"
+                                          ) as info:
         DistributedCollector([counting5], frames_per_batch=10, launcher="external", master_addr="127.0.0.1",
                              tcp_port=port, start_timeout=1.0)
     assert info.value.worker_index == 0

@@ -249,7 +249,8 @@ def test_a_forged_hello_gets_no_configuration_and_rank_0_says_why(tmp_path, capl
     thread.start()
     try:
         with caplog.at_level(logging.ERROR, logger="rlcollect"):
-            with pytest.raises(WorkerError, match=r"node 0 \(rank 1\): no authentic hello.*failed authentication"):
+            with pytest.raises(WorkerError, match=r"node 0 \(rank 1\): has not reached rank 0 "
+                                                   r"\(no authentic hello\).*failed authentication"):
                 DistributedCollector([counting5], frames_per_batch=10, launcher="external", master_addr="127.0.0.1",
                                      tcp_port=port, start_timeout=3.0, secret_file=secret_file)
     finally:
