@@ -525,4 +525,4 @@ class Attach:
 
     def __call__(self, index: int) -> None:
         self.pool.attach(index, self.slots.handed(index), self.stops[index], self.acting.store_for(index),
-                         self.acting.attachment(index))
+                         self.acting.attachment(index), self.slots.layout_of(index))

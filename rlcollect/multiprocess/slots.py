@@ -91,6 +91,10 @@ class WorkerSlots:
         """What worker ``index`` is handed: one flat slot per batch it may fill at once."""
         return self.flats[index]
 
+    def layout_of(self, index: int) -> BatchLayout:
+        """The layout worker ``index``'s slots were allocated with (the one it reported)."""
+        return self.layouts[index]
+
     def settle(self) -> None:
         """Count the references the collector itself holds to each slot (once every worker has
         been handed its slots): more than these means a lent batch is still held (only where
@@ -158,6 +162,11 @@ class StackedSlots:
     def handed(self, index: int) -> list:
         """What worker ``index`` is handed: its part of every stacked slot."""
         return self.parts[index]
+
+    def layout_of(self, index: int) -> BatchLayout:
+        """The one layout of every worker's part (the first worker's order of the entries: a
+        worker whose own order differs writes in this one, ``Worker.attach``)."""
+        return self.layout
 
     def settle(self) -> None:
         """(The references are counted as each stacked slot is made.)"""

@@ -23,7 +23,7 @@ import torch.multiprocessing  # noqa: F401  (registers the shared-memory tensor 
 
 from rlcollect import _context
 from rlcollect._pids import pid_alive
-from rlcollect.data import deliver, slot_buffer, with_mask
+from rlcollect.data import BatchLayout, deliver, slot_buffer, with_mask
 from rlcollect.inference.client import RemotePolicy, yield_on_wake
 from rlcollect.multiprocess import protocol as P
 
@@ -192,7 +192,19 @@ class _Worker:
         self.collector.set_weights(state, max(version, self.model_version))
 
     # -- handlers ------------------------------------------------------------------------------
-    def attach(self, flats: list, stop: torch.Tensor | None, weights: Any, inference: tuple | None = None) -> None:
+    def attach(self, flats: list, stop: torch.Tensor | None, weights: Any, inference: tuple | None = None,
+               layout: BatchLayout | None = None) -> None:
+        """Take the shared slots (``flats``), stop flag, weight store and central-inference
+        rows.  ``layout``: the one the main process allocated the slots with, which this
+        worker's must equal entry by entry; the worker then writes in its order (a worker whose
+        env lists the same entries in another order, as torchrl's composite specs can between
+        spawned processes, would otherwise put each entry where another belongs)."""
+        if layout is not None:
+            if layout != self.layout:
+                raise RuntimeError(f"this worker's batch layout differs from the one its slots were allocated "
+                                   f"with: {sorted(map(str, self.layout.fields))} vs "
+                                   f"{sorted(map(str, layout.fields))}")
+            self.layout = layout
         self.slots = [slot_buffer(flat, self.layout) for flat in flats]
         if inference is not None:
             self.remote.attach(*inference)

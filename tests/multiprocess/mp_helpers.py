@@ -228,3 +228,28 @@ def assert_td_equal(a, b) -> None:
         x, y = a.get(key), b.get(key)
         assert x.dtype == y.dtype, key
         assert torch.equal(x, y), f"{key} differs:\n{x}\n{y}"
+
+
+class TwoKeyEnv(CountingEnv):
+    """CountingEnv with two observation entries, ``a`` (the count) and ``b`` (ten times it),
+    declared in the order ``keys`` gives: workers whose envs list them in different orders
+    report layouts that are equal as dicts but differ in order (as torchrl's composite specs
+    can between spawned processes)."""
+
+    def __init__(self, keys: tuple[str, str] = ("a", "b"), **kwargs):
+        super().__init__(**kwargs)
+        spec = self.obs_layout.pop("observation")
+        self.obs_layout = {key: spec for key in keys}
+
+    def reset_rows(self, rows, obs_out) -> None:
+        super().reset_rows(rows, {"observation": obs_out["a"]})
+        np.multiply(obs_out["a"], 10, out=obs_out["b"])
+
+    def _advance(self, obs_out, reward, terminated, truncated) -> None:
+        counts = {"observation": obs_out["a"]}
+        super()._advance(counts, reward, terminated, truncated)
+        np.multiply(obs_out["a"], 10, out=obs_out["b"])
+
+
+def two_key_env(order: str) -> TwoKeyEnv:
+    return TwoKeyEnv(keys=tuple(order), max_steps=7)
