@@ -232,9 +232,12 @@ def test_the_scan_sees_member_control_in_a_face(line):
 #: Each wing's parts assigned to the Protocol they are handed as (what ``Members``, a gather or a
 #: recovery asks of them): mypy refuses the script when a class stops answering its Protocol.
 PROTOCOL_SCRIPT = """\
-from rlcollect.distributed.gather import Gather as NodeGather, Nodes
+from rlcollect.distributed.config import DistributedConfig
+from rlcollect.distributed.gather import Gather as NodeGather, Handle, Nodes, Options
+from rlcollect.distributed.nodes import NodeHandle
 from rlcollect.distributed.pool import NodePool
-from rlcollect.distributed.recovery import Nodes as RecoveryNodes, Recovery as NodeRecovery
+from rlcollect.distributed.recovery import Handle as RecoveryHandle, Nodes as RecoveryNodes, Policy, \
+    Recovery as NodeRecovery
 from rlcollect.members import BatchGather, Gather, Pool, Recovery, Repairable
 from rlcollect.multiprocess.freerun import BackgroundThread, FreeRunningWorkers
 from rlcollect.multiprocess.gather import SyncGather
@@ -244,7 +247,8 @@ from rlcollect.multiprocess.recovery import Restarts, WorkerRestarts
 
 
 def wired(wp: WorkerPool, np_: NodePool, sg: SyncGather, ag: AsyncGather, ng: NodeGather, wr: WorkerRestarts,
-          nr: NodeRecovery, fw: FreeRunningWorkers, ft: BackgroundThread) -> None:
+          nr: NodeRecovery, fw: FreeRunningWorkers, ft: BackgroundThread, dc: DistributedConfig,
+          nh: NodeHandle) -> None:
     pools: list[Pool] = [wp, np_]
     batch_gathers: list[BatchGather] = [sg, ag]
     node_gather: Gather = ng
@@ -252,6 +256,8 @@ def wired(wp: WorkerPool, np_: NodePool, sg: SyncGather, ag: AsyncGather, ng: No
     free: list[Repairable] = [fw, ft]
     node_pools: tuple[Nodes, RecoveryNodes] = (np_, np_)
     worker_pool: Restarts = wp
+    options: tuple[Options, Policy] = (dc, dc)
+    handles: tuple[Handle, RecoveryHandle] = (nh, nh)
 """
 MYPY_INI = """\
 [mypy]
@@ -268,7 +274,8 @@ follow_imports = skip
 def test_the_wired_classes_answer_the_protocols_they_are_handed_as(tmp_path):
     """Both pools answer ``Pool``, the gathers ``BatchGather`` / ``Gather``, both recoveries
     ``Recovery``, free running ``Repairable``, ``NodePool`` the distributed gather's and
-    recovery's ``Nodes`` (mypy; the heavy libraries are left unknown, which keeps it to seconds)."""
+    recovery's ``Nodes``, ``DistributedConfig`` their ``Options``/``Policy`` and ``NodeHandle``
+    their ``Handle`` (mypy; the heavy libraries are left unknown, which keeps it to seconds)."""
     pytest.importorskip("mypy")
     import os
     import subprocess

@@ -243,14 +243,14 @@ class DistributedConfig:
     create_env_fn: Any
     policy: Any
     _: dataclasses.KW_ONLY
-    num_nodes: int | None
+    num_nodes: int  # given None (the nodes counted from create_env_fn): set in __post_init__
     policy_factory: Callable | list | None
     frames_per_batch: int
     total_frames: int
     devices: dict[str, Any]
     create_env_kwargs: dict | list | None
     inner_options: dict[str, Any]
-    init_random_frames: int | None
+    init_random_frames: int  # given None (0): set in __post_init__
     postproc: Callable | None
     split_trajs: bool
     collector_class: Any
