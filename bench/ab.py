@@ -27,10 +27,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from typing import Sequence
+
+from bench.measure import run_json
 
 #: The code one measurement runs, in the checkout measured (``{row}``, ``{seconds}`` filled in).
 _MEASURE = """
@@ -61,18 +62,8 @@ FIGURES = ("fps", "cpu_per_kframe", "main_ms_per_batch")
 
 def measure(tree: str, row: str, seconds: float, timeout: float = 600.0) -> dict:
     """One measurement of ``row`` in checkout ``tree``, in a fresh interpreter."""
-    env = {**os.environ, "PYTHONPATH": tree}
-    code = _MEASURE.format(row=row, seconds=seconds)
-    try:
-        done = subprocess.run([sys.executable, "-c", code], cwd=tree, env=env, capture_output=True, text=True,
-                              timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"{row} in {tree} did not finish within {timeout:g} s") from None
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        tail = "\n".join(done.stderr.strip().splitlines()[-10:])
-        raise RuntimeError(f"{row} in {tree} exited with code {done.returncode}:\n{tail}")
-    return json.loads(lines[-1])
+    return run_json([sys.executable, "-c", _MEASURE.format(row=row, seconds=seconds)], timeout, cwd=tree,
+                    env={**os.environ, "PYTHONPATH": tree}, label=f"{row} in {tree}")
 
 
 def order(round_index: int) -> tuple[str, str]:

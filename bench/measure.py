@@ -210,17 +210,19 @@ def collector_rate(make_collector: Callable[[], object], seconds: float, warmup:
         collector.shutdown()
 
 
-def run_json(argv: list[str], timeout: float, cwd: str | None = None) -> dict:
-    """Run ``argv`` (another interpreter, in ``cwd``) and return the JSON object on the last
-    line of its stdout; a failure raises ``RuntimeError`` with the end of its stderr."""
+def run_json(argv: list[str], timeout: float, cwd: str | None = None, env: dict[str, str] | None = None,
+             label: str | None = None) -> dict:
+    """Run ``argv`` (another interpreter, in ``cwd``, with the environment ``env``: this one's
+    when None) and return the JSON object on the last line of its stdout; a failure raises
+    ``RuntimeError`` naming ``label`` (default: the command) with the end of its stderr."""
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
     except subprocess.TimeoutExpired:
-        raise RuntimeError(f"{argv[1]} did not finish within {timeout:g} s") from None
+        raise RuntimeError(f"{label or argv[1]} did not finish within {timeout:g} s") from None
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         tail = "\n".join(done.stderr.strip().splitlines()[-15:])
-        raise RuntimeError(f"{' '.join(argv[1:3])} exited with code {done.returncode}:\n{tail}")
+        raise RuntimeError(f"{label or ' '.join(argv[1:3])} exited with code {done.returncode}:\n{tail}")
     return json.loads(lines[-1])
 
 
