@@ -155,6 +155,15 @@ class CollectorBase:
         if self._closed:
             raise RuntimeError(f"this {self._name_when_closed()} has been shut down")
 
+    def _check_startable(self, replay_buffer: Any, running: bool) -> None:
+        """What every ``start()`` checks first: the collector is open, has a replay buffer to
+        write into, and is not running free already."""
+        self._check_open()
+        if replay_buffer is None:
+            raise RuntimeError("start() needs a replay_buffer: the batches collected while running free go there")
+        if running:
+            raise RuntimeError("start() was already called; use pause() to stop writing for a while")
+
     def _name_when_closed(self) -> str:
         return type(self).__name__
 

@@ -338,11 +338,7 @@ class SingleCollector(CollectorBase):
             ...     written = rb.write_count
             >>> c.async_shutdown(); rb.close()
         """
-        self._check_open()
-        if self.replay_buffer is None:
-            raise RuntimeError("start() needs a replay_buffer: batches collected in the background go there")
-        if self._loop is not None:
-            raise RuntimeError("start() was already called; use pause() to stop writing for a while")
+        self._check_startable(self.replay_buffer, running=self._loop is not None)
         # (trajs_per_batch: whole trajectories go to the buffer, as when iterating)
         assembler = self._assembler = new_assembler(self.config, self.replay_buffer)
         step = self._next_batch if assembler is None else (lambda: assembler.feed(self._next_batch()))

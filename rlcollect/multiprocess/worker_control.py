@@ -199,11 +199,7 @@ class WorkerControl(CollectorBase):
             ...     frozen = rb.write_count
             >>> c.async_shutdown(); rb.close()
         """
-        self._check_open()
-        if self.replay_buffer is None:
-            raise RuntimeError("start() needs a replay_buffer: batches collected while running free go there")
-        if self._running():
-            raise RuntimeError("start() was already called; use pause() to stop writing for a while")
+        self._check_startable(self.replay_buffer, running=self._running())
         if self.config.record is not None or self.config.replay is not None:
             raise RuntimeError("start() cannot record or replay a run: use iteration with record= / replay=")
         if self.config.trajs_per_batch is not None:
