@@ -82,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=("sync", "async"), default="async")
     parser.add_argument("--frames-per-batch", type=int, default=2000)
     parser.add_argument("--nodes", type=int, default=0, help="soak a DistributedCollector with this many nodes")
+    parser.add_argument("--start-timeout", type=float, default=300.0,
+                        help="with --nodes: the nodes' start_timeout (a soak measures the steady state; Ray's "
+                             "actors importing torch at load 8 took more than the collector's default 120 s)")
     parser.add_argument("--launcher", choices=("mp", "ray"), default="mp",
                         help="with --nodes: how the nodes are started (ray: a local Ray instance)")
     parser.add_argument("--free-running", action="store_true",
@@ -109,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             frames_per_batch=args.frames_per_batch * (args.nodes if args.mode == "sync" else 1),
             sync=args.mode == "sync",
             on_node_failure="restart", max_node_restarts=10_000, heartbeat_timeout=3.0,
-            launcher=args.launcher, collector_kwargs={"track_policy_version": True})
+            launcher=args.launcher, start_timeout=args.start_timeout, collector_kwargs={"track_policy_version": True})
     else:
         collector = cls(env, policy, num_workers=args.workers, frames_per_batch=args.frames_per_batch,
                         on_worker_failure="restart", max_worker_restarts=10_000, worker_timeout=5.0,
