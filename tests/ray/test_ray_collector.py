@@ -86,6 +86,16 @@ def _first_pid(c, i):
     return c.stats()["workers"][i]["pid"]
 
 
+def test_nodes_keep_the_normal_priority_not_rays_niceness_15(ray_cluster):
+    """Ray lowers its workers to niceness 15; a node doing the collection at 15 gets only the CPU
+    that other jobs leave (relaunched actors still importing torch after 4 minutes at load 9):
+    the nodes' actors keep the priority their raylet starts them at (ray_launcher.py)."""
+    with DistributedCollector([counting5] * 2, frames_per_batch=20, total_frames=20, launcher="ray") as c:
+        next(iter(c))
+        pids = [w["pid"] for w in c.stats()["workers"]]
+        assert [os.getpriority(os.PRIO_PROCESS, pid) for pid in pids] == [os.nice(0)] * 2
+
+
 def test_sigkilled_actor_raises_naming_node_and_rays_cause(ray_cluster):
     c = DistributedCollector([counting5] * 2, frames_per_batch=20, total_frames=-1, sync=True, launcher="ray")
     try:
