@@ -103,13 +103,13 @@ class BatchBuffer:
             for key, dims in layout.groups:  # (parents first: their dims are a prefix of their children's)
                 td.get(key).batch_size = (*shape, *dims)
             if layout.lazy:
-                _stack_agents(td, layout.lazy, len(shape))
+                stack_agents(td, layout.lazy, len(shape))
             td.names = [None] * len(layout.batch_size) + ["time"]
             self._td = td
         return self._td
 
 
-def _stack_agents(td: TensorDict, lazy: tuple, dims: int) -> None:
+def stack_agents(td: TensorDict, lazy: tuple, dims: int) -> None:
     """Replace each lazy group's agents ``(*key, "#i")`` in ``td`` (batch dims ``dims``) by their
     lazy stack (innermost groups first), as the env gave them: torchrl's batch structure."""
     from tensordict import LazyStackedTensorDict

@@ -149,32 +149,58 @@ class TensorDictRunner:
         #: ``[(key, dims)]``: sub-TensorDicts given batch dims of their own past the rows (a grouped
         #: env's agent dims), so that the policy sees the sub-TensorDicts the env gives
         self.groups: list[tuple[NestedKey, tuple[int, ...]]] = []
+        #: ``[(key, agents, stack dim past the rows)]``: a grouped env's lazily stacked groups
+        #: (agents of different shapes, envs/grouped.py), whose agents arrive as entries of their
+        #: own (``(*key, "#i", ...)``) and are stacked lazily again for the policy (central
+        #: inference's server sets it)
+        self.lazy: list[tuple[tuple[str, ...], int, int]] = []
         # One TensorDict reused for every step: only its entries are replaced.
         self._td = TensorDict({}, batch_size=batch_size, device=device)
 
     def __call__(self, obs: dict[NestedKey, torch.Tensor]) -> dict[NestedKey, torch.Tensor]:
         td = self._td
+        if self.lazy:  # (a fresh one: the lazy stacks replace the agents' entries)
+            td = self._td = self._td.empty()
         for key, value in obs.items():
             td.set(key, value if self.device is None else value.to(self.device, non_blocking=True))
         for key, dims in self.groups:
             sub = td.get(key, None)
             if sub is not None and tuple(sub.batch_size) != (*self.batch_size, *dims):
                 sub.batch_size = (*self.batch_size, *dims)
+        if self.lazy:
+            return self._call_lazy(td, obs)
         out = self.fn(td)
         if out is None:
             out = td
         if not self.out_keys:
-            self.out_keys = [
-                k
-                for k in out.keys(include_nested=True, leaves_only=True)
-                if k not in obs and not any(p.startswith("_") for p in ((k,) if isinstance(k, str) else k))
-            ]
-            if self.require_action and "action" not in self.out_keys:
-                raise TypeError(
-                    f"policy {_describe(self.fn)} did not write 'action'; it wrote {self.out_keys} "
-                    f"from the keys {list(obs)}"
-                )
+            self._discover(out.keys(include_nested=True, leaves_only=True), obs)
         return {k: out.get(k) for k in self.out_keys}
+
+    def _discover(self, written: Any, obs: dict[NestedKey, torch.Tensor]) -> None:
+        self.out_keys = [k for k in written
+                         if k not in obs and not any(p.startswith("_") for p in ((k,) if isinstance(k, str) else k))]
+        if self.require_action and "action" not in self.out_keys:
+            raise TypeError(
+                f"policy {_describe(self.fn)} did not write 'action'; it wrote {self.out_keys} "
+                f"from the keys {list(obs)}"
+            )
+
+    def _call_lazy(self, td: Any, obs: dict[NestedKey, torch.Tensor]) -> dict[NestedKey, torch.Tensor]:
+        """The policy on ``td`` with its lazy groups' agents stacked lazily again; what it
+        writes is read back agent by agent (the entries ``(*key, "#i", ...)``)."""
+        from rlcollect.data import stack_agents
+        from rlcollect.envs.grouped import resolve, walk
+
+        rows = len(self.batch_size)
+        # (the env's groups under "next" are not in a step's observations)
+        stack_agents(td, tuple(entry for entry in self.lazy if td.get(entry[0], None) is not None), rows)
+        out = self.fn(td)
+        if out is None:
+            out = td
+        if not self.out_keys:
+            self._discover(walk(out, rows)[0], obs)
+        stack_dims = {tuple(key): rows + stack for key, _, stack in self.lazy}
+        return {k: resolve(out, k, stack_dims) for k in self.out_keys}
 
 
 def _describe(fn: Any) -> str:

@@ -120,16 +120,18 @@ class GroupedRollout:
 
     def _act_remote(self, carrier: Any, discover: bool) -> dict[NestedKey, torch.Tensor]:
         runner, env = self.runner, self.env
-        if env.lazy:
-            raise TypeError(
-                f"env {env!r}: inference='central' does not collect lazily stacked groups (agents of different "
-                f"shapes: {sorted(map(str, env.lazy))}) yet: the shared block between the workers and this process "
-                "holds one dense tensor per key; use inference='workers' (the default)")
         if discover:
-            self._in_keys = [k for k in carrier.keys(include_nested=True, leaves_only=True)
-                             if not any(p.startswith("_") for p in _parts(k))]
+            # (a lazily stacked group's agents go one by one, ``(*key, "#i", ...)``: the shared block
+            # holds one dense tensor per entry; the main process stacks them lazily again)
+            leaves = walk(carrier, len(env.batch_size))[0] if env.lazy else carrier.keys(include_nested=True,
+                                                                                          leaves_only=True)
+            self._in_keys = [k for k in leaves if not any(p.startswith("_") for p in _parts(k))]
             runner.group_dims = sorted(env.group_dims.items(), key=lambda kv: len(_parts(kv[0])))
-        out = runner({k: carrier.get(k) for k in self._in_keys})
+            runner.lazy = [(_parts(k), agents, stack) for k, (agents, stack) in env.lazy.items()] or None
+        if env.lazy:
+            out = runner({k: resolve(carrier, k, env.stack_dims) for k in self._in_keys})
+        else:
+            out = runner({k: carrier.get(k) for k in self._in_keys})
         if discover:
             # (a plain module in the main process returns one "action": the env's one action key)
             single = env.action_keys[0] if len(env.action_keys) == 1 else None
@@ -139,8 +141,9 @@ class GroupedRollout:
 
     def policy_inputs(self) -> dict[NestedKey, ArraySpec]:
         """What a remote runner sends the policy, per env row: every leaf of the step's root."""
-        nb, root = len(self.env.batch_size), self._root
-        return {k: ArraySpec(tuple(root.get(k).shape[nb:]), numpy_dtype(root.get(k).dtype)) for k in self._in_keys}
+        nb, root, stack_dims = len(self.env.batch_size), self._root, self.env.stack_dims
+        leaves = {k: resolve(root, k, stack_dims) for k in self._in_keys}
+        return {k: ArraySpec(tuple(v.shape[nb:]), numpy_dtype(v.dtype)) for k, v in leaves.items()}
 
     # -- layout ------------------------------------------------------------------------------
     def discover_layout(self, extra: dict[NestedKey, ArraySpec] | None = None) -> BatchLayout:

@@ -70,6 +70,9 @@ class RemoteRunner:
     #: a grouped env's sub-TensorDict batch dims, ``[(key, dims)]`` (its rollout sets them before
     #: the dry run); None for an env stepped through the array interface
     group_dims: list | None = None
+    #: its lazily stacked groups, ``[(key parts, agents, stack dim past the rows)]`` (agents of
+    #: different shapes, whose entries arrive agent by agent: ``TensorDictRunner.lazy``)
+    lazy: list | None = None
 
     def __init__(self, conn: Any, batch_size: torch.Size):
         self.conn = conn
@@ -117,7 +120,8 @@ class RemoteRunner:
         inputs = {k: v.detach().cpu().numpy().reshape(self.rows, *v.shape[len(self.batch_size):])
                   for k, v in obs.items()}
         try:
-            self.conn.send_bytes(DISCOVER + pickle.dumps({"inputs": inputs, "groups": self.group_dims}))
+            self.conn.send_bytes(DISCOVER + pickle.dumps({"inputs": inputs, "groups": self.group_dims,
+                                                           "lazy": self.lazy}))
             kind, value = pickle.loads(self.conn.recv_bytes())
         except (EOFError, OSError) as err:
             raise InferenceUnavailable(_GONE) from err

@@ -83,6 +83,7 @@ class InferenceServer:
         self._out_keys: list[NestedKey] | None = None
         self._env_keys: list[NestedKey] = []
         self._groups: list | None = None  # a grouped env's sub-TensorDict batch dims (client.py)
+        self._lazy: list | None = None  # its lazily stacked groups (client.py)
         self._stage: dict[NestedKey, torch.Tensor] = {}
         self._ins: dict[NestedKey, torch.Tensor] = {}
         self._outs: dict[NestedKey, torch.Tensor] = {}
@@ -251,6 +252,8 @@ class InferenceServer:
             if self._groups is not None and hasattr(runner, "groups"):
                 runner.groups = [(k, tuple(d)) for k, d in self._groups]
                 runner.require_action = False  # (a grouped env's actions lie under its groups)
+            if self._lazy and hasattr(runner, "lazy"):
+                runner.lazy = [(tuple(key), agents, stack) for key, agents, stack in self._lazy]
             self._runners[rows] = runner
         return runner
 
@@ -265,7 +268,7 @@ class InferenceServer:
             if self.error is not None:
                 raise RuntimeError("the policy raised in an earlier forward") from self.error
             message = pickle.loads(payload)
-            inputs, self._groups = message["inputs"], message.get("groups")
+            inputs, self._groups, self._lazy = message["inputs"], message.get("groups"), message.get("lazy")
             rows = len(next(iter(inputs.values())))
             self._env_keys = list(inputs)
             with self.lock:

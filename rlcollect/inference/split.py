@@ -129,7 +129,7 @@ class SplitRollout:
         first = layouts[0]
         if any(layout.fields != first.fields for layout in layouts[1:]):
             raise ValueError("env_splits: the policy writes different keys for different splits of the envs")
-        self.layout = BatchLayout(first.fields, self.batch_size, self.time, first.groups)
+        self.layout = BatchLayout(first.fields, self.batch_size, self.time, first.groups, first.lazy)
         return self.layout
 
     def _views(self, buf: BatchBuffer) -> list[BatchBuffer]:

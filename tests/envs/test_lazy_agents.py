@@ -145,3 +145,19 @@ def test_the_multi_process_collectors_carry_lazy_stacks_through_shared_memory(cl
     assert len(batches) == 2  # (async: each batch is one worker's 12 frames)
     for batch in batches:
         check(batch)
+
+
+@pytest.mark.parametrize("env_splits", [1, 2])
+def test_central_inference_acts_on_lazy_stacks_in_this_process(env_splits):
+    # each agent's entries cross the shared block on their own; the policy, here, gets the group
+    # lazily stacked again (its actions go back agent by agent)
+    c = MultiSyncCollector([TwoShapes, TwoShapes], act, frames_per_batch=12, total_frames=24, inference="central",
+                           env_splits=env_splits)
+    try:
+        batches = [b.clone() for b in c]
+    finally:
+        c.shutdown()
+    assert len(batches) == 2
+    for batch in batches:
+        assert batch.batch_size == ((2, 6) if env_splits == 1 else (2, 2, 3))
+        check(batch)

@@ -631,10 +631,39 @@ def test_trajs_per_batch_on_agents_of_different_shapes_gives_no_batch_as_torchrl
     assert batches(Collector, heterogeneous, heterogeneous_policy, **kwargs) == []
 
 
+class LazyOnes(TensorDictModuleBase):
+    """torchrl's policy for HeterogeneousCountingEnv (each agent's action all ones) for any number
+    of rows: torchrl's writes the env's batch size, while central inference calls the policy on
+    the rows of every worker at once."""
+
+    def __init__(self, env=None):
+        super().__init__()
+        env = env or heterogeneous()
+        nb = len(env.batch_size)
+        acted = heterogeneous_policy(env)(env.reset())
+        self.actions = [(a["action"].shape[nb:], a["action"].dtype) for a in acted["lazy"].tensordicts]
+        self.in_keys, self.out_keys = [], [("lazy", "action")]
+
+    def forward(self, td):
+        for agent, (shape, dtype) in zip(td["lazy"].tensordicts, self.actions):
+            agent.set("action", torch.ones((*agent.batch_size, *shape), dtype=dtype))
+        return td
+
+
+def test_central_inference_gives_torchrls_lazy_stacks_for_agents_of_different_shapes():
+    # each agent's entries cross the shared block on their own; the policy, in this process, gets
+    # the group lazily stacked again, as in a worker (torchrl has no central inference: its
+    # MultiSyncCollector's batches, with one env split per worker, are what ours must equal)
+    theirs = multi_batches(TorchRLMultiSync, heterogeneous, heterogeneous_policy)
+    ours = multi_batches(MultiSyncCollector, heterogeneous, LazyOnes, inference="central", env_splits=1)
+    assert type(ours[0]["lazy"]).__name__ == "LazyStackedTensorDict"
+    assert_same_stacks(theirs, ours, same_ids=False)
+    # two env splits (the default): the splits side by side, the agents still lazily stacked
+    split = multi_batches(MultiSyncCollector, heterogeneous, LazyOnes, inference="central")
+    assert split[0]["lazy"].batch_size == (2, 2, 5, 3) and split[0]["lazy"].stack_dim == 3
+
+
 def test_what_agents_of_different_shapes_are_not_collected_with_is_refused_clearly():
-    with pytest.raises(TypeError, match=r"env HeterogeneousCountingEnv\(batch_size=\[\]\): inference='central' "
-                                        r"does not collect lazily stacked groups"):
-        multi_batches(MultiSyncCollector, heterogeneous, heterogeneous_policy, inference="central")
     with pytest.raises(TypeError, match=r"rlcollect's ReplayBuffer stores one dense tensor per key: it cannot take "
                                         r"this env's lazily stacked agents"):
         batches(Collector, heterogeneous, heterogeneous_policy, replay_buffer=OurReplayBuffer(100))
