@@ -181,7 +181,8 @@ def test_kill_storm_with_restart_keeps_exact_counts_and_unique_trajectories(ray_
     def killer() -> None:
         while len(kills) < 10 and not stop.is_set():
             time.sleep(rng.uniform(0.3, 2.5))
-            live = sorted(actor_pids())
+            # (a killed actor's process can still be listed while it ends: never counted twice)
+            live = sorted(actor_pids() - set(kills))
             if live:
                 victim = rng.choice(live)
                 with contextlib.suppress(ProcessLookupError):
