@@ -9,15 +9,12 @@ Loopback only; the attacker's loop is bounded in count and in time."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 from procs import end_processes
 
-from test_dist_control_plane import HELPERS, _foreign
+from test_dist_control_plane import HELPERS, _foreign, _rank0
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -74,12 +71,7 @@ sys.stdin.readline()
 @pytest.mark.parametrize("limit", [1024, 4096])
 @pytest.mark.parametrize("size,count", [(4, 6000), (64 * 1024 - 8, 3000)], ids=["12B", "64KiB"])
 def test_junk_first_messages_from_a_stranger_leave_rank_0_bounded(tmp_path, limit, size, count):
-    script = tmp_path / "rank0.py"
-    script.write_text(textwrap.dedent(_RANK0.format(limit=limit, helpers=HELPERS)))
-    rank0 = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE,
-                             env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                                 filter(None, [HELPERS, os.environ.get("PYTHONPATH")]))})
+    rank0 = _rank0(tmp_path, textwrap.dedent(_RANK0.format(limit=limit, helpers=HELPERS)))
     flood = None
     try:
         line = rank0.stdout.readline().decode()

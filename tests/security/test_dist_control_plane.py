@@ -48,6 +48,30 @@ def _become_nobody() -> None:
     os.setuid(NOBODY)
 
 
+def _rank0(tmp_path: Path, script: str) -> subprocess.Popen:
+    """Run ``script`` (rank 0's code) as a file in ``tmp_path``, the tests' helpers on its path,
+    with pipes to drive it and read what it prints."""
+    path = tmp_path / "rank0.py"
+    path.write_text(script)
+    return subprocess.Popen([sys.executable, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                filter(None, [HELPERS, os.environ.get("PYTHONPATH")]))})
+
+
+def _kill_and_await_relaunch(rank0: subprocess.Popen, node: int) -> str:
+    """SIGKILL ``node``, tell rank 0 to go on, and return its ``RESTARTS`` line (the test's
+    timeout bounds the wait)."""
+    os.kill(node, signal.SIGKILL)
+    rank0.stdin.write(b"go\n")
+    rank0.stdin.flush()
+    line = ""
+    while not line.startswith("RESTARTS"):  # whole lines
+        line = rank0.stdout.readline().decode()
+        assert line, rank0.stderr.read().decode()[-3000:]
+    return line
+
+
 def _foreign(code: str, stdin: int | None = None) -> subprocess.Popen:
     """Run ``code`` in a foreign process (no secret; user ``nobody`` where possible), with room
     for thousands of descriptors; ``stdin``: as ``subprocess.Popen``'s (a pipe to tell it to stop)."""
@@ -142,12 +166,7 @@ sys.stdin.readline()
 
 
 def test_thousands_of_idle_foreign_connections_do_not_starve_a_relaunch(tmp_path):
-    script = tmp_path / "rank0.py"
-    script.write_text(textwrap.dedent(_RANK0.format(helpers=HELPERS)))
-    rank0 = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE,
-                             env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                                 filter(None, [HELPERS, os.environ.get("PYTHONPATH")]))})
+    rank0 = _rank0(tmp_path, textwrap.dedent(_RANK0.format(helpers=HELPERS)))
     holder = None
     try:
         line = rank0.stdout.readline().decode()  # (the test's timeout bounds it)
@@ -156,13 +175,7 @@ def test_thousands_of_idle_foreign_connections_do_not_starve_a_relaunch(tmp_path
         holder = _foreign(_HOLD.format(store=store_port, channel=channel_port))
         line = holder.stdout.readline()
         assert line.startswith(f"HELD {3000 + (1000 if channel_port else 0)}"), holder.stderr.read()
-        os.kill(node1, signal.SIGKILL)
-        rank0.stdin.write(b"go\n")
-        rank0.stdin.flush()
-        line = ""
-        while not line.startswith("RESTARTS"):  # whole lines (the test's timeout bounds the wait)
-            line = rank0.stdout.readline().decode()
-            assert line, rank0.stderr.read().decode()[-3000:]
+        line = _kill_and_await_relaunch(rank0, node1)
         assert line.split()[1:] == ["1", "collecting"]
         assert rank0.wait(timeout=60) == 0, rank0.stderr.read().decode()[-3000:]
     finally:

@@ -14,16 +14,13 @@ same, aborting rank 0 at the limit.  Loopback only; the flood is bounded in coun
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
-import sys
 import textwrap
 
 import pytest
 from procs import end_processes
 
-from test_dist_control_plane import HELPERS, _foreign
+from test_dist_control_plane import HELPERS, _foreign, _kill_and_await_relaunch, _rank0
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -102,12 +99,7 @@ print("OPENED", opened, flush=True)
 
 @pytest.mark.parametrize("limit", [1024, 4096])
 def test_idle_connections_to_rank_0s_port_under_a_hard_fd_limit_do_not_stop_a_relaunch(tmp_path, limit):
-    script = tmp_path / "rank0.py"
-    script.write_text(textwrap.dedent(_RANK0.format(limit=limit, helpers=HELPERS)))
-    rank0 = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE,
-                             env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                                 filter(None, [HELPERS, os.environ.get("PYTHONPATH")]))})
+    rank0 = _rank0(tmp_path, textwrap.dedent(_RANK0.format(limit=limit, helpers=HELPERS)))
     holder = None
     count = limit + 2000  # more than rank 0 has descriptors
     try:
@@ -123,13 +115,7 @@ def test_idle_connections_to_rank_0s_port_under_a_hard_fd_limit_do_not_stop_a_re
                                  + (f"exited ({rank0.returncode}): {rank0.stderr.read().decode()[-3000:]}" if dead
                                     else "still runs"))
         print(line.strip(), "of", count, "to rank 0's listening ports", ports, "and it goes on connecting")
-        os.kill(node1, signal.SIGKILL)
-        rank0.stdin.write(b"go\n")
-        rank0.stdin.flush()
-        line = ""
-        while not line.startswith("RESTARTS"):  # whole lines (the test's timeout bounds the wait)
-            line = rank0.stdout.readline().decode()
-            assert line, rank0.stderr.read().decode()[-3000:]
+        line = _kill_and_await_relaunch(rank0, node1)
         print(line.strip(), "base fds", base_fds)
         assert line.split()[1:3] == ["1", "collecting"]
         holder.stdin.write("stop\n")
