@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     start_fds, start_shm = open_fds(), shm_entries()
     if args.nodes:
         collector = DistributedCollector(
-            [functools.partial(FaultyEnv, at_step=None, trigger_file=trigger, max_steps=200)] * args.nodes, policy,
+            [env] * args.nodes, policy,
             frames_per_batch=args.frames_per_batch * (args.nodes if args.mode == "sync" else 1),
             sync=args.mode == "sync",
             on_node_failure="restart", max_node_restarts=10_000, heartbeat_timeout=3.0,

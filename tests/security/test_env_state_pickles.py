@@ -55,7 +55,7 @@ def test_no_pickled_env_state_travels_between_rank_0_and_the_nodes(tmp_path):
         assert _pickles(state) == []  # what the node sent: plain data only
         expected = next(iter(c))
         next(iter(c))
-        c.load_state_dict(state)  # the node restores its envs from the pickles it kept
+        c.load_state_dict(state)  # the node restores its envs from the plain state it sent
         assert (next(iter(c))["observation"] == expected["observation"]).all()
         # A planted pickle (a tampered checkpoint, or a node that sent one) is refused at rank 0.
         marker = tmp_path / "pwned"
