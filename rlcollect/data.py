@@ -339,11 +339,6 @@ def deliver(
         post_hook(batch)
     if replay_buffer is None:
         return batch
-    if _is_own_buffer(replay_buffer) and _has_lazy(batch):
-        raise TypeError(
-            "rlcollect's ReplayBuffer stores one dense tensor per key: it cannot take this env's lazily stacked agents "
-            f"(of different shapes: {_lazy_keys(batch)}); "
-            "give the collector a torchrl ReplayBuffer (it stores them as torchrl's collectors write them)")
     if not _is_own_buffer(replay_buffer):
         _write_foreign(replay_buffer, batch, extend_buffer, stacked_workers and not split_trajs)
     elif extend_buffer:
@@ -352,26 +347,6 @@ def deliver(
         for t in range(batch.shape[-1]):
             replay_buffer.extend(batch[..., t])
     return None
-
-
-def _lazy(value) -> bool:
-    return not isinstance(value, torch.Tensor) and hasattr(value, "tensordicts") and hasattr(value, "stack_dim")
-
-
-def _lazy_keys(td: TensorDict, prefix: tuple = ()) -> list:
-    """The keys of ``td``'s lazily stacked sub-TensorDicts (not looking inside them)."""
-    out = []
-    for name in td.keys():
-        value = td.get(name)
-        if _lazy(value):
-            out.append((*prefix, name))
-        elif not isinstance(value, torch.Tensor):
-            out += _lazy_keys(value, (*prefix, name))
-    return out
-
-
-def _has_lazy(td: TensorDict) -> bool:
-    return bool(_lazy_keys(td))
 
 
 def _is_own_buffer(replay_buffer) -> bool:

@@ -1,7 +1,14 @@
 """A replay buffer's view of a batch: a TensorDict flattened into ``{key: (k, *shape)}`` frames
 (masked frames and "_" keys dropped) for ``extend``, and frames back into a TensorDict for
 ``sample``.  tensordict is imported only when a TensorDict is built or read, so that workers stay
-light."""
+light.
+
+A group of agents of different shapes (a ``LazyStackedTensorDict`` stacked along the first dim
+past the batch's, as torchrl's ``HeterogeneousCountingEnv`` gives it) has no single shape per key:
+each agent's entries are stored as fields of their own, ``(*group, "#i", ...)`` (the naming of the
+collector's batches, ``envs/grouped.py``), and read back lazily stacked again, so a sample has the
+structure the batch had.  The stored keys alone say which groups are lazy (:func:`lazy_groups`):
+a process that opens the buffer later needs nothing else."""
 
 from __future__ import annotations
 
@@ -18,12 +25,41 @@ if TYPE_CHECKING:
 MASK: NestedKey = ("collector", "mask")
 
 
-def to_tensordict(tensors: dict[NestedKey, torch.Tensor], batch_size: list[int]) -> TensorDictBase:
-    from tensordict import TensorDict
+def _agent_index(part: str) -> int | None:
+    return int(part[1:]) if part[:1] == "#" and part[1:].isdigit() else None
+
+
+def lazy_groups(keys) -> tuple[tuple[NestedKey, int], ...]:
+    """The lazily stacked groups that stored ``keys`` hold, ``((group, agents),)``, innermost
+    first: a group is the key prefix before an agent part ``"#i"``.
+
+    Example:
+        >>> lazy_groups([("lazy", "#0", "obs"), ("lazy", "#1", "obs"), ("lazy", "#1", "camera"), ("x",)])
+        ((('lazy',), 2),)
+    """
+    agents: dict[NestedKey, int] = {}
+    for key in keys:
+        for depth, part in enumerate(key):
+            index = _agent_index(part)
+            if index is not None:
+                agents[key[:depth]] = max(agents.get(key[:depth], 0), index + 1)
+    return tuple(sorted(agents.items(), key=lambda entry: -len(entry[0])))
+
+
+def to_tensordict(tensors: dict[NestedKey, torch.Tensor], batch_size: list[int],
+                  lazy: tuple[tuple[NestedKey, int], ...] = ()) -> TensorDictBase:
+    """``{key: (n, *shape)}`` as a TensorDict of ``batch_size``; each of the ``lazy`` groups
+    (:func:`lazy_groups`) lazily stacked again from its agents' entries, along the dim past the
+    batch's."""
+    from tensordict import LazyStackedTensorDict, TensorDict
 
     td = TensorDict({}, batch_size=batch_size)
     for key, value in tensors.items():
         td.set(key[0] if len(key) == 1 else key, value)
+    for group, agents in lazy:  # (innermost first: an outer group's agents hold the inner stacks)
+        members = [td.get((*group, f"#{i}")) for i in range(agents)]
+        td.del_(group)
+        td.set(group, LazyStackedTensorDict(*members, stack_dim=len(batch_size)))
     return td
 
 
@@ -53,7 +89,7 @@ def frames_of(td: Any) -> tuple[dict[NestedKey, torch.Tensor], int]:
     count = int(np.prod(tuple(td.batch_size), dtype=np.int64))
     frames: dict[NestedKey, torch.Tensor] = {}
     mask = None
-    for key, value in td.items(include_nested=True, leaves_only=True):
+    for key, value in _leaves(td, dims):
         key = _stored_key(key)
         if key is None:
             continue
@@ -70,3 +106,34 @@ def frames_of(td: Any) -> tuple[dict[NestedKey, torch.Tensor], int]:
     if not frames and count:
         raise ValueError("extend(): the batch has no tensor to store")
     return frames, count
+
+
+def _is_lazy(value: Any) -> bool:
+    return not isinstance(value, torch.Tensor) and hasattr(value, "tensordicts") and hasattr(value, "stack_dim")
+
+
+def _leaves(td: Any, dims: int):
+    """``(key, leaf)`` of every leaf of ``td``; a group lazily stacked past the batch dims
+    ``dims`` gives its agents' leaves under ``(*group, "#i", ...)`` (the module docstring)."""
+    yield from _walk(td, (), dims)
+
+
+def _walk(td: Any, prefix: tuple, dims: int):
+    for name, value in td.items():
+        parts = (*prefix, name)
+        if isinstance(value, torch.Tensor):
+            yield parts, value
+        elif _is_lazy(value) and value.stack_dim >= dims:
+            if value.stack_dim != dims:
+                raise ValueError(
+                    f"extend(): the group {parts} is lazily stacked along dim {value.stack_dim}, not the first dim "
+                    f"past the batch's ({dims}): rlcollect's ReplayBuffer stores agents of different shapes only "
+                    "stacked there (torchrl's layout for them); give it the batch with that group stacked along "
+                    f"dim {dims}, or use a torchrl ReplayBuffer")
+            if any(_agent_index(part) is not None for part in parts):
+                raise ValueError(f"extend(): the key {parts} has a part of the form '#<int>', which the buffer "
+                                 "keeps for the agents of lazily stacked groups: rename it")
+            for i, agent in enumerate(value.tensordicts):
+                yield from _walk(agent, (*parts, f"#{i}"), dims)
+        else:
+            yield from _walk(value, parts, dims)

@@ -16,7 +16,9 @@ The contract a collector may rely on:
 - ``extend(td)`` may be called from any number of processes and threads at once.  It takes a
   batch of any shape (``(*B, T)`` from a collector, ``(*B,)`` frame by frame), flattens it
   row-major, drops frames whose ``("collector", "mask")`` is False, and returns the ring slots it
-  wrote.  Each call's frames land in consecutive slots (modulo the capacity).
+  wrote.  Each call's frames land in consecutive slots (modulo the capacity).  A group of agents
+  of different shapes (lazily stacked along the first dim past the batch's) is stored agent by
+  agent and sampled lazily stacked again (``frames.py``).
 - ``write_count`` counts every frame accepted, across all processes, exactly; it only grows,
   so freezing it (``pause()``) is the collectors' business: stop calling ``extend``.
 - ``sample()`` never returns a frame that is being written or was half-written by a process that
@@ -63,7 +65,7 @@ import numpy as np
 import torch
 
 from rlcollect.buffers.checkpoint import Checkpointing
-from rlcollect.buffers.frames import frames_of, to_tensordict
+from rlcollect.buffers.frames import frames_of, lazy_groups, to_tensordict
 from rlcollect.buffers.lifetime import Reaper, make_storage_dir, release, shm_root
 from rlcollect.buffers.seqlock import finish, read, reserve
 from rlcollect.buffers.storage import (
@@ -452,7 +454,7 @@ class ReplayBuffer(Checkpointing):
         if size == 0 or not region.attached:
             raise RuntimeError("sample() on an empty ReplayBuffer: nothing has been written yet (len == 0)")
         idx = torch.randint(size, (int(batch_size),))
-        return to_tensordict(read(region, idx, redraw_below=size), [int(batch_size)])
+        return to_tensordict(read(region, idx, redraw_below=size), [int(batch_size)], lazy_groups(region.signature))
 
     def __getitem__(self, index: int | slice | torch.Tensor | list) -> TensorDictBase:
         """The frames in the given ring slots (as returned by :meth:`extend`), in that order.
@@ -475,7 +477,8 @@ class ReplayBuffer(Checkpointing):
         idx = torch.arange(size)[index]
         flat = idx.reshape(-1)
         out = read(region, flat, redraw_below=None)
-        return to_tensordict(out, [flat.numel()]).reshape(idx.shape)
+        td = to_tensordict(out, [flat.numel()], lazy_groups(region.signature))
+        return td.reshape(idx.shape) if idx.shape != flat.shape else td
 
     def empty(self) -> None:
         """Drop every frame (``len`` becomes 0); the storage and ``write_count`` are kept.

@@ -13,7 +13,7 @@ tensordict = pytest.importorskip("tensordict")
 
 from tensordict import LazyStackedTensorDict, TensorDict  # noqa: E402
 
-from rlcollect import Collector, MultiAsyncCollector, MultiSyncCollector, split_trajectories  # noqa: E402
+from rlcollect import Collector, MultiAsyncCollector, MultiSyncCollector, ReplayBuffer, split_trajectories  # noqa: E402
 
 #: each agent's observation size: agent 0 sees 3 numbers, agent 1 sees 2
 SIZES = (3, 2)
@@ -161,3 +161,97 @@ def test_central_inference_acts_on_lazy_stacks_in_this_process(env_splits):
     for batch in batches:
         assert batch.batch_size == ((2, 6) if env_splits == 1 else (2, 2, 3))
         check(batch)
+
+
+# -- rlcollect's own ReplayBuffer: each agent's entries stored as fields of their own ------------------------
+def check_frames(frames) -> None:
+    """Stored frames of ``TwoShapes`` (any order): agent ``i``'s obs is ``SIZES[i]`` copies of one
+    count in 0..STEPS-1, its action that count, its next obs one more."""
+    agents = frames.get("agents")
+    assert isinstance(agents, LazyStackedTensorDict)
+    assert agents.batch_size == (*frames.batch_size, 2) and agents.stack_dim == frames.batch_dims
+    for i, agent in enumerate(agents.tensordicts):
+        obs = agent.get("obs")
+        assert obs.shape == (*frames.batch_size, SIZES[i])
+        assert torch.equal(obs, obs[..., :1].expand_as(obs)) and bool(((obs >= 0) & (obs < STEPS)).all())
+        assert torch.equal(agent.get("action"), obs[..., :1])
+        assert torch.equal(frames.get(("next", "agents")).tensordicts[i].get("obs"), obs + 1)
+
+
+@pytest.mark.parametrize("batch_size", [(), (2,)], ids=["unbatched", "batched"])
+def test_rlcollects_replay_buffer_stores_and_samples_agents_of_different_shapes(batch_size):
+    rows = max(1, sum(batch_size))
+    c = Collector(TwoShapes(batch_size), act, frames_per_batch=6 * rows, total_frames=-1)
+    try:
+        batch = next(iter(c)).clone()
+    finally:
+        c.shutdown()
+    with ReplayBuffer(100) as rb:
+        assert rb.extend(batch).tolist() == list(range(6 * rows))
+        stored = rb[:]
+        # row-major: the batch's frames in order, each agent's entries its own
+        assert stored.batch_size == (6 * rows,)
+        for i in range(2):
+            assert torch.equal(stored["agents"].tensordicts[i]["obs"],
+                               batch["agents"].tensordicts[i]["obs"].reshape(-1, SIZES[i]))
+            assert torch.equal(stored["next", "agents"].tensordicts[i]["reward"],
+                               batch["next", "agents"].tensordicts[i]["reward"].reshape(-1, 1))
+        assert torch.equal(stored["collector", "traj_ids"], batch["collector", "traj_ids"].reshape(-1))
+        check_frames(stored)
+        check_frames(rb.sample(5))
+        one = rb[3]
+        assert one.batch_size == () and one["agents"].batch_size == (2,)
+        assert torch.equal(one["agents"].tensordicts[0]["obs"], stored["agents"].tensordicts[0]["obs"][3])
+
+
+def test_workers_write_agents_of_different_shapes_into_rlcollects_replay_buffer():
+    # MultiSync's batches, then two workers running free: the workers allocate the storage, this
+    # process reads the lazy groups back from the stored keys alone
+    with ReplayBuffer(1000) as rb:
+        c = MultiSyncCollector([TwoShapes, TwoShapes], act, frames_per_batch=12, total_frames=24, replay_buffer=rb)
+        try:
+            assert list(c) == [None, None]
+        finally:
+            c.shutdown()
+        assert len(rb) == 24
+        check_frames(rb[:])
+    with ReplayBuffer(1000) as rb:
+        c = MultiAsyncCollector([TwoShapes, TwoShapes], act, frames_per_batch=6, total_frames=-1, replay_buffer=rb)
+        try:
+            c.start()
+            while len(rb) < 60:
+                with c.pause():
+                    pass
+            with c.pause():
+                stored = rb[:]
+        finally:
+            c.async_shutdown()
+        assert stored.batch_size[0] >= 60
+        check_frames(stored)
+
+
+def test_a_memmap_buffer_reopened_elsewhere_stacks_agents_again(tmp_path):
+    c = Collector(TwoShapes(), act, frames_per_batch=6, total_frames=6)
+    try:
+        (batch,) = [b.clone() for b in c]
+    finally:
+        c.shutdown()
+    rb = ReplayBuffer(10, storage="memmap", path=tmp_path / "rb")
+    rb.extend(batch)
+    rb.close()
+    with ReplayBuffer(10, storage="memmap", path=tmp_path / "rb") as again:
+        check_frames(again[:])
+        assert torch.equal(again[:]["agents"].tensordicts[1]["obs"], batch["agents"].tensordicts[1]["obs"])
+
+
+def test_what_rlcollects_replay_buffer_cannot_store_of_lazy_stacks_is_refused_clearly():
+    agents = [TensorDict({"obs": torch.zeros(4, 1, size)}, [4, 1]) for size in SIZES]
+    late = TensorDict({"agents": LazyStackedTensorDict(*agents, stack_dim=2)}, [4])
+    with ReplayBuffer(10) as rb, pytest.raises(ValueError, match=r"the group \('agents',\) is lazily stacked along "
+                                                                 r"dim 2, not the first dim past the batch's \(1\)"):
+        rb.extend(late)
+    named = TensorDict({"#0": TensorDict({"g": LazyStackedTensorDict(*[a[:, 0] for a in agents], stack_dim=1)}, [4])},
+                       [4])
+    with ReplayBuffer(10) as rb, pytest.raises(ValueError, match=r"the key \('#0', 'g'\) has a part of the form "
+                                                                 r"'#<int>'"):
+        rb.extend(named)

@@ -663,10 +663,23 @@ def test_central_inference_gives_torchrls_lazy_stacks_for_agents_of_different_sh
     assert split[0]["lazy"].batch_size == (2, 2, 5, 3) and split[0]["lazy"].stack_dim == 3
 
 
-def test_what_agents_of_different_shapes_are_not_collected_with_is_refused_clearly():
-    with pytest.raises(TypeError, match=r"rlcollect's ReplayBuffer stores one dense tensor per key: it cannot take "
-                                        r"this env's lazily stacked agents"):
-        batches(Collector, heterogeneous, heterogeneous_policy, replay_buffer=OurReplayBuffer(100))
+def test_rlcollects_replay_buffer_stores_agents_of_different_shapes_as_torchrls_buffer_does():
+    # each agent's entries stored as fields of their own, read back lazily stacked: the frames a
+    # torchrl ReplayBuffer gets from torchrl's Collector, every leaf torch.equal
+    theirs = buffered(TorchRLCollector, heterogeneous, heterogeneous_policy)
+    torch.manual_seed(0)
+    env = heterogeneous()
+    rb = OurReplayBuffer(100)
+    c = Collector(env, heterogeneous_policy(env), frames_per_batch=10, total_frames=30, replay_buffer=rb)
+    try:
+        assert list(c) == [None, None, None]
+    finally:
+        c.shutdown()
+    assert len(rb) == 30
+    assert_same_stacks([theirs[:30]], [rb[:]])
+    sample = rb.sample(4)
+    assert sample["lazy"].batch_size == (4, 3) and sample["lazy"].stack_dim == 1
+    rb.close()
 
 
 # -- bad input: clear errors naming the env and the key ----------------------------------------------------
