@@ -153,9 +153,12 @@ class PettingZooEnv:
         n = len(self.agents)
         if self._discrete:
             mask = td.get((AGENTS, "action_mask"), None)
-            weights = torch.ones(n, self._n_actions) if mask is None else mask.float()
-            weights[weights.sum(-1) == 0] = 1.0  # (an agent out of the episode, or with nothing allowed)
-            action = torch.multinomial(weights, 1).squeeze(-1)
+            if mask is None:
+                action = torch.randint(self._n_actions, (n,))
+            else:
+                weights = mask.float()
+                weights[weights.sum(-1) == 0] = 1.0  # (an agent out of the episode, or with nothing allowed)
+                action = torch.multinomial(weights, 1).squeeze(-1)
         else:
             space = self.env.action_space(self.agents[0])
             low = torch.as_tensor(space.low, dtype=torch.float32)
@@ -165,25 +168,30 @@ class PettingZooEnv:
         return td
 
     def step(self, td: Any):
+        # (flags in numpy, one tensor each at the end: a torch call per agent and flag cost more
+        # than the env's own step, ~400 us on simple_spread)
         action = td.get(self.action_keys[0])
-        acting = self._live.clone()
-        sent = {a: self._to_env(action[i]) for i, a in enumerate(self.agents) if acting[i]}
+        acting = self._live.numpy().copy()
+        values = action.tolist() if self._discrete else action.detach().cpu().numpy()
+        sent = {a: values[i] for i, a in enumerate(self.agents) if acting[i]}
         obs, rewards, terms, truncs, infos = self.env.step(sent)
         self._steps += 1
         observation, masks = self._read(obs, infos, first=False)
-        reward = torch.tensor([[float(rewards.get(a, 0.0))] for a in self.agents], dtype=torch.float32)
-        term = torch.tensor([[bool(terms.get(a, False))] for a in self.agents]) & acting[:, None]
-        trunc = torch.tensor([[bool(truncs.get(a, False))] for a in self.agents]) & acting[:, None]
-        live = torch.tensor([a in getattr(self.env, "agents", obs) for a in self.agents]) & acting
+        agents, current = self.agents, getattr(self.env, "agents", obs)
+        reward = np.array([rewards.get(a, 0.0) for a in agents], dtype=np.float32)
+        term = np.array([bool(terms.get(a, False)) for a in agents]) & acting
+        trunc = np.array([bool(truncs.get(a, False)) for a in agents]) & acting
+        live = np.array([a in current for a in agents]) & acting
         limit = self._max_steps is not None and self._steps >= self._max_steps and bool(live.any())
         if limit:  # max_frames_per_traj: every agent still in the episode is truncated
-            trunc |= live[:, None]
-            live = torch.zeros_like(live)
-        episode_over = not bool(live.any())
+            trunc |= live
+            live[:] = False
+        episode_over = not live.any()
         all_terminated = episode_over and not limit and bool(term[acting].all())
-        self._live = live
-        nxt = self._next(observation, reward, term, trunc, acting, all_terminated, episode_over and not all_terminated,
-                         masks)
+        self._live = torch.from_numpy(live)
+        nxt = self._next(observation, torch.from_numpy(reward[:, None]), torch.from_numpy(term[:, None]),
+                         torch.from_numpy(trunc[:, None]), torch.from_numpy(acting), all_terminated,
+                         episode_over and not all_terminated, masks)
         td.set("next", nxt)
         return td
 
@@ -192,14 +200,17 @@ class PettingZooEnv:
         nxt = td.get("next")
         if bool(nxt.get("done").any()):
             return td, self.reset()
-        root = nxt.exclude((AGENTS, "reward"), (AGENTS, "done"), (AGENTS, "terminated"), (AGENTS, "truncated"))
-        root.set((AGENTS, "mask"), self._live.clone())
+        group = nxt.get(AGENTS)
+        observation = group.get("observation")
         # (out of the episode: by turns, the agents the env dropped; else those that did not act)
-        gone = torch.tensor([a not in self.env.agents for a in self.agents]) if self.by_turns else ~self._live
+        if self.by_turns:
+            current = self.env.agents
+            gone = torch.tensor([a not in current for a in self.agents])
+        else:
+            gone = ~self._live
         if bool(gone.any()):  # (an agent that left has its real last observation under "next" only)
-            root.set((AGENTS, "observation"), root.get((AGENTS, "observation")).masked_fill(
-                gone.reshape(-1, *([1] * len(self._obs_shape))), 0))
-        return td, root
+            observation = observation.masked_fill(gone.reshape(-1, *([1] * len(self._obs_shape))), 0)
+        return td, self._root(observation, self._live.clone(), group.get("action_mask", None))
 
     def close(self) -> None:
         self.env.close()
@@ -214,37 +225,33 @@ class PettingZooEnv:
     def _has_masks(self) -> bool:
         return self._masked or self._info_masks
 
-    def _root(self, observation: torch.Tensor, mask: torch.Tensor, masks: torch.Tensor | None):
+    def _root(self, observation: torch.Tensor, mask: torch.Tensor, masks: torch.Tensor | None, **entries):
+        """The root TensorDict of a step (``entries``: more of the group's, for ``"next"``)."""
         from tensordict import TensorDict
 
         group = {"observation": observation, "mask": mask}
         if self._has_masks():
             group["action_mask"] = masks if masks is not None else torch.zeros(len(self.agents), self._n_actions,
                                                                                dtype=torch.bool)
-        td = TensorDict({AGENTS: TensorDict(group, batch_size=[len(self.agents)])}, batch_size=[])
-        for key in _FLAGS:
-            td.set(key, torch.zeros(1, dtype=torch.bool))
-        return td
+        group.update(entries)
+        return TensorDict({AGENTS: TensorDict(group, batch_size=[len(self.agents)]),
+                           **{key: torch.zeros(1, dtype=torch.bool) for key in _FLAGS}}, batch_size=[])
 
     def _next(self, observation, reward, term, trunc, acting, terminated: bool, truncated: bool, masks):
-        td = self._root(observation, acting, masks)
-        group = td.get(AGENTS)
-        group.set("reward", reward)
-        group.set("terminated", term)
-        group.set("truncated", trunc)
-        group.set("done", term | trunc)
-        td.set("terminated", torch.tensor([terminated]))
-        td.set("truncated", torch.tensor([truncated]))
-        td.set("done", torch.tensor([terminated or truncated]))
+        td = self._root(observation, acting, masks, reward=reward, terminated=term, truncated=trunc, done=term | trunc)
+        if terminated or truncated:
+            td.set("terminated", torch.tensor([terminated]))
+            td.set("truncated", torch.tensor([truncated]))
+            td.set("done", torch.tensor([True]))
         return td
 
     def _read(self, obs: dict, infos: dict, first: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The stacked observations (zeros for agents not in ``obs``) and action masks."""
-        out = self._zeros_obs()
+        out = np.zeros((len(self.agents), *self._obs_shape), dtype=numpy_dtype(self._obs_dtype))
         if first and not self._masked and self._discrete and not self._probed:
             self._probed = True
             self._info_masks = any(isinstance(i, dict) and "action_mask" in i for i in (infos or {}).values())
-        masks = torch.zeros(len(self.agents), self._n_actions, dtype=torch.bool) if self._has_masks() else None
+        masks = np.zeros((len(self.agents), self._n_actions), dtype=np.bool_) if self._has_masks() else None
         for i, agent in enumerate(self.agents):
             if agent not in obs:
                 continue
@@ -263,10 +270,10 @@ class PettingZooEnv:
             if array.shape != self._obs_shape:
                 raise ValueError(f"env {self.name}: agent {agent!r}'s observation has shape {array.shape} at step "
                                  f"{self._steps}, its space says {self._obs_shape}")
-            out[i] = torch.from_numpy(np.ascontiguousarray(array, dtype=numpy_dtype(self._obs_dtype)))
+            out[i] = array
             if mask is not None:
-                masks[i] = torch.from_numpy(np.asarray(mask, dtype=np.bool_))
-        return out, masks
+                masks[i] = np.asarray(mask, dtype=np.bool_)
+        return torch.from_numpy(out), None if masks is None else torch.from_numpy(masks)
 
     def _to_env(self, action: torch.Tensor) -> Any:
         return int(action) if self._discrete else action.detach().cpu().numpy()
