@@ -89,7 +89,7 @@ def frames_of(td: Any) -> tuple[dict[NestedKey, torch.Tensor], int]:
     count = int(np.prod(tuple(td.batch_size), dtype=np.int64))
     frames: dict[NestedKey, torch.Tensor] = {}
     mask = None
-    for key, value in _leaves(td, dims):
+    for key, value in _leaves(td, (), dims):
         key = _stored_key(key)
         if key is None:
             continue
@@ -112,13 +112,10 @@ def _is_lazy(value: Any) -> bool:
     return not isinstance(value, torch.Tensor) and hasattr(value, "tensordicts") and hasattr(value, "stack_dim")
 
 
-def _leaves(td: Any, dims: int):
-    """``(key, leaf)`` of every leaf of ``td``; a group lazily stacked past the batch dims
-    ``dims`` gives its agents' leaves under ``(*group, "#i", ...)`` (the module docstring)."""
-    yield from _walk(td, (), dims)
-
-
-def _walk(td: Any, prefix: tuple, dims: int):
+def _leaves(td: Any, prefix: tuple, dims: int):
+    """``(key, leaf)`` of every leaf of ``td`` under ``prefix``; a group lazily stacked past the
+    batch dims ``dims`` gives its agents' leaves under ``(*group, "#i", ...)`` (the module
+    docstring)."""
     for name, value in td.items():
         parts = (*prefix, name)
         if isinstance(value, torch.Tensor):
@@ -134,6 +131,6 @@ def _walk(td: Any, prefix: tuple, dims: int):
                 raise ValueError(f"extend(): the key {parts} has a part of the form '#<int>', which the buffer "
                                  "keeps for the agents of lazily stacked groups: rename it")
             for i, agent in enumerate(value.tensordicts):
-                yield from _walk(agent, (*parts, f"#{i}"), dims)
+                yield from _leaves(agent, (*parts, f"#{i}"), dims)
         else:
-            yield from _walk(value, parts, dims)
+            yield from _leaves(value, parts, dims)
