@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from rlcollect.envs.base import ArraySpec, NestedKey, torch_dtype
+from rlcollect.envs.grouped import stack_agents
 
 _ALIGN = 64
 #: A fresh batch of at least this many bytes gets its own memory map (see :func:`fresh_batch`).
@@ -107,19 +108,6 @@ class BatchBuffer:
             td.names = [None] * len(layout.batch_size) + ["time"]
             self._td = td
         return self._td
-
-
-def stack_agents(td: TensorDict, lazy: tuple, dims: int) -> None:
-    """Replace each lazy group's agents ``(*key, "#i")`` in ``td`` (batch dims ``dims``) by their
-    lazy stack (innermost groups first), as the env gave them: torchrl's batch structure."""
-    from tensordict import LazyStackedTensorDict
-
-    for key, agents, stack in sorted(lazy, key=lambda entry: -len(entry[0])):
-        parts = (key,) if isinstance(key, str) else tuple(key)
-        group = td.get(parts)
-        members = [group.get(f"#{i}") for i in range(agents)]
-        td.del_(parts)
-        td.set(parts, LazyStackedTensorDict(*members, stack_dim=dims + stack))
 
 
 def field_bytes(layout: BatchLayout) -> tuple[list[tuple], int]:

@@ -188,8 +188,7 @@ class TensorDictRunner:
     def _call_lazy(self, td: Any, obs: dict[NestedKey, torch.Tensor]) -> dict[NestedKey, torch.Tensor]:
         """The policy on ``td`` with its lazy groups' agents stacked lazily again; what it
         writes is read back agent by agent (the entries ``(*key, "#i", ...)``)."""
-        from rlcollect.data import stack_agents
-        from rlcollect.envs.grouped import resolve, walk
+        from rlcollect.envs.grouped import resolve, stack_agents, walk
 
         rows = len(self.batch_size)
         # (the env's groups under "next" are not in a step's observations)

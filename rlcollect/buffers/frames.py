@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from rlcollect.buffers.storage import NestedKey
+from rlcollect.envs.grouped import agent_index, agent_part, is_lazy_stack, stack_agents
 
 if TYPE_CHECKING:
     from tensordict import TensorDictBase
@@ -25,13 +26,9 @@ if TYPE_CHECKING:
 MASK: NestedKey = ("collector", "mask")
 
 
-def _agent_index(part: str) -> int | None:
-    return int(part[1:]) if part[:1] == "#" and part[1:].isdigit() else None
-
-
 def lazy_groups(keys) -> tuple[tuple[NestedKey, int], ...]:
-    """The lazily stacked groups that stored ``keys`` hold, ``((group, agents),)``, innermost
-    first: a group is the key prefix before an agent part ``"#i"``.
+    """The lazily stacked groups that stored ``keys`` hold, ``((group, agents),)``: a group is
+    the key prefix before an agent part ``"#i"``.
 
     Example:
         >>> lazy_groups([("lazy", "#0", "obs"), ("lazy", "#1", "obs"), ("lazy", "#1", "camera"), ("x",)])
@@ -40,10 +37,10 @@ def lazy_groups(keys) -> tuple[tuple[NestedKey, int], ...]:
     agents: dict[NestedKey, int] = {}
     for key in keys:
         for depth, part in enumerate(key):
-            index = _agent_index(part)
+            index = agent_index(part)
             if index is not None:
                 agents[key[:depth]] = max(agents.get(key[:depth], 0), index + 1)
-    return tuple(sorted(agents.items(), key=lambda entry: -len(entry[0])))
+    return tuple(agents.items())
 
 
 def to_tensordict(tensors: dict[NestedKey, torch.Tensor], batch_size: list[int],
@@ -51,15 +48,13 @@ def to_tensordict(tensors: dict[NestedKey, torch.Tensor], batch_size: list[int],
     """``{key: (n, *shape)}`` as a TensorDict of ``batch_size``; each of the ``lazy`` groups
     (:func:`lazy_groups`) lazily stacked again from its agents' entries, along the dim past the
     batch's."""
-    from tensordict import LazyStackedTensorDict, TensorDict
+    from tensordict import TensorDict
 
     td = TensorDict({}, batch_size=batch_size)
     for key, value in tensors.items():
         td.set(key[0] if len(key) == 1 else key, value)
-    for group, agents in lazy:  # (innermost first: an outer group's agents hold the inner stacks)
-        members = [td.get((*group, f"#{i}")) for i in range(agents)]
-        td.del_(group)
-        td.set(group, LazyStackedTensorDict(*members, stack_dim=len(batch_size)))
+    if lazy:
+        stack_agents(td, tuple((group, agents, 0) for group, agents in lazy), len(batch_size))
     return td
 
 
@@ -108,10 +103,6 @@ def frames_of(td: Any) -> tuple[dict[NestedKey, torch.Tensor], int]:
     return frames, count
 
 
-def _is_lazy(value: Any) -> bool:
-    return not isinstance(value, torch.Tensor) and hasattr(value, "tensordicts") and hasattr(value, "stack_dim")
-
-
 def _leaves(td: Any, prefix: tuple, dims: int):
     """``(key, leaf)`` of every leaf of ``td`` under ``prefix``; a group lazily stacked past the
     batch dims ``dims`` gives its agents' leaves under ``(*group, "#i", ...)`` (the module
@@ -120,17 +111,17 @@ def _leaves(td: Any, prefix: tuple, dims: int):
         parts = (*prefix, name)
         if isinstance(value, torch.Tensor):
             yield parts, value
-        elif _is_lazy(value) and value.stack_dim >= dims:
+        elif is_lazy_stack(value) and value.stack_dim >= dims:
             if value.stack_dim != dims:
                 raise ValueError(
                     f"extend(): the group {parts} is lazily stacked along dim {value.stack_dim}, not the first dim "
                     f"past the batch's ({dims}): rlcollect's ReplayBuffer stores agents of different shapes only "
                     "stacked there (torchrl's layout for them); give it the batch with that group stacked along "
                     f"dim {dims}, or use a torchrl ReplayBuffer")
-            if any(_agent_index(part) is not None for part in parts):
+            if any(agent_index(part) is not None for part in parts):
                 raise ValueError(f"extend(): the key {parts} has a part of the form '#<int>', which the buffer "
                                  "keeps for the agents of lazily stacked groups: rename it")
             for i, agent in enumerate(value.tensordicts):
-                yield from _leaves(agent, (*parts, f"#{i}"), dims)
+                yield from _leaves(agent, (*parts, agent_part(i)), dims)
         else:
             yield from _leaves(value, parts, dims)

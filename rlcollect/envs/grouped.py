@@ -85,13 +85,34 @@ def agent_part(index: int) -> str:
     return f"#{index}"
 
 
-def _agent_index(part: str) -> int | None:
+def agent_index(part: str) -> int | None:
+    """The agent a key part names (``"#1"`` -> 1: :func:`agent_part`), None for any other part."""
     return int(part[1:]) if part[:1] == "#" and part[1:].isdigit() else None
+
+
+def is_lazy_stack(value: Any) -> bool:
+    """Whether ``value`` is a lazily stacked group (a ``LazyStackedTensorDict``: one TensorDict
+    per agent, duck-typed so that tensordict is not imported here)."""
+    return not isinstance(value, torch.Tensor) and hasattr(value, "tensordicts") and hasattr(value, "stack_dim")
+
+
+def stack_agents(td: Any, lazy: tuple, dims: int) -> None:
+    """Replace each lazy group's agents ``(*key, "#i")`` in ``td`` (batch dims ``dims``) by their
+    lazy stack (innermost groups first), as the env gave them: torchrl's batch structure.
+    ``lazy``: ``((key, agents, stack dim past dims),)``."""
+    from tensordict import LazyStackedTensorDict
+
+    for key, agents, stack in sorted(lazy, key=lambda entry: -len(_parts(entry[0]))):
+        parts = _parts(key)
+        group = td.get(parts)
+        members = [group.get(agent_part(i)) for i in range(agents)]
+        td.del_(parts)
+        td.set(parts, LazyStackedTensorDict(*members, stack_dim=dims + stack))
 
 
 def logical(key: NestedKey) -> NestedKey:
     """``key`` without its agent parts: ``("lazy", "#1", "camera")`` -> ``("lazy", "camera")``."""
-    parts = tuple(p for p in _parts(key) if _agent_index(p) is None)
+    parts = tuple(p for p in _parts(key) if agent_index(p) is None)
     return _key(parts)
 
 
@@ -102,7 +123,7 @@ def resolve(td: Any, key: NestedKey, stack_dims: dict) -> Any:
     parts = _parts(key)
     current = td
     for depth, part in enumerate(parts):
-        index = _agent_index(part)
+        index = agent_index(part)
         if index is None:
             current = current.get(part, None)
         elif hasattr(current, "tensordicts"):
@@ -117,7 +138,7 @@ def resolve(td: Any, key: NestedKey, stack_dims: dict) -> Any:
 def assign(td: Any, key: NestedKey, value: torch.Tensor, stack_dims: dict) -> None:
     """Set ``key`` of ``td`` to ``value`` (agent parts as in :func:`resolve`)."""
     parts = _parts(key)
-    if not any(_agent_index(p) is not None for p in parts):
+    if not any(agent_index(p) is not None for p in parts):
         td.set(key, value)
         return
     parent = resolve(td, _key(parts[:-1]), stack_dims)
@@ -143,7 +164,7 @@ def walk(td: Any, batch_dims: int):
             parts = (*prefix, name)
             if isinstance(value, torch.Tensor):
                 leaves[_key(parts)] = value
-            elif hasattr(value, "tensordicts") and hasattr(value, "stack_dim"):
+            elif is_lazy_stack(value):
                 lazy[_key(parts)] = (len(value.tensordicts), value.stack_dim - batch_dims)
                 for i, agent in enumerate(value.tensordicts):
                     agent_parts = (*parts, agent_part(i))
